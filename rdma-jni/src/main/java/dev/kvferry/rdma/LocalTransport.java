@@ -1,0 +1,101 @@
+package dev.kvferry.rdma;
+
+import com.sun.jna.Pointer;
+
+/**
+ * Same-process transport: the remote region is registered in this process (looked up by id in the
+ * given registry) and bytes move with a plain memory copy. Used by single-JVM tests and the demo's
+ * {@code --transport local}.
+ */
+public final class LocalTransport implements Transport {
+
+  private final RegionRegistry[] reachable;
+
+  /** @param reachable registries whose regions count as "remote" peers in this process */
+  public LocalTransport(RegionRegistry... reachable) {
+    this.reachable = reachable.clone();
+  }
+
+  @Override
+  public String name() {
+    return "local";
+  }
+
+  @Override
+  public TransferStatus write(MemoryRegion local, RegionDescriptor remote, TransferBatch batch) {
+    return copy(local, remote, batch, true);
+  }
+
+  @Override
+  public TransferStatus read(MemoryRegion local, RegionDescriptor remote, TransferBatch batch) {
+    return copy(local, remote, batch, false);
+  }
+
+  private TransferStatus copy(
+      MemoryRegion local, RegionDescriptor remote, TransferBatch batch, boolean toRemote) {
+    MemoryRegion target = find(remote);
+    if (target == null) {
+      return TransferStatus.failed(
+          "local transport: region " + remote.regionId() + " of " + remote.owner()
+              + " is not registered in this process");
+    }
+    if (local.kind() != RegionKind.HOST || target.kind() != RegionKind.HOST) {
+      return TransferStatus.failed("local transport moves host memory only");
+    }
+    try {
+      for (int i = 0; i < batch.count(); i++) {
+        local.checkRange(batch.localOffsets()[i], batch.sizes()[i]);
+        remote.checkRange(batch.remoteOffsets()[i], batch.sizes()[i]);
+        target.checkRange(batch.remoteOffsets()[i], batch.sizes()[i]);
+      }
+    } catch (RegionBoundsException e) {
+      return TransferStatus.failed(e.getMessage());
+    }
+    for (int i = 0; i < batch.count(); i++) {
+      long l = local.address() + batch.localOffsets()[i];
+      long r = target.address() + batch.remoteOffsets()[i];
+      long n = batch.sizes()[i];
+      if (toRemote) {
+        NativeCopy.copy(l, r, n);
+      } else {
+        NativeCopy.copy(r, l, n);
+      }
+    }
+    return TransferStatus.succeeded(batch.totalBytes());
+  }
+
+  private MemoryRegion find(RegionDescriptor remote) {
+    for (RegionRegistry registry : reachable) {
+      MemoryRegion r = registry.lookup(remote.regionId());
+      if (r != null && r.address() == remote.baseAddress() && r.owner().equals(remote.owner())) {
+        return r;
+      }
+    }
+    return null;
+  }
+
+  @Override
+  public RegionDescriptor describe(MemoryRegion local) {
+    return local.descriptor();
+  }
+
+  @Override
+  public void close() {}
+
+  /** memcpy through JNA's direct mapping: one native call per entry, no Java-side loop. */
+  static final class NativeCopy {
+    static {
+      com.sun.jna.Native.register(NativeCopy.class, com.sun.jna.Platform.C_LIBRARY_NAME);
+    }
+
+    private static native Pointer memmove(Pointer dst, Pointer src, long n);
+
+    static void copy(long src, long dst, long n) {
+      if (n > 0) {
+        memmove(new Pointer(dst), new Pointer(src), n);
+      }
+    }
+
+    private NativeCopy() {}
+  }
+}

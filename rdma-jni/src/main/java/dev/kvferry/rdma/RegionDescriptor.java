@@ -1,0 +1,230 @@
+package dev.kvferry.rdma;
+
+import java.io.IOException;
+import java.util.Arrays;
+import java.util.HexFormat;
+import java.util.Objects;
+import org.msgpack.core.MessageBufferPacker;
+import org.msgpack.core.MessagePack;
+import org.msgpack.core.MessageUnpacker;
+
+/**
+ * What a peer needs to reach a registered region: its identity and bounds, plus what each transport
+ * needs (process id for CMA, endpoint and token for TCP, IPC handle for CUDA). Packed with
+ * msgpack-core as a map with stable field names so other languages can read it.
+ *
+ * @param regionId id of the region in its owner's registry
+ * @param lengthBytes registered length; no transfer may reach past it
+ * @param kind host or device memory
+ * @param device GPU index for CUDA regions, -1 for host memory
+ * @param owner the owner's name (engine id), for error messages
+ * @param pid process id of the owner (CMA)
+ * @param baseAddress virtual address of the region in the owner's process (CMA)
+ * @param bootId the owner's kernel boot id; CMA only works when it equals ours (same host)
+ * @param tcpHost host of the owner's TCP data listener, or "" when it has none
+ * @param tcpPort port of the owner's TCP data listener, or 0
+ * @param token secret a TCP connection must present before any byte is accepted
+ * @param cudaIpcHandle CUDA IPC memory handle (64 bytes) for CUDA regions, else empty
+ */
+public record RegionDescriptor(
+    int regionId,
+    long lengthBytes,
+    RegionKind kind,
+    int device,
+    String owner,
+    long pid,
+    long baseAddress,
+    String bootId,
+    String tcpHost,
+    int tcpPort,
+    byte[] token,
+    byte[] cudaIpcHandle) {
+
+  /** Upper bound on a packed descriptor; anything larger is refused unread. */
+  public static final int MAX_PACKED_BYTES = 4096;
+
+  public RegionDescriptor {
+    Objects.requireNonNull(kind, "kind");
+    owner = owner == null ? "" : owner;
+    bootId = bootId == null ? "" : bootId;
+    tcpHost = tcpHost == null ? "" : tcpHost;
+    token = token == null ? new byte[0] : token;
+    cudaIpcHandle = cudaIpcHandle == null ? new byte[0] : cudaIpcHandle;
+    if (lengthBytes < 0) {
+      throw new IllegalArgumentException("region " + regionId + ": negative length " + lengthBytes);
+    }
+  }
+
+  /** Same descriptor with the TCP endpoint and token filled in. */
+  public RegionDescriptor withTcp(String host, int port, byte[] newToken) {
+    return new RegionDescriptor(
+        regionId, lengthBytes, kind, device, owner, pid, baseAddress, bootId, host, port, newToken,
+        cudaIpcHandle);
+  }
+
+  /** Same descriptor with a CUDA IPC handle. */
+  public RegionDescriptor withCudaIpcHandle(byte[] handle) {
+    return new RegionDescriptor(
+        regionId, lengthBytes, kind, device, owner, pid, baseAddress, bootId, tcpHost, tcpPort,
+        token, handle);
+  }
+
+  /**
+   * Checks that {@code [offsetBytes, offsetBytes + lengthBytes)} lies inside this region.
+   *
+   * @throws RegionBoundsException naming the region, owner and range when it does not
+   */
+  public void checkRange(long offsetBytes, long length) {
+    MemoryRegion.checkRange(regionId, owner, this.lengthBytes, offsetBytes, length);
+  }
+
+  public byte[] pack() {
+    try (MessageBufferPacker p = MessagePack.newDefaultBufferPacker()) {
+      p.packMapHeader(12);
+      p.packString("region_id").packInt(regionId);
+      p.packString("length").packLong(lengthBytes);
+      p.packString("kind").packString(kind.name());
+      p.packString("device").packInt(device);
+      p.packString("owner").packString(owner);
+      p.packString("pid").packLong(pid);
+      p.packString("base_addr").packLong(baseAddress);
+      p.packString("boot_id").packString(bootId);
+      p.packString("tcp_host").packString(tcpHost);
+      p.packString("tcp_port").packInt(tcpPort);
+      p.packString("token").packBinaryHeader(token.length).writePayload(token);
+      p.packString("cuda_ipc_handle")
+          .packBinaryHeader(cudaIpcHandle.length)
+          .writePayload(cudaIpcHandle);
+      return p.toByteArray();
+    } catch (IOException e) {
+      throw new IllegalStateException("packing descriptor of region " + regionId, e);
+    }
+  }
+
+  /**
+   * Reads a packed descriptor.
+   *
+   * @throws MalformedDescriptorException when the bytes are not a descriptor (garbage, truncated,
+   *     wrong types, missing fields); never anything else
+   */
+  public static RegionDescriptor unpack(byte[] packed) throws MalformedDescriptorException {
+    if (packed == null || packed.length == 0) {
+      throw new MalformedDescriptorException("empty region descriptor");
+    }
+    if (packed.length > MAX_PACKED_BYTES) {
+      throw new MalformedDescriptorException(
+          "region descriptor of " + packed.length + " bytes exceeds " + MAX_PACKED_BYTES);
+    }
+    Integer regionId = null;
+    Long length = null;
+    RegionKind kind = null;
+    int device = -1;
+    String owner = "";
+    long pid = 0;
+    long base = 0;
+    String bootId = "";
+    String tcpHost = "";
+    int tcpPort = 0;
+    byte[] token = new byte[0];
+    byte[] ipc = new byte[0];
+    try (MessageUnpacker u = MessagePack.newDefaultUnpacker(packed)) {
+      int fields = u.unpackMapHeader();
+      if (fields > 64) {
+        throw new MalformedDescriptorException("region descriptor claims " + fields + " fields");
+      }
+      for (int i = 0; i < fields; i++) {
+        String key = u.unpackString();
+        switch (key) {
+          case "region_id" -> regionId = u.unpackInt();
+          case "length" -> length = u.unpackLong();
+          case "kind" -> kind = parseKind(u.unpackString());
+          case "device" -> device = u.unpackInt();
+          case "owner" -> owner = u.unpackString();
+          case "pid" -> pid = u.unpackLong();
+          case "base_addr" -> base = u.unpackLong();
+          case "boot_id" -> bootId = u.unpackString();
+          case "tcp_host" -> tcpHost = u.unpackString();
+          case "tcp_port" -> tcpPort = u.unpackInt();
+          case "token" -> token = readBinary(u, 256, "token");
+          case "cuda_ipc_handle" -> ipc = readBinary(u, 256, "cuda_ipc_handle");
+          default -> u.skipValue(); // newer peers may add fields
+        }
+      }
+      if (u.hasNext()) {
+        throw new MalformedDescriptorException("trailing bytes after region descriptor");
+      }
+    } catch (MalformedDescriptorException e) {
+      throw e;
+    } catch (IOException | RuntimeException e) {
+      throw new MalformedDescriptorException("malformed region descriptor: " + e.getMessage());
+    }
+    if (regionId == null || length == null || kind == null) {
+      throw new MalformedDescriptorException(
+          "region descriptor lacks a required field (region_id, length, kind)");
+    }
+    if (length < 0 || tcpPort < 0 || tcpPort > 65535) {
+      throw new MalformedDescriptorException(
+          "region descriptor has out-of-range values: length=" + length + " tcp_port=" + tcpPort);
+    }
+    return new RegionDescriptor(
+        regionId, length, kind, device, owner, pid, base, bootId, tcpHost, tcpPort, token, ipc);
+  }
+
+  private static RegionKind parseKind(String s) throws MalformedDescriptorException {
+    try {
+      return RegionKind.valueOf(s);
+    } catch (IllegalArgumentException e) {
+      throw new MalformedDescriptorException("unknown region kind '" + s + "'");
+    }
+  }
+
+  private static byte[] readBinary(MessageUnpacker u, int max, String field)
+      throws IOException, MalformedDescriptorException {
+    int n = u.unpackBinaryHeader();
+    if (n < 0 || n > max) {
+      throw new MalformedDescriptorException(field + " of " + n + " bytes exceeds " + max);
+    }
+    return u.readPayload(n);
+  }
+
+  @Override
+  public boolean equals(Object o) {
+    return o instanceof RegionDescriptor d
+        && regionId == d.regionId
+        && lengthBytes == d.lengthBytes
+        && kind == d.kind
+        && device == d.device
+        && owner.equals(d.owner)
+        && pid == d.pid
+        && baseAddress == d.baseAddress
+        && bootId.equals(d.bootId)
+        && tcpHost.equals(d.tcpHost)
+        && tcpPort == d.tcpPort
+        && Arrays.equals(token, d.token)
+        && Arrays.equals(cudaIpcHandle, d.cudaIpcHandle);
+  }
+
+  @Override
+  public int hashCode() {
+    return Objects.hash(regionId, lengthBytes, kind, device, owner, pid, baseAddress, tcpPort);
+  }
+
+  @Override
+  public String toString() {
+    // The token is a secret: never print it.
+    return "RegionDescriptor[region="
+        + regionId
+        + ", owner="
+        + owner
+        + ", kind="
+        + kind
+        + ", length="
+        + lengthBytes
+        + ", pid="
+        + pid
+        + ", base=0x"
+        + HexFormat.of().toHexDigits(baseAddress)
+        + (tcpPort > 0 ? ", tcp=" + tcpHost + ":" + tcpPort : "")
+        + "]";
+  }
+}
