@@ -1,0 +1,414 @@
+package dev.kvferry.actors;
+
+import dev.kvferry.actors.connector.ConnectorMetadata;
+import dev.kvferry.actors.connector.LayerEvent;
+import dev.kvferry.actors.connector.ReqMeta;
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.engine.AgentMetadata;
+import dev.kvferry.actors.engine.ConnectorSettings;
+import dev.kvferry.actors.engine.EngineDirectory;
+import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.actors.plan.InvalidBlockIdsException;
+import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.actors.plan.TransferPlanner;
+import dev.kvferry.rdma.MemoryRegion;
+import dev.kvferry.rdma.RegionDescriptor;
+import dev.kvferry.rdma.TransferBatch;
+import dev.kvferry.rdma.TransferStatus;
+import dev.kvferry.rdma.Transport;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.Executor;
+import org.apache.pekko.actor.typed.ActorRef;
+import org.apache.pekko.actor.typed.Behavior;
+import org.apache.pekko.actor.typed.DispatcherSelector;
+import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
+import org.apache.pekko.actor.typed.javadsl.ActorContext;
+import org.apache.pekko.actor.typed.javadsl.Behaviors;
+import org.apache.pekko.actor.typed.javadsl.Receive;
+import org.apache.pekko.actor.typed.receptionist.Receptionist;
+import org.apache.pekko.actor.typed.receptionist.ServiceKey;
+
+/**
+ * One engine worker (one TP rank of one DP engine): owns its registered layer regions and its
+ * transport, registers with the Receptionist so peers and routers find it, and is the entry point
+ * for worker-side calls and for messages from remote engines. Reads (READ mode) are run here;
+ * writes are queued in its {@link WriterActor}; metadata goes through its {@link HandshakeActor};
+ * per-request state lives in its {@link RequestTrackerActor}. Replaces MoRIIOConnectorWorker's
+ * state and locks.
+ */
+public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
+
+  /** Engines register under the key of their role; subscribers learn identities from names. */
+  public static ServiceKey<Command> serviceKey(Role role) {
+    return ServiceKey.create(Command.class, "kvferry-engine-" + role.clusterRole());
+  }
+
+  public sealed interface Command {}
+
+  // ---- from the local engine (worker and scheduler side) ----
+
+  /** Worker: start this step's loads (READ, D) and record pending sends (READ, P). */
+  public record StartLoad(ConnectorMetadata metadata) implements Command, LocalOnly {}
+
+  /** Worker, P: layer {@code layer} of every request in {@code metadata.reqsToSave} is computed when {@code event} fires. */
+  public record SaveLayer(ConnectorMetadata metadata, int layer, LayerEvent event) implements Command, LocalOnly {}
+
+  /** Worker, P: the forward pass is over; {@code layers} layers were saved for each request. */
+  public record SealWrites(List<ReqMeta> requests, int layers) implements Command, LocalOnly {}
+
+  /** Scheduler, D, WRITE: tell P which of our blocks to write into, and expect its writes. */
+  public record AnnounceRemoteBlocks(ReqMeta request) implements Command, LocalOnly {}
+
+  /** Transfers in flight, for management endpoints. */
+  public record GetTransfers(ActorRef<RequestTrackerActor.Snapshot> replyTo) implements Command, LocalOnly {}
+
+  /** Stops the worker and its children. */
+  public record Stop() implements Command, LocalOnly {}
+
+  // ---- between engines, over the network ----
+
+  /** D to P, WRITE: D's blocks for a transfer (the seed's "remote_blocks" notification). */
+  public record RemoteBlocks(
+      String transferId, String requestId, int[] blockIds, String decodeEngineId, int decodeDpRank)
+      implements Command, CborSerializable {}
+
+  /** P to D, WRITE: every layer of a transfer has been written. */
+  public record WriteDone(String transferId, String producerEngineId)
+      implements Command, CborSerializable {}
+
+  /** Either way: a transfer failed on the sender's side, with the reason. */
+  public record TransferFailed(String transferId, String engineId, String reason)
+      implements Command, CborSerializable {}
+
+  /** D to P, READ: D is done with a transfer's blocks (read, failed or aborted); P may free them. */
+  public record Release(String transferId, String decodeEngineId)
+      implements Command, CborSerializable {}
+
+  /** Handshake: send me your metadata. */
+  public record GetMetadata(ActorRef<MetadataReply> replyTo) implements Command, CborSerializable {}
+
+  /** Handshake answer: the msgpack-packed {@link AgentMetadata} of one worker. */
+  public record MetadataReply(String engineId, int tpRank, byte[] blob) implements CborSerializable {}
+
+  // ---- internal ----
+
+  private record ListingChanged(Receptionist.Listing listing) implements Command, LocalOnly {}
+
+  private record ReadPeerReady(ReqMeta request, HandshakeActor.Result result) implements Command, LocalOnly {}
+
+  private record LayerRead(String transferId, int layer, TransferStatus status) implements Command, LocalOnly {}
+
+  /** Everything needed to start a worker. */
+  public record Setup(
+      EngineIdentity identity,
+      KvCacheGeometry geometry,
+      List<MemoryRegion> layerRegions,
+      Transport transport,
+      ConnectorSettings settings,
+      FinishedSink sink) {
+    public Setup {
+      layerRegions = List.copyOf(layerRegions);
+      long need = geometry.layerRegionBytes();
+      for (MemoryRegion r : layerRegions) {
+        if (r.lengthBytes() < need) {
+          throw new IllegalArgumentException(
+              "layer region " + r.id() + " has " + r.lengthBytes() + " bytes; geometry needs "
+                  + need);
+        }
+      }
+    }
+  }
+
+  private static final class ReadJob {
+    final ReqMeta request;
+    int remaining;
+    long bytes;
+
+    ReadJob(ReqMeta request, int layers) {
+      this.request = request;
+      this.remaining = layers;
+    }
+  }
+
+  private final Setup setup;
+  private final EngineIdentity self;
+  private final Executor io;
+  private final ActorRef<HandshakeActor.Command> handshake;
+  private final ActorRef<WriterActor.Command> writer;
+  private final ActorRef<RequestTrackerActor.Command> tracker;
+  private final ActorRef<HandshakeActor.Result> readHandshakeAdapter;
+  private final Map<String, ReadJob> reads = new HashMap<>();
+  private final Map<String, List<ReqMeta>> readsAwaitingPeer = new HashMap<>();
+  /** Messages to peers not listed yet, flushed when they appear (or dropped at their deadline). */
+  private final List<Outgoing> awaitingPeer = new ArrayList<>();
+  private final Map<Role, EngineDirectory> listings = new HashMap<>();
+  private EngineDirectory directory = EngineDirectory.EMPTY;
+  private final TransferPlanner planner = new TransferPlanner(); // not thread-safe: one per actor
+
+  private record Outgoing(String engineId, int tpRank, Command message) {}
+
+  public static Behavior<Command> create(Setup setup) {
+    return Behaviors.setup(ctx -> new EngineActor(ctx, setup));
+  }
+
+  private EngineActor(ActorContext<Command> ctx, Setup setup) {
+    super(ctx);
+    this.setup = setup;
+    this.self = setup.identity();
+    // Transports make blocking native calls: keep them off the actors' dispatcher.
+    this.io = ctx.getSystem().dispatchers().lookup(DispatcherSelector.blocking());
+    List<RegionDescriptor> descriptors = new ArrayList<>();
+    for (MemoryRegion r : setup.layerRegions()) {
+      descriptors.add(setup.transport().describe(r));
+    }
+    AgentMetadata local =
+        new AgentMetadata(
+            self.engineId(), self.dpRank(), self.tpRank(), self.tpSize(),
+            setup.transport().name(), setup.geometry(), descriptors);
+    this.handshake = ctx.spawn(HandshakeActor.create(local, setup.settings()), "handshake");
+    this.tracker =
+        ctx.spawn(
+            RequestTrackerActor.create(self.label(), setup.settings(), setup.sink()), "tracker");
+    this.writer =
+        ctx.spawn(
+            WriterActor.create(
+                self, setup.geometry(), setup.layerRegions(), setup.transport(), io,
+                setup.settings(), handshake, tracker),
+            "writer");
+    this.readHandshakeAdapter =
+        ctx.messageAdapter(HandshakeActor.Result.class, r -> new ReadPeerReady(null, r));
+
+    ActorRef<Receptionist.Listing> listingAdapter =
+        ctx.messageAdapter(Receptionist.Listing.class, ListingChanged::new);
+    ActorRef<Receptionist.Command> receptionist = ctx.getSystem().receptionist();
+    receptionist.tell(Receptionist.register(serviceKey(self.role()), ctx.getSelf()));
+    for (Role role : Role.values()) {
+      receptionist.tell(Receptionist.subscribe(serviceKey(role), listingAdapter));
+    }
+  }
+
+  @Override
+  public Receive<Command> createReceive() {
+    return newReceiveBuilder()
+        .onMessage(StartLoad.class, this::onStartLoad)
+        .onMessage(
+            SaveLayer.class,
+            m -> {
+              for (ReqMeta r : m.metadata().reqsToSave()) {
+                writer.tell(new WriterActor.SaveLayer(r, m.layer(), m.event()));
+              }
+              return this;
+            })
+        .onMessage(
+            SealWrites.class,
+            m -> {
+              writer.tell(new WriterActor.Seal(m.requests(), m.layers()));
+              return this;
+            })
+        .onMessage(AnnounceRemoteBlocks.class, this::onAnnounceRemoteBlocks)
+        .onMessage(
+            RemoteBlocks.class,
+            m -> {
+              writer.tell(new WriterActor.RemoteBlocksArrived(m));
+              return this;
+            })
+        .onMessage(
+            WriteDone.class,
+            m -> {
+              tracker.tell(new RequestTrackerActor.ReceiveSucceeded(m.transferId(), 0));
+              return this;
+            })
+        .onMessage(
+            TransferFailed.class,
+            m -> {
+              tracker.tell(
+                  new RequestTrackerActor.TransferFailed(
+                      m.transferId(), "engine " + m.engineId() + ": " + m.reason()));
+              return this;
+            })
+        .onMessage(
+            Release.class,
+            m -> {
+              tracker.tell(new RequestTrackerActor.Released(m.transferId()));
+              return this;
+            })
+        .onMessage(
+            GetMetadata.class,
+            m -> {
+              handshake.tell(new HandshakeActor.Serve(m));
+              return this;
+            })
+        .onMessage(
+            GetTransfers.class,
+            m -> {
+              tracker.tell(new RequestTrackerActor.GetSnapshot(m.replyTo()));
+              return this;
+            })
+        .onMessage(ListingChanged.class, this::onListingChanged)
+        .onMessage(ReadPeerReady.class, this::onReadPeerReady)
+        .onMessage(LayerRead.class, this::onLayerRead)
+        .onMessage(Stop.class, m -> Behaviors.stopped())
+        .build();
+  }
+
+  // ---- D, WRITE ----
+
+  private Behavior<Command> onAnnounceRemoteBlocks(AnnounceRemoteBlocks m) {
+    ReqMeta r = m.request();
+    tracker.tell(
+        new RequestTrackerActor.ExpectReceive(r.requestId(), r.transferId(), r.remoteEngineId()));
+    sendTo(
+        r.remoteEngineId(),
+        self.tpRank(),
+        new RemoteBlocks(
+            r.transferId(), r.requestId(), r.localBlockIds(), self.engineId(), self.dpRank()));
+    return this;
+  }
+
+  // ---- READ ----
+
+  private Behavior<Command> onStartLoad(StartLoad m) {
+    for (ConnectorMetadata.PendingSend s : m.metadata().reqsToSend()) {
+      tracker.tell(
+          new RequestTrackerActor.ExpectRelease(
+              s.requestId(), s.transferId(), s.deadlineEpochMs(), s.consumerEngineId()));
+    }
+    for (ReqMeta r : m.metadata().reqsToRecv()) {
+      if (r.localBlockIds().length == 0) {
+        // Aborted before it was scheduled (or nothing to load): still tell P to free its blocks.
+        sendTo(r.remoteEngineId(), self.tpRank(), new Release(r.transferId(), self.engineId()));
+        continue;
+      }
+      tracker.tell(
+          new RequestTrackerActor.ExpectReceive(r.requestId(), r.transferId(), r.remoteEngineId()));
+      readsAwaitingPeer.computeIfAbsent(r.remoteEngineId(), k -> new ArrayList<>()).add(r);
+      handshake.tell(
+          new HandshakeActor.Fetch(r.remoteEngineId(), self.tpRank(), readHandshakeAdapter));
+    }
+    return this;
+  }
+
+  private Behavior<Command> onReadPeerReady(ReadPeerReady m) {
+    List<ReqMeta> waiting = readsAwaitingPeer.remove(m.result().engineId());
+    if (waiting == null) {
+      return this;
+    }
+    for (ReqMeta r : waiting) {
+      if (m.result() instanceof HandshakeActor.Failed f) {
+        failRead(r, f.reason());
+      } else if (m.result() instanceof HandshakeActor.Ready ready) {
+        startReads(r, ready.metadata());
+      }
+    }
+    return this;
+  }
+
+  private void startReads(ReqMeta r, AgentMetadata peer) {
+    TransferBatch plan;
+    try {
+      // A prefix-cache hit on D leaves fewer local blocks: read the tail of P's list.
+      int[] remote = r.remoteBlockIds();
+      int[] local = r.localBlockIds();
+      if (local.length > remote.length) {
+        throw new InvalidBlockIdsException(
+            "decode has " + local.length + " blocks to fill but prefill sent only "
+                + remote.length);
+      }
+      if (local.length < remote.length) {
+        remote = Arrays.copyOfRange(remote, remote.length - local.length, remote.length);
+      }
+      plan = planner.plan(setup.geometry(), peer.geometry().numBlocks(), local, remote);
+    } catch (InvalidBlockIdsException e) {
+      failRead(r, "request " + r.requestId() + ": " + e.getMessage());
+      return;
+    }
+    List<MemoryRegion> regions = setup.layerRegions();
+    ReadJob job = new ReadJob(r, regions.size());
+    reads.put(r.transferId(), job);
+    for (int layer = 0; layer < regions.size(); layer++) {
+      MemoryRegion local = regions.get(layer);
+      RegionDescriptor remote = peer.layers().get(layer);
+      int l = layer;
+      CompletableFuture<TransferStatus> done =
+          CompletableFuture.supplyAsync(() -> setup.transport().read(local, remote, plan), io)
+              .thenCompose(TransferStatus::completion);
+      getContext()
+          .pipeToSelf(
+              done,
+              (status, error) ->
+                  new LayerRead(
+                      r.transferId(),
+                      l,
+                      error != null ? TransferStatus.failed("read raised " + error) : status));
+    }
+  }
+
+  private Behavior<Command> onLayerRead(LayerRead m) {
+    ReadJob job = reads.get(m.transferId());
+    if (job == null) {
+      return this;
+    }
+    if (!m.status().succeeded()) {
+      reads.remove(m.transferId());
+      failRead(
+          job.request,
+          "reading layer " + m.layer() + " from " + job.request.remoteEngineId() + " failed: "
+              + m.status().failureMessage());
+      return this;
+    }
+    job.bytes += m.status().bytesMoved();
+    if (--job.remaining == 0) {
+      reads.remove(m.transferId());
+      tracker.tell(new RequestTrackerActor.ReceiveSucceeded(m.transferId(), job.bytes));
+      sendTo(
+          job.request.remoteEngineId(),
+          self.tpRank(),
+          new Release(m.transferId(), self.engineId()));
+    }
+    return this;
+  }
+
+  private void failRead(ReqMeta r, String reason) {
+    tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(), reason));
+    // P keeps the blocks for us until released: let them go now rather than at its deadline.
+    sendTo(r.remoteEngineId(), self.tpRank(), new Release(r.transferId(), self.engineId()));
+  }
+
+  // ---- membership ----
+
+  private void sendTo(String engineId, int tpRank, Command message) {
+    var entry = directory.find(engineId, tpRank);
+    if (entry.isPresent()) {
+      entry.get().ref().tell(message);
+    } else {
+      // Not listed yet (it may have just joined); the tracker's deadline bounds the wait.
+      getContext().getLog().debug("{} not listed yet; holding {}", engineId, message);
+      awaitingPeer.add(new Outgoing(engineId, tpRank, message));
+    }
+  }
+
+  private Behavior<Command> onListingChanged(ListingChanged m) {
+    for (Role role : Role.values()) {
+      if (m.listing().isForKey(serviceKey(role))) {
+        listings.put(role, EngineDirectory.of(m.listing().getServiceInstances(serviceKey(role))));
+      }
+    }
+    EngineDirectory merged = EngineDirectory.EMPTY;
+    for (EngineDirectory d : listings.values()) {
+      merged = merged.merge(d);
+    }
+    directory = merged;
+    handshake.tell(new HandshakeActor.DirectoryChanged(merged));
+    writer.tell(new WriterActor.DirectoryChanged(merged));
+    tracker.tell(new RequestTrackerActor.DirectoryChanged(merged));
+    List<Outgoing> held = new ArrayList<>(awaitingPeer);
+    awaitingPeer.clear();
+    held.forEach(o -> sendTo(o.engineId(), o.tpRank(), o.message()));
+    return this;
+  }
+}

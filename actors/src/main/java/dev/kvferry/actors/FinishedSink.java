@@ -1,0 +1,67 @@
+package dev.kvferry.actors;
+
+import dev.kvferry.actors.connector.Finished;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.atomic.AtomicLong;
+
+/**
+ * Where the actors drop finished requests for the engine's next {@code getFinished} call. The
+ * actors add, the engine thread drains; this is the one place they share state, so that
+ * getFinished returns at once instead of asking an actor.
+ */
+public final class FinishedSink {
+  private Set<String> doneSending = new HashSet<>();
+  private Set<String> doneReceiving = new HashSet<>();
+  private Map<String, String> failed = new HashMap<>();
+  private final AtomicLong bytesMoved = new AtomicLong();
+  private final AtomicLong transfersSucceeded = new AtomicLong();
+  private final AtomicLong transfersFailed = new AtomicLong();
+
+  public synchronized void doneSending(String requestId) {
+    doneSending.add(requestId);
+  }
+
+  public synchronized void doneReceiving(String requestId) {
+    doneReceiving.add(requestId);
+    transfersSucceeded.incrementAndGet();
+  }
+
+  /** A failed transfer; on P the request is also reported done sending so its blocks are freed. */
+  public synchronized void failed(String requestId, String reason, boolean alsoDoneSending) {
+    failed.put(requestId, reason);
+    if (alsoDoneSending) {
+      doneSending.add(requestId);
+    }
+    transfersFailed.incrementAndGet();
+  }
+
+  public void addBytes(long bytes) {
+    bytesMoved.addAndGet(bytes);
+  }
+
+  public synchronized Finished drain() {
+    if (doneSending.isEmpty() && doneReceiving.isEmpty() && failed.isEmpty()) {
+      return Finished.NONE;
+    }
+    Finished f = new Finished(Set.copyOf(doneSending), Set.copyOf(doneReceiving), Map.copyOf(failed));
+    doneSending = new HashSet<>();
+    doneReceiving = new HashSet<>();
+    failed = new HashMap<>();
+    return f;
+  }
+
+  public long bytesMoved() {
+    return bytesMoved.get();
+  }
+
+  public long transfersSucceeded() {
+    return transfersSucceeded.get();
+  }
+
+  public long transfersFailed() {
+    return transfersFailed.get();
+  }
+}

@@ -1,0 +1,197 @@
+package dev.kvferry.actors;
+
+import dev.kvferry.actors.engine.AgentMetadata;
+import dev.kvferry.actors.engine.ConnectorSettings;
+import dev.kvferry.actors.engine.EngineDirectory;
+import dev.kvferry.actors.engine.HandshakeException;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Optional;
+import org.apache.pekko.actor.typed.ActorRef;
+import org.apache.pekko.actor.typed.Behavior;
+import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
+import org.apache.pekko.actor.typed.javadsl.ActorContext;
+import org.apache.pekko.actor.typed.javadsl.Behaviors;
+import org.apache.pekko.actor.typed.javadsl.Receive;
+import org.apache.pekko.actor.typed.javadsl.TimerScheduler;
+
+/**
+ * Serves this worker's metadata and fetches remote workers' metadata. One fetch is in flight per
+ * remote worker however many requests wait on it; a fetch is retried with doubling backoff and a
+ * final failure is reported to every waiter. Replaces the seed's ZMQ listener thread, handshake
+ * executor and futures map.
+ */
+public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Command> {
+
+  public sealed interface Command extends LocalOnly {}
+
+  /** Serve our metadata to a peer. */
+  public record Serve(EngineActor.GetMetadata request) implements Command {}
+
+  /** Fetch (or return cached) metadata of worker {@code tpRank} of {@code engineId}. */
+  public record Fetch(String engineId, int tpRank, ActorRef<Result> replyTo) implements Command {}
+
+  public record DirectoryChanged(EngineDirectory directory) implements Command {}
+
+  private record Fetched(PeerKey key, int attempt, EngineActor.MetadataReply reply, Throwable error)
+      implements Command {}
+
+  private record RetryDue(PeerKey key, int attempt) implements Command {}
+
+  /** The outcome of a fetch. */
+  public sealed interface Result {
+    String engineId();
+
+    int tpRank();
+  }
+
+  public record Ready(String engineId, int tpRank, AgentMetadata metadata) implements Result {}
+
+  public record Failed(String engineId, int tpRank, String reason) implements Result {}
+
+  private record PeerKey(String engineId, int tpRank) {
+    @Override
+    public String toString() {
+      return engineId + "/tp" + tpRank;
+    }
+  }
+
+  private final AgentMetadata local;
+  private final byte[] localBlob;
+  private final ConnectorSettings settings;
+  private final TimerScheduler<Command> timers;
+  private final Map<PeerKey, AgentMetadata> cache = new HashMap<>();
+  private final Map<PeerKey, List<ActorRef<Result>>> waiting = new HashMap<>();
+  private EngineDirectory directory = EngineDirectory.EMPTY;
+
+  public static Behavior<Command> create(AgentMetadata local, ConnectorSettings settings) {
+    return Behaviors.setup(
+        ctx -> Behaviors.withTimers(timers -> new HandshakeActor(ctx, timers, local, settings)));
+  }
+
+  private HandshakeActor(
+      ActorContext<Command> ctx,
+      TimerScheduler<Command> timers,
+      AgentMetadata local,
+      ConnectorSettings settings) {
+    super(ctx);
+    this.timers = timers;
+    this.local = local;
+    this.localBlob = local.pack();
+    this.settings = settings;
+  }
+
+  @Override
+  public Receive<Command> createReceive() {
+    return newReceiveBuilder()
+        .onMessage(Serve.class, this::onServe)
+        .onMessage(Fetch.class, this::onFetch)
+        .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
+        .onMessage(Fetched.class, this::onFetched)
+        .onMessage(RetryDue.class, m -> attempt(m.key(), m.attempt()))
+        .build();
+  }
+
+  private Behavior<Command> onServe(Serve m) {
+    m.request()
+        .replyTo()
+        .tell(new EngineActor.MetadataReply(local.engineId(), local.tpRank(), localBlob));
+    return this;
+  }
+
+  private Behavior<Command> onFetch(Fetch m) {
+    PeerKey key = new PeerKey(m.engineId(), m.tpRank());
+    AgentMetadata cached = cache.get(key);
+    if (cached != null) {
+      m.replyTo().tell(new Ready(key.engineId(), key.tpRank(), cached));
+      return this;
+    }
+    List<ActorRef<Result>> waiters = waiting.get(key);
+    if (waiters != null) {
+      waiters.add(m.replyTo()); // one fetch in flight per remote worker
+      return this;
+    }
+    waiters = new ArrayList<>();
+    waiters.add(m.replyTo());
+    waiting.put(key, waiters);
+    return attempt(key, 1);
+  }
+
+  private Behavior<Command> attempt(PeerKey key, int attempt) {
+    if (!waiting.containsKey(key)) {
+      return this;
+    }
+    Optional<EngineDirectory.Entry> entry = directory.find(key.engineId(), key.tpRank());
+    if (entry.isEmpty()) {
+      // Not (yet) in the cluster listing: count it as a failed attempt and wait for the listing.
+      return retryOrFail(key, attempt, "engine " + key + " is not a member of the cluster");
+    }
+    getContext()
+        .ask(
+            EngineActor.MetadataReply.class,
+            entry.get().ref(),
+            settings.handshakeTimeout(),
+            EngineActor.GetMetadata::new,
+            (reply, error) -> new Fetched(key, attempt, reply, error));
+    return this;
+  }
+
+  private Behavior<Command> onFetched(Fetched m) {
+    if (!waiting.containsKey(m.key())) {
+      return this;
+    }
+    if (m.error() != null) {
+      return retryOrFail(
+          m.key(),
+          m.attempt(),
+          "no answer from " + m.key() + " within " + settings.handshakeTimeout().toMillis() + " ms");
+    }
+    try {
+      AgentMetadata peer = AgentMetadata.unpack(m.reply().blob());
+      if (!peer.engineId().equals(m.key().engineId()) || peer.tpRank() != m.key().tpRank()) {
+        throw new HandshakeException(
+            "asked " + m.key() + " but its metadata names " + peer.engineId() + "/tp"
+                + peer.tpRank());
+      }
+      local.checkCompatibleWith(peer);
+      cache.put(m.key(), peer);
+      finish(m.key(), new Ready(m.key().engineId(), m.key().tpRank(), peer));
+    } catch (HandshakeException e) {
+      // Bad or incompatible metadata will not improve by asking again.
+      getContext().getLog().warn("handshake with {} failed: {}", m.key(), e.getMessage());
+      finish(m.key(), new Failed(m.key().engineId(), m.key().tpRank(), e.getMessage()));
+    }
+    return this;
+  }
+
+  private Behavior<Command> retryOrFail(PeerKey key, int attempt, String reason) {
+    if (attempt >= settings.handshakeAttempts()) {
+      String msg =
+          "handshake with " + key + " failed after " + attempt + " attempts: " + reason;
+      getContext().getLog().warn(msg);
+      finish(key, new Failed(key.engineId(), key.tpRank(), msg));
+      return this;
+    }
+    Duration backoff = settings.handshakeBackoff().multipliedBy(1L << Math.min(attempt - 1, 10));
+    timers.startSingleTimer(key, new RetryDue(key, attempt + 1), backoff);
+    return this;
+  }
+
+  private void finish(PeerKey key, Result result) {
+    timers.cancel(key);
+    List<ActorRef<Result>> waiters = waiting.remove(key);
+    if (waiters != null) {
+      waiters.forEach(w -> w.tell(result));
+    }
+  }
+
+  private Behavior<Command> onDirectoryChanged(DirectoryChanged m) {
+    directory = m.directory();
+    // A worker that left may come back with new regions: forget what it told us.
+    cache.keySet().removeIf(k -> directory.find(k.engineId(), k.tpRank()).isEmpty());
+    return this;
+  }
+}

@@ -1,0 +1,283 @@
+package dev.kvferry.actors;
+
+import dev.kvferry.actors.engine.ConnectorSettings;
+import dev.kvferry.actors.engine.EngineDirectory;
+import dev.kvferry.actors.engine.TerminalIds;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+import org.apache.pekko.actor.typed.ActorRef;
+import org.apache.pekko.actor.typed.Behavior;
+import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
+import org.apache.pekko.actor.typed.javadsl.ActorContext;
+import org.apache.pekko.actor.typed.javadsl.Behaviors;
+import org.apache.pekko.actor.typed.javadsl.Receive;
+import org.apache.pekko.actor.typed.javadsl.TimerScheduler;
+
+/**
+ * Per-request transfer state of one worker, on both sides: on P the sends that wait for a release
+ * (READ) or for their writes (WRITE); on D the receives in flight, each with a deadline. Every
+ * ending lands in the {@link FinishedSink} exactly once; late messages for ended transfers are
+ * recognised by a bounded set of terminal transfer ids and ignored. Replaces the seed's
+ * done_req_ids lists, _reqs_to_send and _recving_transfers.
+ */
+public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerActor.Command> {
+
+  public sealed interface Command extends LocalOnly {}
+
+  /** D: a receive begins (WRITE: P will write; READ: we read). */
+  public record ExpectReceive(String requestId, String transferId, String producerEngineId)
+      implements Command {}
+
+  /** D: the KV of a transfer is in place. */
+  public record ReceiveSucceeded(String transferId, long bytes) implements Command {}
+
+  /** Either side: a transfer failed. */
+  public record TransferFailed(String transferId, String reason) implements Command {}
+
+  /** P, READ: blocks kept for D until released or until the deadline. */
+  public record ExpectRelease(
+      String requestId, String transferId, long deadlineEpochMs, String consumerEngineId)
+      implements Command {}
+
+  /** P, READ: D read the blocks (or gave up) and lets them go. */
+  public record Released(String transferId) implements Command {}
+
+  /** P, WRITE: the writer finished (all writes done and D told), or failed with a reason. */
+  public record SendFinished(String requestId, String transferId, String failureOrNull, long bytes)
+      implements Command {}
+
+  public record DirectoryChanged(EngineDirectory directory) implements Command {}
+
+  /** Transfers in flight, by state, for /kvferry/transfers. */
+  public record GetSnapshot(ActorRef<Snapshot> replyTo) implements Command {}
+
+  public record Snapshot(Map<String, Integer> countsByState, List<TransferView> transfers)
+      implements LocalOnly {}
+
+  public record TransferView(
+      String requestId, String transferId, String state, String peerEngineId, long ageMs) {}
+
+  private record DeadlinePassed(String transferId) implements Command {}
+
+  private enum State {
+    RECEIVING,
+    AWAITING_RELEASE
+  }
+
+  private static final class Tracked {
+    final String requestId;
+    final String transferId;
+    final State state;
+    final String peerEngineId;
+    final long startedMs = System.currentTimeMillis();
+
+    Tracked(String requestId, String transferId, State state, String peerEngineId) {
+      this.requestId = requestId;
+      this.transferId = transferId;
+      this.state = state;
+      this.peerEngineId = peerEngineId;
+    }
+  }
+
+  private final String selfLabel;
+  private final ConnectorSettings settings;
+  private final FinishedSink sink;
+  private final TimerScheduler<Command> timers;
+  private final Map<String, Tracked> active = new HashMap<>();
+  private final TerminalIds terminal;
+  private EngineDirectory directory = EngineDirectory.EMPTY;
+
+  public static Behavior<Command> create(
+      String selfLabel, ConnectorSettings settings, FinishedSink sink) {
+    return Behaviors.setup(
+        ctx ->
+            Behaviors.withTimers(
+                timers -> new RequestTrackerActor(ctx, timers, selfLabel, settings, sink)));
+  }
+
+  private RequestTrackerActor(
+      ActorContext<Command> ctx,
+      TimerScheduler<Command> timers,
+      String selfLabel,
+      ConnectorSettings settings,
+      FinishedSink sink) {
+    super(ctx);
+    this.timers = timers;
+    this.selfLabel = selfLabel;
+    this.settings = settings;
+    this.sink = sink;
+    this.terminal = new TerminalIds(settings.terminalIdCapacity());
+  }
+
+  @Override
+  public Receive<Command> createReceive() {
+    return newReceiveBuilder()
+        .onMessage(ExpectReceive.class, this::onExpectReceive)
+        .onMessage(ReceiveSucceeded.class, this::onReceiveSucceeded)
+        .onMessage(TransferFailed.class, this::onTransferFailed)
+        .onMessage(ExpectRelease.class, this::onExpectRelease)
+        .onMessage(Released.class, this::onReleased)
+        .onMessage(SendFinished.class, this::onSendFinished)
+        .onMessage(DeadlinePassed.class, this::onDeadline)
+        .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
+        .onMessage(GetSnapshot.class, this::onSnapshot)
+        .build();
+  }
+
+  private boolean refuseDuplicate(String requestId, String transferId, boolean sending) {
+    if (active.containsKey(transferId) || terminal.contains(transferId)) {
+      String reason =
+          "duplicate transfer id " + transferId + " for request " + requestId + " on " + selfLabel
+              + ": refused";
+      getContext().getLog().warn(reason);
+      sink.failed(requestId, reason, sending);
+      return true;
+    }
+    return false;
+  }
+
+  private Behavior<Command> onExpectReceive(ExpectReceive m) {
+    if (refuseDuplicate(m.requestId(), m.transferId(), false)) {
+      return this;
+    }
+    active.put(
+        m.transferId(),
+        new Tracked(m.requestId(), m.transferId(), State.RECEIVING, m.producerEngineId()));
+    timers.startSingleTimer(
+        m.transferId(), new DeadlinePassed(m.transferId()), settings.transferTimeout());
+    return this;
+  }
+
+  private Behavior<Command> onReceiveSucceeded(ReceiveSucceeded m) {
+    Tracked t = take(m.transferId(), "succeeded");
+    if (t != null) {
+      sink.addBytes(m.bytes());
+      sink.doneReceiving(t.requestId);
+    }
+    return this;
+  }
+
+  private Behavior<Command> onTransferFailed(TransferFailed m) {
+    Tracked t = take(m.transferId(), "failed");
+    if (t != null) {
+      sink.failed(t.requestId, m.reason(), t.state == State.AWAITING_RELEASE);
+    }
+    return this;
+  }
+
+  private Behavior<Command> onExpectRelease(ExpectRelease m) {
+    if (refuseDuplicate(m.requestId(), m.transferId(), true)) {
+      return this;
+    }
+    active.put(
+        m.transferId(),
+        new Tracked(m.requestId(), m.transferId(), State.AWAITING_RELEASE, m.consumerEngineId()));
+    long delayMs = Math.max(0, m.deadlineEpochMs() - System.currentTimeMillis());
+    timers.startSingleTimer(
+        m.transferId(), new DeadlinePassed(m.transferId()), Duration.ofMillis(delayMs));
+    return this;
+  }
+
+  private Behavior<Command> onReleased(Released m) {
+    Tracked t = take(m.transferId(), "released");
+    if (t != null) {
+      sink.doneSending(t.requestId);
+    }
+    return this;
+  }
+
+  private Behavior<Command> onSendFinished(SendFinished m) {
+    if (terminal.contains(m.transferId())) {
+      return this;
+    }
+    terminal.add(m.transferId());
+    if (m.failureOrNull() == null) {
+      sink.addBytes(m.bytes());
+      sink.doneSending(m.requestId());
+    } else {
+      sink.failed(m.requestId(), m.failureOrNull(), true);
+    }
+    return this;
+  }
+
+  private Behavior<Command> onDeadline(DeadlinePassed m) {
+    Tracked t = active.get(m.transferId());
+    if (t == null) {
+      return this;
+    }
+    take(m.transferId(), "deadline");
+    if (t.state == State.AWAITING_RELEASE) {
+      // The seed's abort timeout: D never read these blocks, so P frees them.
+      getContext()
+          .getLog()
+          .info("request {} was not read by D in time; freeing its blocks", t.requestId);
+      sink.doneSending(t.requestId);
+    } else {
+      sink.failed(
+          t.requestId,
+          "transfer " + t.transferId + " from " + t.peerEngineId + " did not finish within "
+              + settings.transferTimeout().toMillis() + " ms",
+          false);
+    }
+    return this;
+  }
+
+  private Behavior<Command> onDirectoryChanged(DirectoryChanged m) {
+    EngineDirectory before = directory;
+    EngineDirectory dir = m.directory();
+    directory = dir;
+    List<Tracked> lost = new ArrayList<>();
+    for (Tracked t : active.values()) {
+      // Only an engine that was listed and is gone has left; one not listed yet may still join.
+      if (!t.peerEngineId.isEmpty()
+          && before.contains(t.peerEngineId)
+          && !dir.contains(t.peerEngineId)) {
+        lost.add(t);
+      }
+    }
+    for (Tracked t : lost) {
+      take(t.transferId, "peer left");
+      if (t.state == State.AWAITING_RELEASE) {
+        // D is gone: nobody will read these blocks; free them now instead of at the deadline.
+        sink.doneSending(t.requestId);
+      } else {
+        sink.failed(
+            t.requestId,
+            "prefill engine " + t.peerEngineId + " left the cluster during transfer "
+                + t.transferId,
+            false);
+      }
+    }
+    return this;
+  }
+
+  private Tracked take(String transferId, String why) {
+    Tracked t = active.remove(transferId);
+    if (t == null) {
+      if (!terminal.contains(transferId)) {
+        getContext().getLog().debug("ignoring {} for unknown transfer {}", why, transferId);
+      }
+      return null;
+    }
+    timers.cancel(transferId);
+    terminal.add(transferId);
+    return t;
+  }
+
+  private Behavior<Command> onSnapshot(GetSnapshot m) {
+    Map<String, Integer> counts = new TreeMap<>();
+    List<TransferView> views = new ArrayList<>();
+    long now = System.currentTimeMillis();
+    for (Tracked t : active.values()) {
+      String state = t.state.name().toLowerCase(java.util.Locale.ROOT);
+      counts.merge(state, 1, Integer::sum);
+      views.add(new TransferView(t.requestId, t.transferId, state, t.peerEngineId, now - t.startedMs));
+    }
+    m.replyTo().tell(new Snapshot(counts, views));
+    return this;
+  }
+}

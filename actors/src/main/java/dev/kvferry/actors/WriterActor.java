@@ -1,0 +1,393 @@
+package dev.kvferry.actors;
+
+import dev.kvferry.actors.connector.LayerEvent;
+import dev.kvferry.actors.connector.ReqMeta;
+import dev.kvferry.actors.engine.AgentMetadata;
+import dev.kvferry.actors.engine.ConnectorSettings;
+import dev.kvferry.actors.engine.EngineDirectory;
+import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.actors.engine.TerminalIds;
+import dev.kvferry.actors.plan.InvalidBlockIdsException;
+import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.actors.plan.TransferPlanner;
+import dev.kvferry.rdma.MemoryRegion;
+import dev.kvferry.rdma.TransferBatch;
+import dev.kvferry.rdma.TransferStatus;
+import dev.kvferry.rdma.Transport;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Optional;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.Executor;
+import org.apache.pekko.actor.typed.ActorRef;
+import org.apache.pekko.actor.typed.Behavior;
+import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
+import org.apache.pekko.actor.typed.javadsl.ActorContext;
+import org.apache.pekko.actor.typed.javadsl.Behaviors;
+import org.apache.pekko.actor.typed.javadsl.Receive;
+import org.apache.pekko.actor.typed.javadsl.TimerScheduler;
+
+/**
+ * P's per-layer write queue (WRITE mode). A layer's write waits until three things are there: D's
+ * remote blocks, D's metadata (handshake) and the layer's compute event; then the request's plan
+ * (computed once, shared by all layers) is written on the I/O executor. Completed writes are
+ * counted; once the expected count is sealed after the forward pass and reached, P tells D "write
+ * done" and reports the request done sending. Replaces the seed's MoRIIOWriter thread, its
+ * deferred list and event.synchronize().
+ */
+public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
+
+  public sealed interface Command extends LocalOnly {}
+
+  /** One layer of one request is to be written once its event fires. */
+  public record SaveLayer(ReqMeta request, int layer, LayerEvent event) implements Command {}
+
+  /** After the forward pass: {@code layers} writes were scheduled for each of these requests. */
+  public record Seal(List<ReqMeta> requests, int layers) implements Command {}
+
+  /** D's blocks for a transfer (may arrive before or after the layers are saved). */
+  public record RemoteBlocksArrived(EngineActor.RemoteBlocks blocks) implements Command {}
+
+  public record DirectoryChanged(EngineDirectory directory) implements Command {}
+
+  private record LayerFired(String transferId, int layer) implements Command {}
+
+  private record PeerReady(String transferId, HandshakeActor.Result result) implements Command {}
+
+  private record LayerWritten(String transferId, int layer, TransferStatus status)
+      implements Command {}
+
+  private record DeferExpired(String transferId) implements Command {}
+
+  /** Everything known about one request's writes. */
+  private static final class WriteJob {
+    final String transferId;
+    String requestId;
+    String decodeEngineId;
+    int[] localBlockIds;
+    int[] remoteBlockIds;
+    AgentMetadata peer;
+    ActorRef<EngineActor.Command> decodeRef;
+    TransferBatch plan;
+    final ArrayDeque<Integer> readyLayers = new ArrayDeque<>();
+    int inFlight;
+    int completed;
+    int expected = -1;
+    long bytes;
+    boolean handshakeRequested;
+
+    WriteJob(String transferId) {
+      this.transferId = transferId;
+    }
+
+    boolean saved() {
+      return localBlockIds != null;
+    }
+  }
+
+  private final EngineIdentity self;
+  private final KvCacheGeometry geometry;
+  private final List<MemoryRegion> layerRegions;
+  private final Transport transport;
+  private final Executor io;
+  private final ConnectorSettings settings;
+  private final ActorRef<HandshakeActor.Command> handshake;
+  private final ActorRef<RequestTrackerActor.Command> tracker;
+  private final TimerScheduler<Command> timers;
+  private final Map<String, WriteJob> jobs = new HashMap<>();
+  private final TerminalIds terminal;
+  private final ActorRef<HandshakeActor.Result> handshakeAdapter;
+  private EngineDirectory directory = EngineDirectory.EMPTY;
+  private final TransferPlanner planner = new TransferPlanner(); // not thread-safe: one per actor
+
+  public static Behavior<Command> create(
+      EngineIdentity self,
+      KvCacheGeometry geometry,
+      List<MemoryRegion> layerRegions,
+      Transport transport,
+      Executor io,
+      ConnectorSettings settings,
+      ActorRef<HandshakeActor.Command> handshake,
+      ActorRef<RequestTrackerActor.Command> tracker) {
+    return Behaviors.setup(
+        ctx ->
+            Behaviors.withTimers(
+                timers ->
+                    new WriterActor(
+                        ctx, timers, self, geometry, layerRegions, transport, io, settings,
+                        handshake, tracker)));
+  }
+
+  private WriterActor(
+      ActorContext<Command> ctx,
+      TimerScheduler<Command> timers,
+      EngineIdentity self,
+      KvCacheGeometry geometry,
+      List<MemoryRegion> layerRegions,
+      Transport transport,
+      Executor io,
+      ConnectorSettings settings,
+      ActorRef<HandshakeActor.Command> handshake,
+      ActorRef<RequestTrackerActor.Command> tracker) {
+    super(ctx);
+    this.timers = timers;
+    this.self = self;
+    this.geometry = geometry;
+    this.layerRegions = List.copyOf(layerRegions);
+    this.transport = transport;
+    this.io = io;
+    this.settings = settings;
+    this.handshake = handshake;
+    this.tracker = tracker;
+    this.terminal = new TerminalIds(settings.terminalIdCapacity());
+    // The handshake result names the engine, not the transfer: fan it out to waiting jobs.
+    this.handshakeAdapter =
+        ctx.messageAdapter(HandshakeActor.Result.class, r -> new PeerReady("", r));
+  }
+
+  @Override
+  public Receive<Command> createReceive() {
+    return newReceiveBuilder()
+        .onMessage(SaveLayer.class, this::onSaveLayer)
+        .onMessage(Seal.class, this::onSeal)
+        .onMessage(RemoteBlocksArrived.class, this::onRemoteBlocks)
+        .onMessage(LayerFired.class, this::onLayerFired)
+        .onMessage(PeerReady.class, this::onPeerReady)
+        .onMessage(LayerWritten.class, this::onLayerWritten)
+        .onMessage(DeferExpired.class, this::onDeferExpired)
+        .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
+        .build();
+  }
+
+  private WriteJob job(String transferId) {
+    return jobs.computeIfAbsent(
+        transferId,
+        id -> {
+          WriteJob j = new WriteJob(id);
+          // The seed's defer timeout: a write whose remote blocks never come fails.
+          timers.startSingleTimer(id, new DeferExpired(id), settings.deferTimeout());
+          return j;
+        });
+  }
+
+  private Behavior<Command> onSaveLayer(SaveLayer m) {
+    ReqMeta r = m.request();
+    if (terminal.contains(r.transferId())) {
+      return this; // already failed (e.g. D left); later layers of the same pass are dropped
+    }
+    if (m.layer() < 0 || m.layer() >= layerRegions.size()) {
+      fail(job(r.transferId()), "layer " + m.layer() + " is not registered (have "
+          + layerRegions.size() + ")", r.requestId());
+      return this;
+    }
+    WriteJob j = job(r.transferId());
+    if (!j.saved()) {
+      j.requestId = r.requestId();
+      j.decodeEngineId = r.remoteEngineId();
+      j.localBlockIds = r.localBlockIds();
+    }
+    if (!j.handshakeRequested) {
+      j.handshakeRequested = true;
+      handshake.tell(new HandshakeActor.Fetch(r.remoteEngineId(), self.tpRank(), handshakeAdapter));
+    }
+    String id = r.transferId();
+    int layer = m.layer();
+    ActorRef<Command> me = getContext().getSelf();
+    m.event().whenComplete(() -> me.tell(new LayerFired(id, layer)));
+    return this;
+  }
+
+  private Behavior<Command> onLayerFired(LayerFired m) {
+    WriteJob j = jobs.get(m.transferId());
+    if (j != null) {
+      j.readyLayers.add(m.layer());
+      issueReady(j);
+    }
+    return this;
+  }
+
+  private Behavior<Command> onRemoteBlocks(RemoteBlocksArrived m) {
+    EngineActor.RemoteBlocks b = m.blocks();
+    if (terminal.contains(b.transferId())) {
+      getContext().getLog().debug("late remote blocks for finished transfer {}", b.transferId());
+      return this;
+    }
+    WriteJob j = job(b.transferId());
+    if (j.remoteBlockIds != null) {
+      getContext().getLog().warn("duplicate remote blocks for transfer {} ignored", b.transferId());
+      return this;
+    }
+    j.remoteBlockIds = b.blockIds();
+    if (j.decodeEngineId == null) {
+      j.decodeEngineId = b.decodeEngineId();
+    }
+    if (j.requestId == null) {
+      j.requestId = b.requestId();
+    }
+    issueReady(j);
+    return this;
+  }
+
+  private Behavior<Command> onPeerReady(PeerReady m) {
+    HandshakeActor.Result r = m.result();
+    for (WriteJob j : new ArrayList<>(jobs.values())) {
+      if (!r.engineId().equals(j.decodeEngineId) || j.peer != null) {
+        continue;
+      }
+      if (r instanceof HandshakeActor.Failed f) {
+        fail(j, f.reason(), j.requestId);
+      } else if (r instanceof HandshakeActor.Ready ready) {
+        j.peer = ready.metadata();
+        issueReady(j);
+      }
+    }
+    return this;
+  }
+
+  /** Issues every ready layer of a job once blocks, metadata, plan and D's address are known. */
+  private void issueReady(WriteJob j) {
+    if (!j.saved() || j.remoteBlockIds == null || j.peer == null || j.readyLayers.isEmpty()) {
+      return;
+    }
+    if (j.decodeRef == null) {
+      Optional<EngineDirectory.Entry> d = directory.find(j.decodeEngineId, self.tpRank());
+      if (d.isEmpty()) {
+        fail(j, "decode engine " + j.decodeEngineId + " is not a member of the cluster", j.requestId);
+        return;
+      }
+      j.decodeRef = d.get().ref();
+    }
+    if (j.plan == null) {
+      try {
+        j.plan = planFor(j);
+      } catch (InvalidBlockIdsException e) {
+        fail(j, "transfer " + j.transferId + " (request " + j.requestId + "): " + e.getMessage(),
+            j.requestId);
+        return;
+      }
+    }
+    while (!j.readyLayers.isEmpty()) {
+      int layer = j.readyLayers.poll();
+      j.inFlight++;
+      MemoryRegion local = layerRegions.get(layer);
+      var remote = j.peer.layers().get(layer);
+      TransferBatch plan = j.plan;
+      CompletableFuture<TransferStatus> done =
+          CompletableFuture.supplyAsync(() -> transport.write(local, remote, plan), io)
+              .thenCompose(TransferStatus::completion);
+      String id = j.transferId;
+      getContext()
+          .pipeToSelf(
+              done,
+              (status, error) ->
+                  new LayerWritten(
+                      id,
+                      layer,
+                      error != null ? TransferStatus.failed("write raised " + error) : status));
+    }
+  }
+
+  /**
+   * The request's plan. When D already had a prefix cached it allocated fewer blocks: P writes the
+   * tail of its blocks into them.
+   */
+  private TransferBatch planFor(WriteJob j) throws InvalidBlockIdsException {
+    int[] local = j.localBlockIds;
+    int[] remote = j.remoteBlockIds;
+    if (remote.length > local.length) {
+      throw new InvalidBlockIdsException(
+          "decode sent " + remote.length + " blocks but prefill has only " + local.length);
+    }
+    if (remote.length < local.length) {
+      local = java.util.Arrays.copyOfRange(local, local.length - remote.length, local.length);
+    }
+    return planner.plan(geometry, j.peer.geometry().numBlocks(), local, remote);
+  }
+
+  private Behavior<Command> onLayerWritten(LayerWritten m) {
+    WriteJob j = jobs.get(m.transferId());
+    if (j == null) {
+      return this; // the job failed already
+    }
+    j.inFlight--;
+    if (!m.status().succeeded()) {
+      fail(j, "writing layer " + m.layer() + " of transfer " + j.transferId + " to "
+          + j.decodeEngineId + " failed: " + m.status().failureMessage(), j.requestId);
+      return this;
+    }
+    j.completed++;
+    j.bytes += m.status().bytesMoved();
+    completeIfDone(j);
+    return this;
+  }
+
+  private Behavior<Command> onSeal(Seal m) {
+    for (ReqMeta r : m.requests()) {
+      WriteJob j = jobs.get(r.transferId());
+      if (j != null) {
+        // Sealed after the forward pass: hybrid models fire fewer save hooks than layers.
+        j.expected = m.layers();
+        completeIfDone(j);
+      }
+    }
+    return this;
+  }
+
+  private void completeIfDone(WriteJob j) {
+    if (j.expected < 0 || j.completed < j.expected || j.inFlight > 0) {
+      return;
+    }
+    jobs.remove(j.transferId);
+    timers.cancel(j.transferId);
+    terminal.add(j.transferId);
+    j.decodeRef.tell(new EngineActor.WriteDone(j.transferId, self.engineId()));
+    tracker.tell(new RequestTrackerActor.SendFinished(j.requestId, j.transferId, null, j.bytes));
+  }
+
+  private void fail(WriteJob j, String reason, String requestId) {
+    jobs.remove(j.transferId);
+    timers.cancel(j.transferId);
+    terminal.add(j.transferId);
+    getContext().getLog().warn("write failed: {}", reason);
+    if (j.decodeEngineId != null) {
+      directory
+          .find(j.decodeEngineId, self.tpRank())
+          .ifPresent(
+              d -> d.ref().tell(new EngineActor.TransferFailed(j.transferId, self.engineId(), reason)));
+    }
+    if (requestId != null) {
+      tracker.tell(new RequestTrackerActor.SendFinished(requestId, j.transferId, reason, 0));
+    }
+  }
+
+  private Behavior<Command> onDeferExpired(DeferExpired m) {
+    WriteJob j = jobs.get(m.transferId());
+    if (j != null) {
+      String missing =
+          j.remoteBlockIds == null
+              ? "remote blocks from " + j.decodeEngineId
+              : j.peer == null ? "metadata of " + j.decodeEngineId : "layer events or seal";
+      fail(j, "transfer " + j.transferId + " still waits for " + missing + " after "
+          + settings.deferTimeout().toMillis() + " ms", j.requestId);
+    }
+    return this;
+  }
+
+  private Behavior<Command> onDirectoryChanged(DirectoryChanged m) {
+    EngineDirectory before = directory;
+    directory = m.directory();
+    for (WriteJob j : new ArrayList<>(jobs.values())) {
+      // Only an engine that was listed and is gone has left; one not listed yet may still join.
+      if (j.decodeEngineId != null
+          && before.contains(j.decodeEngineId)
+          && !directory.contains(j.decodeEngineId)) {
+        fail(j, "decode engine " + j.decodeEngineId + " left the cluster during transfer "
+            + j.transferId, j.requestId);
+      }
+    }
+    return this;
+  }
+}

@@ -1,0 +1,190 @@
+package dev.kvferry.actors.connector;
+
+import dev.kvferry.actors.EngineActor;
+import dev.kvferry.actors.engine.ConnectorSettings;
+import java.time.Clock;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import org.apache.pekko.actor.typed.ActorRef;
+
+/**
+ * Scheduler side of the connector, one per DP engine: pure bookkeeping called from the engine's
+ * scheduler loop. It never blocks; the one thing it sends (D's remote blocks in WRITE mode) is a
+ * message to the local workers. Not thread-safe, like the seed's MoRIIOConnectorScheduler.
+ */
+public final class ConnectorScheduler {
+
+  private final Role role;
+  private final TransferMode mode;
+  private final String engineId;
+  private final int dpRank;
+  private final int blockSize;
+  private final List<ActorRef<EngineActor.Command>> localWorkers;
+  private final ConnectorSettings settings;
+  private final Clock clock;
+
+  private final Map<String, Pending> reqsNeedRecv = new LinkedHashMap<>();
+  private final Map<String, Pending> reqsNeedSave = new LinkedHashMap<>();
+  private final Map<String, Pending> reqsNeedPendingSave = new HashMap<>();
+  private final List<ConnectorMetadata.PendingSend> reqsNeedSend = new ArrayList<>();
+
+  private record Pending(ConnectorRequest request, int[] blockIds) {}
+
+  /**
+   * @param localWorkers this engine's workers (one per TP rank); D's remote-block announcements go
+   *     to each
+   */
+  public ConnectorScheduler(
+      Role role,
+      TransferMode mode,
+      String engineId,
+      int dpRank,
+      int blockSize,
+      List<ActorRef<EngineActor.Command>> localWorkers,
+      ConnectorSettings settings,
+      Clock clock) {
+    if (blockSize < 1) {
+      throw new IllegalArgumentException("block size must be positive, got " + blockSize);
+    }
+    this.role = role;
+    this.mode = mode;
+    this.engineId = engineId;
+    this.dpRank = dpRank;
+    this.blockSize = blockSize;
+    this.localWorkers = List.copyOf(localWorkers);
+    this.settings = settings;
+    this.clock = clock;
+  }
+
+  /** How many prompt tokens the remote side provides, and whether they arrive asynchronously. */
+  public MatchedTokens numNewMatchedTokens(ConnectorRequest request, int numComputedTokens) {
+    KvTransferParams p = request.params();
+    if (role == Role.PREFILL || p == null || !p.doRemotePrefill()) {
+      return MatchedTokens.NONE;
+    }
+    if (mode == TransferMode.WRITE) {
+      // P writes all of it while D waits: loaded asynchronously between steps.
+      return new MatchedTokens(Math.max(0, request.numPromptTokens() - numComputedTokens), true);
+    }
+    // READ: the last prompt token is recomputed on D to produce the first output token.
+    return new MatchedTokens(Math.max(0, request.numPromptTokens() - 1 - numComputedTokens), false);
+  }
+
+  /** Called once the engine allocated {@code blockIds} for the request. */
+  public void updateStateAfterAlloc(
+      ConnectorRequest request, int[] blockIds, int numExternalTokens) {
+    KvTransferParams p = request.params();
+    if (p == null) {
+      return;
+    }
+    if (p.doRemoteDecode()) {
+      reqsNeedSave.put(request.requestId(), new Pending(request, blockIds.clone()));
+    }
+    if (p.doRemotePrefill()) {
+      if (mode == TransferMode.READ) {
+        reqsNeedRecv.put(request.requestId(), new Pending(request, blockIds.clone()));
+      } else {
+        ReqMeta meta =
+            new ReqMeta(
+                request.requestId(), p.transferId(), blockIds.clone(), null, p.remoteEngineId(),
+                p.remoteDpRank());
+        for (ActorRef<EngineActor.Command> w : localWorkers) {
+          w.tell(new EngineActor.AnnounceRemoteBlocks(meta));
+        }
+      }
+      // Only one KV transfer per request.
+      request.setParams(p.withDoRemotePrefill(false));
+    }
+  }
+
+  /** This step's metadata for the workers; clears what it hands over. */
+  public ConnectorMetadata buildConnectorMeta(SchedulerOutput output) {
+    List<ReqMeta> save = new ArrayList<>();
+    List<ReqMeta> recv = new ArrayList<>();
+    if (role == Role.PREFILL && mode == TransferMode.WRITE) {
+      // Chunked prefill: a request is saved only when its final chunk is scheduled.
+      for (SchedulerOutput.CachedRequest c : output.scheduledCachedReqs()) {
+        Pending pending = reqsNeedPendingSave.get(c.requestId());
+        if (pending == null || c.newBlockIds() == null) {
+          continue;
+        }
+        int[] blocks = concat(pending.blockIds(), c.newBlockIds());
+        if ((long) blocks.length * blockSize >= pending.request().numPromptTokens()) {
+          reqsNeedPendingSave.remove(c.requestId());
+          save.add(toSaveMeta(pending.request(), blocks));
+        } else {
+          reqsNeedPendingSave.put(c.requestId(), new Pending(pending.request(), blocks));
+        }
+      }
+    }
+    for (Pending pr : reqsNeedRecv.values()) {
+      KvTransferParams p = pr.request().params();
+      recv.add(
+          new ReqMeta(
+              pr.request().requestId(), p.transferId(), pr.blockIds(), p.remoteBlockIds(),
+              p.remoteEngineId(), p.remoteDpRank()));
+    }
+    for (Pending pr : reqsNeedSave.values()) {
+      if (pr.request().numPromptTokens() > (long) pr.blockIds().length * blockSize) {
+        reqsNeedPendingSave.put(pr.request().requestId(), pr); // not the last chunk yet
+        continue;
+      }
+      if (mode == TransferMode.WRITE) {
+        save.add(toSaveMeta(pr.request(), pr.blockIds()));
+      }
+    }
+    List<ConnectorMetadata.PendingSend> send = List.copyOf(reqsNeedSend);
+    reqsNeedRecv.clear();
+    reqsNeedSave.clear();
+    reqsNeedSend.clear();
+    return new ConnectorMetadata(save, recv, send);
+  }
+
+  private static ReqMeta toSaveMeta(ConnectorRequest r, int[] blocks) {
+    KvTransferParams p = r.params();
+    return new ReqMeta(r.requestId(), p.transferId(), blocks, null, p.remoteEngineId(), p.remoteDpRank());
+  }
+
+  /**
+   * The request finished on this engine: whether to keep its blocks until the connector reports it
+   * done sending, and (P) the params D needs.
+   */
+  public FinishDecision requestFinished(ConnectorRequest request, int[] blockIds) {
+    KvTransferParams p = request.params();
+    reqsNeedPendingSave.remove(request.requestId());
+    if (p == null) {
+      return FinishDecision.FREE_NOW;
+    }
+    if (p.doRemotePrefill()) {
+      // Still set: the request was aborted before it was scheduled. Tell P to free its blocks.
+      reqsNeedRecv.put(request.requestId(), new Pending(request, new int[0]));
+      request.setParams(p.withDoRemotePrefill(false));
+      return FinishDecision.FREE_NOW;
+    }
+    if (!p.doRemoteDecode()
+        || request.status() != ConnectorRequest.Status.FINISHED_LENGTH_CAPPED) {
+      return FinishDecision.FREE_NOW;
+    }
+    boolean delay = blockIds.length > 0; // a prompt shorter than a block moves nothing
+    if (delay && mode == TransferMode.READ) {
+      long deadline = clock.millis() + settings.readAbortTimeout().toMillis();
+      reqsNeedSend.add(
+          new ConnectorMetadata.PendingSend(
+              request.requestId(), p.transferId(), deadline, p.remoteEngineId()));
+    }
+    KvTransferParams forDecode =
+        new KvTransferParams(
+            true, false, p.transferId(), engineId, dpRank, blockIds.clone(), "", 0, 1);
+    return new FinishDecision(delay, forDecode);
+  }
+
+  private static int[] concat(int[] a, int[] b) {
+    int[] out = Arrays.copyOf(a, a.length + b.length);
+    System.arraycopy(b, 0, out, a.length, b.length);
+    return out;
+  }
+}

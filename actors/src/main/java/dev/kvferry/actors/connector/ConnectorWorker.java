@@ -1,0 +1,122 @@
+package dev.kvferry.actors.connector;
+
+import dev.kvferry.actors.EngineActor;
+import dev.kvferry.actors.FinishedSink;
+import dev.kvferry.actors.engine.ConnectorSettings;
+import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.rdma.MemoryRegion;
+import dev.kvferry.rdma.Transport;
+import java.util.List;
+import org.apache.pekko.actor.typed.ActorRef;
+import org.apache.pekko.actor.typed.ActorSystem;
+import org.apache.pekko.actor.typed.Props;
+
+/**
+ * Worker side of the connector, one per TP rank of one DP engine: what the engine's model runner
+ * calls. Every call returns at once; the work goes to the worker's {@link EngineActor}. Not
+ * thread-safe: called from the engine's worker loop, like the seed's MoRIIOConnectorWorker.
+ */
+public final class ConnectorWorker implements AutoCloseable {
+
+  private final ActorSystem<?> system;
+  private final EngineIdentity identity;
+  private final Transport transport;
+  private final ConnectorSettings settings;
+  private final FinishedSink sink = new FinishedSink();
+  private ActorRef<EngineActor.Command> engine;
+  private ConnectorMetadata lastSaved;
+  private int layersSavedThisStep;
+
+  public ConnectorWorker(
+      ActorSystem<?> system, EngineIdentity identity, Transport transport, ConnectorSettings settings) {
+    this.system = system;
+    this.identity = identity;
+    this.transport = transport;
+    this.settings = settings;
+  }
+
+  /**
+   * Registers this worker's KV cache, one region per layer, and starts serving it: the worker
+   * joins the Receptionist listing of its role from here on.
+   */
+  public void registerKvCaches(KvCacheGeometry geometry, List<MemoryRegion> layerRegions) {
+    if (engine != null) {
+      throw new IllegalStateException("KV caches of " + identity.label() + " already registered");
+    }
+    EngineActor.Setup setup =
+        new EngineActor.Setup(identity, geometry, layerRegions, transport, settings, sink);
+    engine = system.systemActorOf(EngineActor.create(setup), identity.toActorName(), Props.empty());
+  }
+
+  /** Starts this step's loads (D, READ) and records the blocks P keeps for D (P, READ). */
+  public void startLoadKv(ConnectorMetadata metadata) {
+    requireRegistered();
+    if (!metadata.reqsToRecv().isEmpty() || !metadata.reqsToSend().isEmpty()) {
+      engine.tell(new EngineActor.StartLoad(metadata));
+    }
+  }
+
+  /** P: layer {@code layer} is being computed; its KV is complete when {@code event} fires. */
+  public void saveKvLayer(ConnectorMetadata metadata, int layer, LayerEvent event) {
+    requireRegistered();
+    if (identity.role() != Role.PREFILL
+        || identity.mode() != TransferMode.WRITE
+        || metadata.reqsToSave().isEmpty()) {
+      return;
+    }
+    if (lastSaved != metadata) {
+      lastSaved = metadata;
+      layersSavedThisStep = 0;
+    }
+    layersSavedThisStep++;
+    engine.tell(new EngineActor.SaveLayer(metadata, layer, event));
+  }
+
+  /** End of the forward pass: seals the expected write count of the requests saved this step. */
+  public void waitForSave() {
+    if (lastSaved != null && layersSavedThisStep > 0) {
+      engine.tell(new EngineActor.SealWrites(lastSaved.reqsToSave(), layersSavedThisStep));
+    }
+    lastSaved = null;
+    layersSavedThisStep = 0;
+  }
+
+  /** Requests whose transfers ended since the last call. */
+  public Finished getFinished() {
+    return sink.drain();
+  }
+
+  public EngineIdentity identity() {
+    return identity;
+  }
+
+  /** The worker's actor, for the scheduler side and for management endpoints. */
+  public ActorRef<EngineActor.Command> engineRef() {
+    requireRegistered();
+    return engine;
+  }
+
+  public FinishedSink sink() {
+    return sink;
+  }
+
+  public void shutdown() {
+    if (engine != null) {
+      engine.tell(new EngineActor.Stop());
+      engine = null;
+    }
+  }
+
+  @Override
+  public void close() {
+    shutdown();
+  }
+
+  private void requireRegistered() {
+    if (engine == null) {
+      throw new IllegalStateException(
+          "registerKvCaches must be called before using worker " + identity.label());
+    }
+  }
+}

@@ -1,0 +1,8 @@
+package dev.kvferry.actors.connector;
+
+/** kv_transfer_params that cannot be used: a field is missing or has the wrong type or value. */
+public final class InvalidTransferParamsException extends Exception {
+  public InvalidTransferParamsException(String message) {
+    super(message);
+  }
+}

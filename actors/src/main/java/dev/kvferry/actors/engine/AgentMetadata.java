@@ -1,0 +1,185 @@
+package dev.kvferry.actors.engine;
+
+import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.rdma.MalformedDescriptorException;
+import dev.kvferry.rdma.RegionDescriptor;
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.List;
+import org.msgpack.core.MessageBufferPacker;
+import org.msgpack.core.MessagePack;
+import org.msgpack.core.MessageUnpacker;
+
+/**
+ * What one engine worker serves in the handshake: its KV cache geometry and one region descriptor
+ * per layer. Packed with msgpack using the seed's field names (engine_id, kv_caches_base_addr,
+ * num_blocks, block_len, attn_backend_name) plus kvferry's own.
+ */
+public record AgentMetadata(
+    String engineId,
+    int dpRank,
+    int tpRank,
+    int tpSize,
+    String transport,
+    KvCacheGeometry geometry,
+    List<RegionDescriptor> layers) {
+
+  /** Upper bound on a packed blob; a larger one is refused unread. */
+  public static final int MAX_PACKED_BYTES = 4 << 20;
+
+  public AgentMetadata {
+    layers = List.copyOf(layers);
+  }
+
+  public byte[] pack() {
+    try (MessageBufferPacker p = MessagePack.newDefaultBufferPacker()) {
+      p.packMapHeader(16);
+      p.packString("engine_id").packString(engineId);
+      p.packString("dp_rank").packInt(dpRank);
+      p.packString("tp_rank").packInt(tpRank);
+      p.packString("tp_size").packInt(tpSize);
+      p.packString("transport").packString(transport);
+      p.packString("attn_backend_name").packString("kvferry-" + geometry.layout().name());
+      p.packString("layout").packString(geometry.layout().name());
+      p.packString("num_blocks").packInt(geometry.numBlocks());
+      p.packString("block_size").packInt(geometry.blockSize());
+      p.packString("kv_heads").packInt(geometry.kvHeads());
+      p.packString("head_dim").packInt(geometry.headDim());
+      p.packString("latent").packInt(geometry.latent());
+      p.packString("elem_size").packInt(geometry.elementBytes());
+      p.packString("block_len").packLong(geometry.blockBytes());
+      p.packString("kv_caches_base_addr").packArrayHeader(layers.size());
+      for (RegionDescriptor d : layers) {
+        p.packLong(d.baseAddress());
+      }
+      p.packString("layer_descriptors").packArrayHeader(layers.size());
+      for (RegionDescriptor d : layers) {
+        byte[] b = d.pack();
+        p.packBinaryHeader(b.length).writePayload(b);
+      }
+      return p.toByteArray();
+    } catch (IOException e) {
+      throw new IllegalStateException("packing agent metadata of " + engineId, e);
+    }
+  }
+
+  /**
+   * Reads a blob from a peer.
+   *
+   * @throws HandshakeException when it is not valid metadata; never anything else
+   */
+  public static AgentMetadata unpack(byte[] blob) throws HandshakeException {
+    if (blob == null || blob.length == 0 || blob.length > MAX_PACKED_BYTES) {
+      throw new HandshakeException(
+          "agent metadata of " + (blob == null ? 0 : blob.length) + " bytes refused");
+    }
+    String engineId = null;
+    int dp = -1;
+    int tp = -1;
+    int tpSize = -1;
+    String transport = "";
+    String layout = null;
+    int numBlocks = -1;
+    int blockSize = -1;
+    int kvHeads = 0;
+    int headDim = 0;
+    int latent = 0;
+    int elem = -1;
+    List<RegionDescriptor> layers = null;
+    try (MessageUnpacker u = MessagePack.newDefaultUnpacker(blob)) {
+      int n = u.unpackMapHeader();
+      if (n > 64) {
+        throw new HandshakeException("agent metadata claims " + n + " fields");
+      }
+      for (int i = 0; i < n; i++) {
+        String key = u.unpackString();
+        switch (key) {
+          case "engine_id" -> engineId = u.unpackString();
+          case "dp_rank" -> dp = u.unpackInt();
+          case "tp_rank" -> tp = u.unpackInt();
+          case "tp_size" -> tpSize = u.unpackInt();
+          case "transport" -> transport = u.unpackString();
+          case "layout" -> layout = u.unpackString();
+          case "num_blocks" -> numBlocks = u.unpackInt();
+          case "block_size" -> blockSize = u.unpackInt();
+          case "kv_heads" -> kvHeads = u.unpackInt();
+          case "head_dim" -> headDim = u.unpackInt();
+          case "latent" -> latent = u.unpackInt();
+          case "elem_size" -> elem = u.unpackInt();
+          case "layer_descriptors" -> {
+            int count = u.unpackArrayHeader();
+            if (count < 0 || count > 4096) {
+              throw new HandshakeException("agent metadata lists " + count + " layers");
+            }
+            layers = new ArrayList<>(count);
+            for (int l = 0; l < count; l++) {
+              int len = u.unpackBinaryHeader();
+              if (len < 0 || len > RegionDescriptor.MAX_PACKED_BYTES) {
+                throw new HandshakeException("layer " + l + " descriptor of " + len + " bytes");
+              }
+              layers.add(RegionDescriptor.unpack(u.readPayload(len)));
+            }
+          }
+          default -> u.skipValue();
+        }
+      }
+    } catch (HandshakeException e) {
+      throw e;
+    } catch (MalformedDescriptorException e) {
+      throw new HandshakeException("agent metadata has a bad layer descriptor: " + e.getMessage());
+    } catch (IOException | RuntimeException e) {
+      throw new HandshakeException("malformed agent metadata: " + e);
+    }
+    if (engineId == null || layout == null || layers == null || tp < 0 || dp < 0 || tpSize < 1) {
+      throw new HandshakeException(
+          "agent metadata lacks a required field (engine_id, dp_rank, tp_rank, tp_size, layout,"
+              + " layer_descriptors)");
+    }
+    KvCacheGeometry geometry;
+    try {
+      geometry =
+          "MLA".equals(layout)
+              ? KvCacheGeometry.mla(numBlocks, blockSize, latent, elem)
+              : KvCacheGeometry.standard(numBlocks, blockSize, kvHeads, headDim, elem);
+    } catch (IllegalArgumentException e) {
+      throw new HandshakeException("agent metadata of " + engineId + ": " + e.getMessage());
+    }
+    return new AgentMetadata(engineId, dp, tp, tpSize, transport, geometry, layers);
+  }
+
+  /**
+   * Checks that a peer's KV cache can exchange blocks with ours: same layout, block size, heads,
+   * head dim (or latent), element size and layer count. num_blocks may differ.
+   *
+   * @throws HandshakeException naming both sides' values of the first mismatch
+   */
+  public void checkCompatibleWith(AgentMetadata peer) throws HandshakeException {
+    KvCacheGeometry a = geometry;
+    KvCacheGeometry b = peer.geometry;
+    mismatch("layout", a.layout().name(), b.layout().name(), peer);
+    mismatch("block_size", a.blockSize(), b.blockSize(), peer);
+    mismatch("kv_heads", a.kvHeads(), b.kvHeads(), peer);
+    mismatch("head_dim", a.headDim(), b.headDim(), peer);
+    mismatch("latent", a.latent(), b.latent(), peer);
+    mismatch("elem_size (dtype bytes)", a.elementBytes(), b.elementBytes(), peer);
+    mismatch("layer count", layers.size(), peer.layers.size(), peer);
+    mismatch("tp_size", tpSize, peer.tpSize, peer);
+    for (int l = 0; l < peer.layers.size(); l++) {
+      long need = b.layerRegionBytes();
+      if (peer.layers.get(l).lengthBytes() < need) {
+        throw new HandshakeException(
+            "engine " + peer.engineId + " layer " + l + " region is " + peer.layers.get(l).lengthBytes()
+                + " bytes, its geometry needs " + need);
+      }
+    }
+  }
+
+  private void mismatch(String what, Object ours, Object theirs, AgentMetadata peer)
+      throws HandshakeException {
+    if (!ours.equals(theirs)) {
+      throw new HandshakeException(
+          "incompatible KV caches: " + what + " is " + ours + " on " + engineId + "/tp" + tpRank
+              + " but " + theirs + " on " + peer.engineId + "/tp" + peer.tpRank);
+    }
+  }
+}

@@ -1,0 +1,65 @@
+package dev.kvferry.actors.engine;
+
+import java.time.Duration;
+
+/**
+ * The control plane's timeouts and limits. cluster-config fills this from {@code kvferry.*} in
+ * reference.conf; tests build it directly.
+ *
+ * @param handshakeTimeout how long one metadata request to a remote engine may take
+ * @param handshakeAttempts attempts before the handshake fails the waiting requests
+ * @param handshakeBackoff first pause between attempts; doubles each time
+ * @param deferTimeout P, WRITE: how long a layer write waits for D's remote blocks (seed: 60 s)
+ * @param transferTimeout D: how long a transfer may take before it fails (seed refinement: 30 s)
+ * @param readAbortTimeout P, READ: how long P keeps blocks for a D that never reads them
+ * @param terminalIdCapacity how many finished transfer ids are remembered to ignore late messages
+ */
+public record ConnectorSettings(
+    Duration handshakeTimeout,
+    int handshakeAttempts,
+    Duration handshakeBackoff,
+    Duration deferTimeout,
+    Duration transferTimeout,
+    Duration readAbortTimeout,
+    int terminalIdCapacity) {
+
+  public static final ConnectorSettings DEFAULTS =
+      new ConnectorSettings(
+          Duration.ofSeconds(3),
+          4,
+          Duration.ofMillis(200),
+          Duration.ofSeconds(60),
+          Duration.ofSeconds(30),
+          Duration.ofSeconds(120),
+          65_536);
+
+  public ConnectorSettings {
+    if (handshakeAttempts < 1 || terminalIdCapacity < 1) {
+      throw new IllegalArgumentException("handshake attempts and terminal id capacity must be >= 1");
+    }
+  }
+
+  public ConnectorSettings withTransferTimeout(Duration d) {
+    return new ConnectorSettings(
+        handshakeTimeout, handshakeAttempts, handshakeBackoff, deferTimeout, d, readAbortTimeout,
+        terminalIdCapacity);
+  }
+
+  public ConnectorSettings withDeferTimeout(Duration d) {
+    return new ConnectorSettings(
+        handshakeTimeout, handshakeAttempts, handshakeBackoff, d, transferTimeout, readAbortTimeout,
+        terminalIdCapacity);
+  }
+
+  public ConnectorSettings withReadAbortTimeout(Duration d) {
+    return new ConnectorSettings(
+        handshakeTimeout, handshakeAttempts, handshakeBackoff, deferTimeout, transferTimeout, d,
+        terminalIdCapacity);
+  }
+
+  public ConnectorSettings withHandshake(Duration timeout, int attempts, Duration backoff) {
+    return new ConnectorSettings(
+        timeout, attempts, backoff, deferTimeout, transferTimeout, readAbortTimeout,
+        terminalIdCapacity);
+  }
+}

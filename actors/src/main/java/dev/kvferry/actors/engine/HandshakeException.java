@@ -1,0 +1,8 @@
+package dev.kvferry.actors.engine;
+
+/** A handshake with a remote engine failed: unreachable, garbage metadata, or incompatible KV. */
+public final class HandshakeException extends Exception {
+  public HandshakeException(String message) {
+    super(message);
+  }
+}

@@ -1,0 +1,34 @@
+package dev.kvferry.actors.engine;
+
+import java.util.LinkedHashMap;
+import java.util.Map;
+
+/**
+ * A bounded set of finished transfer ids, oldest evicted first, so that late messages for a
+ * finished transfer are recognised and ignored. Not thread-safe: owned by one actor.
+ */
+public final class TerminalIds {
+  private final LinkedHashMap<String, Boolean> ids;
+
+  public TerminalIds(int capacity) {
+    this.ids =
+        new LinkedHashMap<>(16, 0.75f, false) {
+          @Override
+          protected boolean removeEldestEntry(Map.Entry<String, Boolean> eldest) {
+            return size() > capacity;
+          }
+        };
+  }
+
+  public void add(String transferId) {
+    ids.put(transferId, Boolean.TRUE);
+  }
+
+  public boolean contains(String transferId) {
+    return ids.containsKey(transferId);
+  }
+
+  public int size() {
+    return ids.size();
+  }
+}
