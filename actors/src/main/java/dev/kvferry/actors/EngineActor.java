@@ -64,6 +64,10 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   /** Scheduler, D, WRITE: tell P which of our blocks to write into, and expect its writes. */
   public record AnnounceRemoteBlocks(ReqMeta request) implements Command, LocalOnly {}
 
+  /** Scheduler, P: the request ended before its KV was sent (aborted): tell D, drop its writes. */
+  public record AbortTransfer(String requestId, String transferId, String decodeEngineId, String reason)
+      implements Command, LocalOnly {}
+
   /** Transfers in flight, for management endpoints. */
   public record GetTransfers(ActorRef<RequestTrackerActor.Snapshot> replyTo) implements Command, LocalOnly {}
 
@@ -235,6 +239,20 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
             Release.class,
             m -> {
               tracker.tell(new RequestTrackerActor.Released(m.transferId()));
+              // WRITE mode: D gave up before P wrote (aborted); pending writes must not land.
+              writer.tell(
+                  new WriterActor.Abandon(
+                      m.transferId(), "decode engine " + m.decodeEngineId() + " released it"));
+              return this;
+            })
+        .onMessage(
+            AbortTransfer.class,
+            m -> {
+              writer.tell(new WriterActor.Abandon(m.transferId(), m.reason()));
+              sendTo(
+                  m.decodeEngineId(),
+                  self.tpRank(),
+                  new TransferFailed(m.transferId(), self.engineId(), m.reason()));
               return this;
             })
         .onMessage(

@@ -53,6 +53,9 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
 
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
 
+  /** The transfer will not happen (aborted on either side): drop its writes, free its blocks. */
+  public record Abandon(String transferId, String reason) implements Command {}
+
   private record LayerFired(String transferId, int layer) implements Command {}
 
   private record PeerReady(String transferId, HandshakeActor.Result result) implements Command {}
@@ -159,6 +162,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
         .onMessage(LayerWritten.class, this::onLayerWritten)
         .onMessage(DeferExpired.class, this::onDeferExpired)
         .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
+        .onMessage(Abandon.class, this::onAbandon)
         .build();
   }
 
@@ -176,7 +180,12 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private Behavior<Command> onSaveLayer(SaveLayer m) {
     ReqMeta r = m.request();
     if (terminal.contains(r.transferId())) {
-      return this; // already failed (e.g. D left); later layers of the same pass are dropped
+      // Ended before this layer was saved (D left, D aborted): make sure P still frees the
+      // request's blocks. The tracker ignores repeats for the same transfer.
+      tracker.tell(
+          new RequestTrackerActor.SendFinished(
+              r.requestId(), r.transferId(), "transfer " + r.transferId() + " already ended", 0));
+      return this;
     }
     if (m.layer() < 0 || m.layer() >= layerRegions.size()) {
       fail(job(r.transferId()), "layer " + m.layer() + " is not registered (have "
@@ -372,6 +381,16 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
               : j.peer == null ? "metadata of " + j.decodeEngineId : "layer events or seal";
       fail(j, "transfer " + j.transferId + " still waits for " + missing + " after "
           + settings.deferTimeout().toMillis() + " ms", j.requestId);
+    }
+    return this;
+  }
+
+  private Behavior<Command> onAbandon(Abandon m) {
+    WriteJob j = jobs.get(m.transferId());
+    if (j != null) {
+      fail(j, "transfer " + m.transferId() + " abandoned: " + m.reason(), j.requestId);
+    } else {
+      terminal.add(m.transferId()); // saves that come later are refused and reported
     }
     return this;
   }

@@ -160,9 +160,20 @@ public final class ConnectorScheduler {
       return FinishDecision.FREE_NOW;
     }
     if (p.doRemotePrefill()) {
-      // Still set: the request was aborted before it was scheduled. Tell P to free its blocks.
+      // Still set: the request was aborted before it was scheduled. Tell P to free its blocks
+      // (the seed does this in READ mode; in WRITE mode it also stops P waiting for our blocks).
       reqsNeedRecv.put(request.requestId(), new Pending(request, new int[0]));
       request.setParams(p.withDoRemotePrefill(false));
+      return FinishDecision.FREE_NOW;
+    }
+    if (p.doRemoteDecode() && request.status() == ConnectorRequest.Status.FINISHED_ABORTED) {
+      // P gave up on the request: D must not wait for writes that will never come.
+      for (ActorRef<EngineActor.Command> w : localWorkers) {
+        w.tell(
+            new EngineActor.AbortTransfer(
+                request.requestId(), p.transferId(), p.remoteEngineId(),
+                "request " + request.requestId() + " aborted on prefill engine " + engineId));
+      }
       return FinishDecision.FREE_NOW;
     }
     if (!p.doRemoteDecode()
