@@ -19,6 +19,19 @@ public final class FinishedSink {
   private final AtomicLong bytesMoved = new AtomicLong();
   private final AtomicLong transfersSucceeded = new AtomicLong();
   private final AtomicLong transfersFailed = new AtomicLong();
+  private final TransferObserver observer;
+
+  public FinishedSink() {
+    this(TransferObserver.NONE);
+  }
+
+  public FinishedSink(TransferObserver observer) {
+    this.observer = observer;
+  }
+
+  public TransferObserver observer() {
+    return observer;
+  }
 
   public synchronized void doneSending(String requestId) {
     doneSending.add(requestId);

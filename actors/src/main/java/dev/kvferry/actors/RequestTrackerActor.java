@@ -74,6 +74,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     final State state;
     final String peerEngineId;
     final long startedMs = System.currentTimeMillis();
+    final long startedNanos = System.nanoTime();
 
     Tracked(String requestId, String transferId, State state, String peerEngineId) {
       this.requestId = requestId;
@@ -157,6 +158,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     if (t != null) {
       sink.addBytes(m.bytes());
       sink.doneReceiving(t.requestId);
+      observe(TransferObserver.Outcome.RECEIVED, m.bytes(), t);
     }
     return this;
   }
@@ -165,6 +167,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     Tracked t = take(m.transferId(), "failed");
     if (t != null) {
       sink.failed(t.requestId, m.reason(), t.state == State.AWAITING_RELEASE);
+      observe(TransferObserver.Outcome.FAILED, 0, t);
     }
     return this;
   }
@@ -186,6 +189,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     Tracked t = take(m.transferId(), "released");
     if (t != null) {
       sink.doneSending(t.requestId);
+      observe(TransferObserver.Outcome.SENT, 0, t);
     }
     return this;
   }
@@ -198,8 +202,10 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     if (m.failureOrNull() == null) {
       sink.addBytes(m.bytes());
       sink.doneSending(m.requestId());
+      sink.observer().transferEnded(TransferObserver.Outcome.SENT, m.bytes(), -1);
     } else {
       sink.failed(m.requestId(), m.failureOrNull(), true);
+      sink.observer().transferEnded(TransferObserver.Outcome.FAILED, 0, -1);
     }
     return this;
   }
@@ -216,12 +222,14 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
           .getLog()
           .info("request {} was not read by D in time; freeing its blocks", t.requestId);
       sink.doneSending(t.requestId);
+      observe(TransferObserver.Outcome.EXPIRED, 0, t);
     } else {
       sink.failed(
           t.requestId,
           "transfer " + t.transferId + " from " + t.peerEngineId + " did not finish within "
               + settings.transferTimeout().toMillis() + " ms",
           false);
+      observe(TransferObserver.Outcome.FAILED, 0, t);
     }
     return this;
   }
@@ -253,6 +261,10 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
       }
     }
     return this;
+  }
+
+  private void observe(TransferObserver.Outcome outcome, long bytes, Tracked t) {
+    sink.observer().transferEnded(outcome, bytes, System.nanoTime() - t.startedNanos);
   }
 
   private Tracked take(String transferId, String why) {

@@ -2,6 +2,7 @@ package dev.kvferry.actors.connector;
 
 import dev.kvferry.actors.EngineActor;
 import dev.kvferry.actors.FinishedSink;
+import dev.kvferry.actors.TransferObserver;
 import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.actors.plan.KvCacheGeometry;
@@ -23,13 +24,24 @@ public final class ConnectorWorker implements AutoCloseable {
   private final EngineIdentity identity;
   private final Transport transport;
   private final ConnectorSettings settings;
-  private final FinishedSink sink = new FinishedSink();
+  private final FinishedSink sink;
   private ActorRef<EngineActor.Command> engine;
   private ConnectorMetadata lastSaved;
   private int layersSavedThisStep;
 
   public ConnectorWorker(
       ActorSystem<?> system, EngineIdentity identity, Transport transport, ConnectorSettings settings) {
+    this(system, identity, transport, settings, TransferObserver.NONE);
+  }
+
+  /** @param observer told of every transfer that ends on this worker (metrics) */
+  public ConnectorWorker(
+      ActorSystem<?> system,
+      EngineIdentity identity,
+      Transport transport,
+      ConnectorSettings settings,
+      TransferObserver observer) {
+    this.sink = new FinishedSink(observer);
     this.system = system;
     this.identity = identity;
     this.transport = transport;
@@ -99,6 +111,14 @@ public final class ConnectorWorker implements AutoCloseable {
 
   public FinishedSink sink() {
     return sink;
+  }
+
+  public Transport transport() {
+    return transport;
+  }
+
+  public boolean isRegistered() {
+    return engine != null;
   }
 
   public void shutdown() {

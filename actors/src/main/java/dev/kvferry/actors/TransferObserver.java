@@ -1,0 +1,25 @@
+package dev.kvferry.actors;
+
+/**
+ * Told about every transfer that ends on a worker, for metrics. Called from actor threads: an
+ * implementation must be thread-safe and cheap (count, observe, return).
+ */
+public interface TransferObserver {
+
+  /** How a transfer ended. */
+  enum Outcome {
+    SENT,
+    RECEIVED,
+    FAILED,
+    /** P, READ: D never came, blocks freed at the deadline. */
+    EXPIRED
+  }
+
+  /**
+   * @param bytes bytes moved by this worker for the transfer (0 when unknown or failed)
+   * @param durationNanos from when this worker learned of the transfer to its end, or -1
+   */
+  void transferEnded(Outcome outcome, long bytes, long durationNanos);
+
+  TransferObserver NONE = (outcome, bytes, durationNanos) -> {};
+}
