@@ -94,7 +94,9 @@ public record KvCacheGeometry(
   /** Bytes of one block of K (or of V, or of the latent for MLA); one copy moves this much. */
   public long blockBytes() {
     long elements =
-        layout == Layout.STANDARD ? (long) blockSize * kvHeads * headDim : (long) blockSize * latent;
+        layout == Layout.STANDARD
+            ? (long) blockSize * kvHeads * headDim
+            : (long) blockSize * latent;
     return elements * elementBytes;
   }
 

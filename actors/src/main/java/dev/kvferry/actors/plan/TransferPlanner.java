@@ -99,11 +99,22 @@ public final class TransferPlanner {
 
     int regions = local.regionsPerLayer();
     long blockBytes = local.blockBytes();
-    int copies = merge(ls, rs, n, regions, localNumBlocks, remoteNumBlocks, blockBytes, null, null, null);
+    int copies =
+        merge(ls, rs, n, regions, localNumBlocks, remoteNumBlocks, blockBytes, null, null, null);
     long[] localOffsets = new long[copies];
     long[] remoteOffsets = new long[copies];
     long[] sizes = new long[copies];
-    merge(ls, rs, n, regions, localNumBlocks, remoteNumBlocks, blockBytes, localOffsets, remoteOffsets, sizes);
+    merge(
+        ls,
+        rs,
+        n,
+        regions,
+        localNumBlocks,
+        remoteNumBlocks,
+        blockBytes,
+        localOffsets,
+        remoteOffsets,
+        sizes);
     return new TransferBatch(localOffsets, remoteOffsets, sizes);
   }
 
@@ -275,8 +286,10 @@ public final class TransferPlanner {
     int position = Math.min(local.length, remote.length);
     String unmatched =
         local.length > remote.length
-            ? "local block id " + local[position] + " at position " + position + " has no remote block"
-            : "remote block id " + remote[position] + " at position " + position + " has no local block";
+            ? "local block id " + local[position] + " at position " + position
+                + " has no remote block"
+            : "remote block id " + remote[position] + " at position " + position
+                + " has no local block";
     return new InvalidBlockIdsException(
         unmatched
             + ": "

@@ -32,7 +32,9 @@ final class SeedReferencePlanner {
       if (!mla) {
         copies.add(
             new long[] {
-              sz * (localKToV + lb * blockStride), sz * (remoteKToV + rb * blockStride), transferBytes
+              sz * (localKToV + lb * blockStride),
+              sz * (remoteKToV + rb * blockStride),
+              transferBytes
             });
       }
     }

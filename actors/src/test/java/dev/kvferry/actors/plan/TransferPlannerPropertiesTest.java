@@ -3,16 +3,20 @@ package dev.kvferry.actors.plan;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvferry.rdma.TransferBatch;
 import java.util.Arrays;
+import java.util.HashSet;
 import java.util.Random;
+import java.util.Set;
 import net.jqwik.api.Arbitraries;
 import net.jqwik.api.Arbitrary;
 import net.jqwik.api.Combinators;
 import net.jqwik.api.ForAll;
 import net.jqwik.api.Property;
 import net.jqwik.api.Provide;
+import net.jqwik.api.Tuple;
 
 class TransferPlannerPropertiesTest {
 
@@ -65,9 +69,10 @@ class TransferPlannerPropertiesTest {
     for (int i = 0; i < batch.count(); i++) {
       long end = batch.localOffsets()[i] + batch.sizes()[i];
       assertEquals(0, batch.sizes()[i] % g.blockBytes());
-      assertEquals(true, end <= g.layerRegionBytes(), "copy " + i + " ends inside the layer");
+      assertTrue(end <= g.layerRegionBytes(), "copy " + i + " ends inside the layer");
       if (i > 0) {
-        assertEquals(true, batch.localOffsets()[i] >= batch.localOffsets()[i - 1] + batch.sizes()[i - 1]);
+        long previousEnd = batch.localOffsets()[i - 1] + batch.sizes()[i - 1];
+        assertTrue(batch.localOffsets()[i] >= previousEnd, "copies do not overlap");
       }
     }
   }
@@ -97,9 +102,9 @@ class TransferPlannerPropertiesTest {
   Arbitrary<PlanCase> cases() {
     Arbitrary<Integer> numBlocks =
         Arbitraries.frequencyOf(
-            net.jqwik.api.Tuple.of(6, Arbitraries.integers().between(1, 40)),
-            net.jqwik.api.Tuple.of(3, Arbitraries.integers().between(1, 2000)),
-            net.jqwik.api.Tuple.of(1, Arbitraries.integers().between(1, 200_000)));
+            Tuple.of(6, Arbitraries.integers().between(1, 40)),
+            Tuple.of(3, Arbitraries.integers().between(1, 2000)),
+            Tuple.of(1, Arbitraries.integers().between(1, 200_000)));
     Arbitrary<KvCacheGeometry> standard =
         Combinators.combine(
                 numBlocks,
@@ -186,7 +191,7 @@ class TransferPlannerPropertiesTest {
 
   private static int[] distinct(Random random, int n, int limit) {
     int[] ids = new int[n];
-    java.util.HashSet<Integer> used = new java.util.HashSet<>();
+    Set<Integer> used = new HashSet<>();
     for (int i = 0; i < n; i++) {
       int id;
       do {

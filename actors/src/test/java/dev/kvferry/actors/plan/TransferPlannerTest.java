@@ -135,7 +135,8 @@ class TransferPlannerTest {
   @Test
   void rejectsARepeatedRemoteIdNamingBothPositions() {
     assertEquals(
-        "remote block id 3 at position 1 repeats position 0; each block may appear once per request",
+        "remote block id 3 at position 1 repeats position 0; each block may appear once per"
+            + " request",
         rejection(10, new int[] {0, 1}, new int[] {3, 3}));
   }
 
