@@ -79,8 +79,8 @@ class PlanCommandTest {
 
   @Test
   void benchAddsSecondsPerCall() {
-    Result result = runPlan(String.format(STANDARD, "[5, 1]", "[0, 1]"), "--bench", "3",
-        "--warmup-ms", "0");
+    Result result =
+        runPlan(String.format(STANDARD, "[5, 1]", "[0, 1]"), "--bench", "3", "--warmup-ms", "0");
 
     assertEquals(0, result.exitCode(), result.err());
     assertTrue(
@@ -135,7 +135,8 @@ class PlanCommandTest {
   @Test
   void rejectsAMisspeltField() {
     assertInvalid(
-        runPlan(String.format(STANDARD, "[1]", "[1]").replace("remote_num_blocks", "remote_blocks")),
+        runPlan(
+            String.format(STANDARD, "[1]", "[1]").replace("remote_num_blocks", "remote_blocks")),
         "unknown field \"remote_blocks\"; known fields: block_size, elem_size, head_dim, kv_heads,"
             + " latent, layout, local_block_ids, num_blocks, remote_block_ids, remote_num_blocks");
   }
@@ -157,7 +158,8 @@ class PlanCommandTest {
   @Test
   void rejectsAZeroDimension() {
     assertInvalid(
-        runPlan(String.format(STANDARD, "[1]", "[1]").replace("\"kv_heads\": 8", "\"kv_heads\": 0")),
+        runPlan(
+            String.format(STANDARD, "[1]", "[1]").replace("\"kv_heads\": 8", "\"kv_heads\": 0")),
         "kv_heads must be an integer from 1 to 2147483647, got 0");
   }
 
