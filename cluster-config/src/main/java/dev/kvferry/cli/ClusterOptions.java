@@ -1,7 +1,7 @@
 package dev.kvferry.cli;
 
 import com.typesafe.config.Config;
-import com.typesafe.config.ConfigFactory;
+import dev.kvferry.node.KvferryConfig;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -46,7 +46,7 @@ public final class ClusterOptions {
     }
     m.put("pekko.cluster.seed-nodes", seeds);
     m.put("pekko.cluster.roles", roles);
-    return ConfigFactory.parseMap(m).withFallback(ConfigFactory.load());
+    return KvferryConfig.load(m);
   }
 
   static String seedAddress(String hostPort) {

@@ -32,7 +32,8 @@ public final class NodeCommand implements Callable<Integer> {
   @Option(names = "--tp-size", defaultValue = "1", description = "TP size (default: ${DEFAULT-VALUE}).")
   int tpSize;
 
-  @Option(names = "--mode", defaultValue = "write", description = "write or read (default: ${DEFAULT-VALUE}).")
+  @Option(names = "--mode", defaultValue = "write",
+      description = "write, read, or write,read for one engine per mode (default: ${DEFAULT-VALUE}).")
   String mode;
 
   @Option(names = "--transport", defaultValue = "cma", description = "cma, tcp or local (default: ${DEFAULT-VALUE}).")
@@ -61,8 +62,10 @@ public final class NodeCommand implements Callable<Integer> {
     }
     EngineNode node = EngineNode.start(cluster.toConfig(List.of(role), m));
     ManagementStarter.start(node.system());
-    System.out.println("kvferry node " + node.settings().engineId() + " (" + role + ", " + mode
-        + ", " + transport + ") up at " + cluster.host + ":" + cluster.port);
+    for (EngineNode.Engine e : node.engines()) {
+      System.out.println("kvferry node: engine " + e.engineId() + " (" + role + ", "
+          + e.mode().configName() + ", " + transport + ") up at " + cluster.host + ":" + cluster.port);
+    }
     CountDownLatch stopped = new CountDownLatch(1);
     node.system().getWhenTerminated().thenRun(stopped::countDown);
     stopped.await();

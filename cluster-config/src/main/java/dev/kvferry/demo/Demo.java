@@ -1,8 +1,10 @@
 package dev.kvferry.demo;
 
 import com.typesafe.config.Config;
-import com.typesafe.config.ConfigFactory;
 import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.TransferMode;
+import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.node.KvferryConfig;
 import dev.kvferry.router.RouterActor;
 import dev.kvferry.sim.RequestSpec;
 import dev.kvferry.sim.SimEngineActor;
@@ -68,37 +70,29 @@ public final class Demo implements AutoCloseable {
     ChildProcess router =
         start("router", List.of("router", "--port", Integer.toString(routerPort),
             "--management-port", Integer.toString(freePort()), "--seed-nodes", seed));
+    // One P and one D node, each hosting one engine per mode: JVM start-up dominates a short run.
+    String modes = String.join(",", options.modes());
+    ChildProcess prefill = start("prefill", nodeArgs("prefill", "prefill", modes, seed, options.numBlocksP()));
+    ChildProcess decode = start("decode", nodeArgs("decode", "decode", modes, seed, options.numBlocksD()));
     client = startClient(seed);
     ActorRef<RouterActor.Command> routerRef =
         awaitOne(RouterActor.SERVICE_KEY, ref -> true, "the router", router);
     List<ModeReport> reports = new ArrayList<>();
     for (String mode : options.modes()) {
-      reports.add(runMode(mode, seed, routerRef));
+      String suffix = options.modes().size() > 1 ? "-" + mode : "";
+      ActorRef<SimEngineActor.Command> pSim = awaitSim(Role.PREFILL, "prefill" + suffix, prefill);
+      ActorRef<SimEngineActor.Command> dSim = awaitSim(Role.DECODE, "decode" + suffix, decode);
+      reports.add(runWorkload(mode, routerRef, pSim, dSim));
     }
     return reports;
   }
 
-  private ModeReport runMode(String mode, String seed, ActorRef<RouterActor.Command> router)
+  private ActorRef<SimEngineActor.Command> awaitSim(Role role, String engineId, ChildProcess node)
       throws Exception {
-    String pId = "prefill-" + mode;
-    String dId = "decode-" + mode;
-    ChildProcess p = start(pId, nodeArgs("prefill", pId, mode, seed, options.numBlocksP()));
-    ChildProcess d = start(dId, nodeArgs("decode", dId, mode, seed, options.numBlocksD()));
-    try {
-      ActorRef<SimEngineActor.Command> pSim =
-          awaitOne(SimEngineActor.serviceKey(Role.PREFILL), r -> r.path().name().contains(pId), pId, p);
-      ActorRef<SimEngineActor.Command> dSim =
-          awaitOne(SimEngineActor.serviceKey(Role.DECODE), r -> r.path().name().contains(dId), dId, d);
-      return runWorkload(mode, router, pSim, dSim);
-    } finally {
-      p.close();
-      d.close();
-      children.remove(p);
-      children.remove(d);
-      // The next mode must not be routed to engines that are on their way out.
-      awaitGone(SimEngineActor.serviceKey(Role.PREFILL), pId);
-      awaitGone(SimEngineActor.serviceKey(Role.DECODE), dId);
-    }
+    return awaitOne(SimEngineActor.serviceKey(role),
+        r -> EngineIdentity.fromActorName(r.path().name())
+            .map(id -> id.engineId().equals(engineId)).orElse(false),
+        engineId, node);
   }
 
   private List<String> nodeArgs(String role, String id, String mode, String seed, int numBlocks)
@@ -151,7 +145,9 @@ public final class Demo implements AutoCloseable {
       for (RequestSpec spec : specs) {
         window.acquire();
         CompletionStage<RouterActor.Routed> reply =
-            AskPattern.ask(router, (ActorRef<RouterActor.Routed> to) -> new RouterActor.Route(spec, to),
+            AskPattern.ask(router,
+                (ActorRef<RouterActor.Routed> to) ->
+                    new RouterActor.Route(spec, TransferMode.parse(mode), to),
                 perRequest, client.scheduler());
         all.add(reply.handle((routed, error) -> {
           results.add(routed != null ? routed : new RouterActor.Routed(spec.requestId(), "", "", null,
@@ -252,13 +248,12 @@ public final class Demo implements AutoCloseable {
 
   private ActorSystem<Void> startClient(String seed) throws IOException {
     Config config =
-        ConfigFactory.parseMap(Map.of(
+        KvferryConfig.load(Map.of(
                 "pekko.remote.artery.canonical.port", freePort(),
                 "pekko.cluster.seed-nodes", List.of("pekko://kvferry@" + seed),
                 "pekko.cluster.roles", List.of("client"),
                 "pekko.loglevel", "WARNING",
-                "pekko.coordinated-shutdown.exit-jvm", "off"))
-            .withFallback(ConfigFactory.load());
+                "pekko.coordinated-shutdown.exit-jvm", "off"));
     return ActorSystem.create(Behaviors.empty(), "kvferry", config);
   }
 
@@ -283,16 +278,6 @@ public final class Demo implements AutoCloseable {
     throw new IllegalStateException(what + " did not join the cluster within "
         + JOIN_TIMEOUT.toSeconds() + " s; its log (" + process.log() + ") ends with:\n"
         + process.tail(20));
-  }
-
-  private <T> void awaitGone(ServiceKey<T> key, String name) throws Exception {
-    long deadline = System.nanoTime() + JOIN_TIMEOUT.toNanos();
-    while (System.nanoTime() < deadline) {
-      if (find(key).stream().noneMatch(r -> r.path().name().contains(name))) {
-        return;
-      }
-      TimeUnit.MILLISECONDS.sleep(200);
-    }
   }
 
   private <T> Set<ActorRef<T>> find(ServiceKey<T> key) throws Exception {
@@ -347,9 +332,8 @@ public final class Demo implements AutoCloseable {
 
   @Override
   public void close() {
-    for (ChildProcess c : new ArrayList<>(children)) {
-      c.close();
-    }
+    // Stop them all at once, then wait: each takes seconds to leave the cluster.
+    children.parallelStream().forEach(ChildProcess::close);
     children.clear();
     if (client != null) {
       client.terminate();

@@ -6,7 +6,7 @@ import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.rdma.TransportOptions;
-import java.time.Duration;
+import java.util.List;
 
 /** The {@code kvferry.*} section of the config, read once and checked, as typed values. */
 public record NodeSettings(
@@ -15,7 +15,7 @@ public record NodeSettings(
     int dpRank,
     int dpSize,
     int tpSize,
-    TransferMode mode,
+    List<TransferMode> modes,
     String transport,
     TransportOptions transportOptions,
     KvCacheGeometry geometry,
@@ -58,13 +58,30 @@ public record NodeSettings(
         dpRank,
         n.getInt("dp-size"),
         n.getInt("tp-size"),
-        TransferMode.parse(n.getString("mode")),
+        parseModes(n.getString("mode")),
         n.getString("transport"),
         options,
         geometry,
         layers,
         n.getBoolean("simulated-engine"),
         connectorSettings(root));
+  }
+
+  /** "write", "read" or both ("write,read"): a node may host one engine per mode. */
+  static List<TransferMode> parseModes(String s) {
+    List<TransferMode> modes = new java.util.ArrayList<>();
+    for (String part : s.split(",")) {
+      TransferMode m = TransferMode.parse(part.trim());
+      if (!modes.contains(m)) {
+        modes.add(m);
+      }
+    }
+    return List.copyOf(modes);
+  }
+
+  /** The engine id of this node's engine for {@code mode}: suffixed when the node hosts both. */
+  public String engineIdFor(TransferMode mode) {
+    return modes.size() == 1 ? engineId : engineId + "-" + mode.configName();
   }
 
   public static ConnectorSettings connectorSettings(Config root) {
@@ -77,9 +94,5 @@ public record NodeSettings(
         c.getDuration("transfer-timeout"),
         c.getDuration("read-abort-timeout"),
         c.getInt("terminal-id-capacity"));
-  }
-
-  static Duration ms(long v) {
-    return Duration.ofMillis(v);
   }
 }

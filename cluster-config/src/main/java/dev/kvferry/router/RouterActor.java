@@ -37,8 +37,12 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
 
   public sealed interface Command {}
 
-  /** Run one request through a P and a D; {@code replyTo} gets one {@link Routed} at the end. */
-  public record Route(RequestSpec spec, ActorRef<Routed> replyTo)
+  /**
+   * Run one request through a P and a D; {@code replyTo} gets one {@link Routed} at the end.
+   *
+   * @param mode only engines of this transfer mode, or null for any (P and D always share one)
+   */
+  public record Route(RequestSpec spec, TransferMode mode, ActorRef<Routed> replyTo)
       implements Command, CborSerializable {}
 
   /** How a routed request ended: D's outcome (or P's, when it never reached D). */
@@ -109,11 +113,13 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
   }
 
   private Behavior<Command> onRoute(Route m) {
-    Optional<Candidate> p = pick(Role.PREFILL);
-    Optional<Candidate> d = pick(Role.DECODE);
+    Optional<Candidate> p = pick(Role.PREFILL, m.mode());
+    Optional<Candidate> d = p.flatMap(prefill -> pick(Role.DECODE, prefill.identity().mode()));
     if (p.isEmpty() || d.isEmpty()) {
       m.replyTo().tell(new Routed(m.spec().requestId(), "", "", null, Outcome.Status.FAILED, 0, 0,
-          "no " + (p.isEmpty() ? "prefill" : "decode") + " engine in the cluster"));
+          "no " + (p.isEmpty() ? "prefill" : "decode") + " engine"
+              + (m.mode() == null ? "" : " in " + m.mode().configName() + " mode")
+              + " in the cluster"));
       return this;
     }
     String requestId = m.spec().requestId();
@@ -144,8 +150,9 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
     return this;
   }
 
-  private Optional<Candidate> pick(Role role) {
-    List<Candidate> list = engines.get(role);
+  private Optional<Candidate> pick(Role role, TransferMode mode) {
+    List<Candidate> list =
+        engines.get(role).stream().filter(c -> mode == null || c.identity().mode() == mode).toList();
     if (list.isEmpty()) {
       return Optional.empty();
     }
@@ -235,12 +242,5 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
 
   private boolean listed(Role role, Candidate c) {
     return engines.get(role).stream().anyMatch(e -> e.ref().equals(c.ref()));
-  }
-
-  /** For tests and status: engines currently routable, by role. */
-  public static List<String> describe(Map<Role, List<Candidate>> engines) {
-    List<String> out = new ArrayList<>();
-    engines.forEach((r, l) -> l.forEach(c -> out.add(r + ":" + c.identity().engineId())));
-    return out;
   }
 }

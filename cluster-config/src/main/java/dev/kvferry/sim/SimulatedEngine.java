@@ -203,11 +203,12 @@ public final class SimulatedEngine implements AutoCloseable {
       }
       boolean first = r.blocks.length == 0 && r.computed == 0;
       r.blocks = concat(r.blocks, added);
+      int computedAfter = r.computed + chunk;
       if (first) {
         scheduler.updateStateAfterAlloc(r.request, r.blocks, 0);
-        fresh.add(new SchedulerOutput.NewRequest(r.id(), r.blocks.clone()));
+        fresh.add(new SchedulerOutput.NewRequest(r.id(), r.blocks.clone(), computedAfter));
       } else {
-        continued.add(new SchedulerOutput.CachedRequest(r.id(), added));
+        continued.add(new SchedulerOutput.CachedRequest(r.id(), added, computedAfter));
       }
       r.chunkFrom = r.computed;
       r.chunkTo = r.computed + chunk;
