@@ -180,6 +180,10 @@ public final class SimulatedEngine implements AutoCloseable {
       reply(r, Status.ABORTED, null, "aborted before scheduling on " + engineId);
       return;
     }
+    if (role == Role.DECODE && (s.params() == null || !s.params().doRemotePrefill())) {
+      reply(r, Status.FAILED, null, "request " + r.id() + " has no kv_transfer_params from a prefill");
+      return;
+    }
     waiting.put(r.id(), r);
   }
 

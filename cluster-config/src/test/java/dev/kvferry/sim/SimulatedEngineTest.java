@@ -1,0 +1,220 @@
+package dev.kvferry.sim;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import com.typesafe.config.ConfigFactory;
+import dev.kvferry.actors.connector.ConnectorScheduler;
+import dev.kvferry.actors.connector.ConnectorWorker;
+import dev.kvferry.actors.connector.KvTransferParams;
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.TransferMode;
+import dev.kvferry.actors.engine.ConnectorSettings;
+import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.rdma.LocalTransport;
+import dev.kvferry.rdma.MemoryRegion;
+import dev.kvferry.rdma.RegionDescriptor;
+import dev.kvferry.rdma.RegionRegistry;
+import dev.kvferry.rdma.TransferBatch;
+import dev.kvferry.rdma.TransferStatus;
+import dev.kvferry.rdma.Transport;
+import dev.kvferry.sim.SimEngineActor.Outcome;
+import java.time.Clock;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.atomic.AtomicBoolean;
+import org.apache.pekko.actor.testkit.typed.javadsl.ActorTestKit;
+import org.apache.pekko.actor.testkit.typed.javadsl.TestProbe;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The simulated engines on both sides in one actor system, over the local transport: chunked
+ * prefill, prefix hits on D, different num_blocks, both modes, and the verifier catching a byte
+ * flipped in transit.
+ */
+class SimulatedEngineTest {
+
+  private static final int LAYERS = 3;
+  private final ActorTestKit kit =
+      ActorTestKit.create(ConfigFactory.parseString("pekko.loglevel = WARNING")
+          .withFallback(ConfigFactory.load()));
+  private final List<AutoCloseable> closeables = new ArrayList<>();
+
+  @AfterEach
+  void stop() throws Exception {
+    for (AutoCloseable c : closeables) {
+      c.close();
+    }
+    kit.shutdownTestKit();
+  }
+
+  /** Flips one byte of the destination after the first write of a layer-1 region. */
+  private static final class CorruptingTransport implements Transport {
+    private final Transport inner;
+    private final RegionRegistry destination;
+    private final AtomicBoolean done = new AtomicBoolean();
+
+    CorruptingTransport(Transport inner, RegionRegistry destination) {
+      this.inner = inner;
+      this.destination = destination;
+    }
+
+    @Override
+    public String name() {
+      return inner.name();
+    }
+
+    @Override
+    public TransferStatus write(MemoryRegion local, RegionDescriptor remote, TransferBatch batch) {
+      TransferStatus s = inner.write(local, remote, batch);
+      if (s.succeeded() && batch.count() > 0 && !done.getAndSet(true)) {
+        MemoryRegion target = destination.lookup(remote.regionId());
+        var buf = target.buffer(batch.remoteOffsets()[0] + 5, 1);
+        buf.put(0, (byte) (buf.get(0) ^ 0x40));
+      }
+      return s;
+    }
+
+    @Override
+    public TransferStatus read(MemoryRegion local, RegionDescriptor remote, TransferBatch batch) {
+      return inner.read(local, remote, batch);
+    }
+
+    @Override
+    public RegionDescriptor describe(MemoryRegion local) {
+      return inner.describe(local);
+    }
+
+    @Override
+    public void close() {}
+  }
+
+  private record Pair(SimulatedEngine prefill, SimulatedEngine decode) {}
+
+  private Pair start(TransferMode mode, KvCacheGeometry pGeometry, KvCacheGeometry dGeometry,
+      boolean corrupt) {
+    RegionRegistry pRegistry = new RegionRegistry("prefill");
+    RegionRegistry dRegistry = new RegionRegistry("decode");
+    closeables.add(pRegistry);
+    closeables.add(dRegistry);
+    Transport local = new LocalTransport(pRegistry, dRegistry);
+    Transport pTransport = corrupt ? new CorruptingTransport(local, dRegistry) : local;
+    SimulatedEngine p = engine(Role.PREFILL, mode, "prefill", pGeometry, pRegistry, pTransport);
+    SimulatedEngine d = engine(Role.DECODE, mode, "decode", dGeometry, dRegistry, local);
+    return new Pair(p, d);
+  }
+
+  private SimulatedEngine engine(Role role, TransferMode mode, String id, KvCacheGeometry g,
+      RegionRegistry registry, Transport transport) {
+    List<MemoryRegion> layers = new ArrayList<>();
+    for (int l = 0; l < LAYERS; l++) {
+      layers.add(registry.allocateHost(g.layerRegionBytes()));
+    }
+    ConnectorSettings settings = ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofSeconds(20));
+    ConnectorWorker w = new ConnectorWorker(kit.system(),
+        new EngineIdentity(role, id, 0, 1, 0, 1, mode), transport, settings);
+    w.registerKvCaches(g, layers);
+    ConnectorScheduler s = new ConnectorScheduler(role, mode, id, 0, g.blockSize(),
+        List.of(w.engineRef()), settings, Clock.systemUTC());
+    SimulatedEngine e = new SimulatedEngine(role, id, g, layers, s, w, 40, 7);
+    e.start();
+    closeables.add(e);
+    closeables.add(w);
+    return e;
+  }
+
+  /** Runs one request the way the router does; returns D's outcome. */
+  private Outcome run(Pair pair, TransferMode mode, RequestSpec spec) {
+    TestProbe<Outcome> pProbe = kit.createTestProbe();
+    TestProbe<Outcome> dProbe = kit.createTestProbe();
+    String tx = "tx-" + spec.requestId();
+    pair.prefill().submit(new SimEngineActor.Submit(spec,
+        KvTransferParams.forPrefill(tx, "decode", 0), pProbe.ref()));
+    if (mode == TransferMode.WRITE) {
+      pair.decode().submit(new SimEngineActor.Submit(spec,
+          KvTransferParams.forDecode(tx, "prefill", 0), dProbe.ref()));
+      pProbe.expectMessageClass(Outcome.class, Duration.ofSeconds(20));
+    } else {
+      Outcome p = pProbe.expectMessageClass(Outcome.class, Duration.ofSeconds(20));
+      if (p.status() != Outcome.Status.DONE) {
+        return p; // READ: D is only involved once P has prefilled
+      }
+      pair.decode().submit(new SimEngineActor.Submit(spec, p.paramsForPeer(), dProbe.ref()));
+    }
+    return dProbe.expectMessageClass(Outcome.class, Duration.ofSeconds(20));
+  }
+
+  private void awaitAllFree(SimulatedEngine e) {
+    kit.createTestProbe().awaitAssert(Duration.ofSeconds(10), () -> {
+      SimEngineActor.Stats s = e.stats();
+      assertEquals(s.numBlocks(), s.freeBlocks(), e.engineId() + " leaked blocks");
+      return null;
+    });
+  }
+
+  private void verifiesEveryRequest(TransferMode mode, KvCacheGeometry p, KvCacheGeometry d) {
+    Pair pair = start(mode, p, d, false);
+    int[] prompts = {1, 4, 5, 39, 40, 41, 97, 130};
+    for (int i = 0; i < prompts.length; i++) {
+      int cached = i % 3 == 2 ? (prompts[i] / 2 / p.blockSize()) * p.blockSize() : 0;
+      Outcome o = run(pair, mode, new RequestSpec("r" + i, prompts[i], cached, RequestSpec.Abort.NONE));
+      assertEquals(Outcome.Status.DONE, o.status(), "request r" + i + ": " + o.detail());
+    }
+    awaitAllFree(pair.prefill());
+    awaitAllFree(pair.decode());
+  }
+
+  @Test
+  void writeModeVerifiesChunkedPrefillsAndPrefixHitsWithDifferentNumBlocks() {
+    verifiesEveryRequest(TransferMode.WRITE, KvCacheGeometry.standard(64, 4, 2, 8, 2),
+        KvCacheGeometry.standard(48, 4, 2, 8, 2));
+  }
+
+  @Test
+  void readModeVerifiesChunkedPrefillsAndPrefixHitsWithDifferentNumBlocks() {
+    verifiesEveryRequest(TransferMode.READ, KvCacheGeometry.standard(48, 4, 2, 8, 2),
+        KvCacheGeometry.standard(64, 4, 2, 8, 2));
+  }
+
+  @Test
+  void mlaLayoutVerifiesInBothModes() {
+    verifiesEveryRequest(TransferMode.WRITE, KvCacheGeometry.mla(64, 4, 12, 2), KvCacheGeometry.mla(40, 4, 12, 2));
+    verifiesEveryRequest(TransferMode.READ, KvCacheGeometry.mla(40, 4, 12, 2), KvCacheGeometry.mla(64, 4, 12, 2));
+  }
+
+  @Test
+  void abortsOnEitherSideFreeEveryBlockOnBothSides() {
+    for (TransferMode mode : TransferMode.values()) {
+      Pair pair = start(mode, KvCacheGeometry.standard(64, 4, 2, 8, 2),
+          KvCacheGeometry.standard(64, 4, 2, 8, 2), false);
+      int i = 0;
+      for (RequestSpec.Abort abort : RequestSpec.Abort.values()) {
+        RequestSpec spec = new RequestSpec(mode + "-" + abort + "-" + i++, 97, 0, abort);
+        Outcome o = run(pair, mode, spec);
+        if (abort == RequestSpec.Abort.NONE) {
+          assertEquals(Outcome.Status.DONE, o.status(), o.detail());
+        } else {
+          assertTrue(o.status() == Outcome.Status.ABORTED || o.status() == Outcome.Status.FAILED
+              || (mode == TransferMode.READ && abort != RequestSpec.Abort.DECODE_BEFORE_SCHEDULE),
+              abort + " in " + mode + " ended " + o.status() + ": " + o.detail());
+        }
+      }
+      awaitAllFree(pair.prefill());
+      awaitAllFree(pair.decode());
+    }
+  }
+
+  @Test
+  void verifierNamesTheByteFlippedInTransit() {
+    Pair pair = start(TransferMode.WRITE, KvCacheGeometry.standard(64, 4, 2, 8, 2),
+        KvCacheGeometry.standard(64, 4, 2, 8, 2), true);
+    Outcome o = run(pair, TransferMode.WRITE, new RequestSpec("victim", 30, 0, RequestSpec.Abort.NONE));
+    assertEquals(Outcome.Status.MISMATCH, o.status(), o.detail());
+    assertTrue(o.detail().contains("request victim") && o.detail().contains("layer ")
+        && o.detail().contains("block ") && o.detail().contains("byte offset"), o.detail());
+    awaitAllFree(pair.decode());
+  }
+}
