@@ -4,10 +4,12 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.IOException;
 import java.io.PrintWriter;
+import java.net.ConnectException;
 import java.net.URI;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
+import java.nio.channels.UnresolvedAddressException;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
@@ -107,20 +109,30 @@ public final class StatusCommand implements Callable<Integer> {
     }
   }
 
-  /** The innermost message: HttpClient wraps "Connection refused" in messageless exceptions. */
+  /**
+   * The innermost message, or a plain word for the JDK's messageless network exceptions (HttpClient
+   * reports a refused connection as a ConnectException with no message).
+   */
   private static String reason(Throwable e) {
-    String reason = e.getClass().getSimpleName();
+    String message = null;
     for (Throwable t = e; t != null; t = t.getCause()) {
+      if (t instanceof UnresolvedAddressException) {
+        return "unknown host";
+      }
       if (t.getMessage() != null && !t.getMessage().isBlank()) {
-        reason = t.getMessage();
+        message = t.getMessage();
       }
     }
-    return reason;
+    if (message != null) {
+      return message;
+    }
+    return e instanceof ConnectException ? "connection refused" : e.getClass().getSimpleName();
   }
 
   private void printMembers(PrintWriter out, JsonNode body) {
     JsonNode members = body.path("members");
-    out.println("Cluster members (" + members.size() + ", leader " + text(body.path("leader")) + ")");
+    out.println(
+        "Cluster members (" + members.size() + ", leader " + text(body.path("leader")) + ")");
     Table table = new Table("ADDRESS", "STATUS", "ROLES");
     for (JsonNode m : members) {
       List<String> roles = new ArrayList<>();
@@ -133,7 +145,8 @@ public final class StatusCommand implements Callable<Integer> {
       List<String> observers = new ArrayList<>();
       u.path("observedBy").forEach(o -> observers.add(o.asText()));
       out.println(
-          "  UNREACHABLE " + text(u.path("node")) + " (seen by " + String.join(", ", observers) + ")");
+          "  UNREACHABLE " + text(u.path("node"))
+              + " (seen by " + String.join(", ", observers) + ")");
     }
   }
 

@@ -134,10 +134,12 @@ public final class KvferryRoutes implements ManagementRouteProvider {
 
   private static HttpResponse json(Object body) {
     try {
+      byte[] bytes = JSON.writeValueAsBytes(body);
       return HttpResponse.create()
-          .withEntity(HttpEntities.create(ContentTypes.APPLICATION_JSON, JSON.writeValueAsBytes(body)));
+          .withEntity(HttpEntities.create(ContentTypes.APPLICATION_JSON, bytes));
     } catch (JsonProcessingException e) {
-      throw new IllegalStateException("cannot write " + body.getClass().getSimpleName() + " as JSON", e);
+      throw new IllegalStateException(
+          "cannot write " + body.getClass().getSimpleName() + " as JSON", e);
     }
   }
 

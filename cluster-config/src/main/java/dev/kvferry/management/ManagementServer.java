@@ -37,7 +37,8 @@ public final class ManagementServer {
               .get(BIND_TIMEOUT.toMillis(), TimeUnit.MILLISECONDS)
               .toString());
     } catch (ExecutionException e) {
-      throw new ManagementStartException(where, String.valueOf(e.getCause().getMessage()), e.getCause());
+      Throwable cause = e.getCause();
+      throw new ManagementStartException(where, String.valueOf(cause.getMessage()), cause);
     } catch (TimeoutException e) {
       throw new ManagementStartException(
           where, "not bound within " + BIND_TIMEOUT.toSeconds() + " s", e);

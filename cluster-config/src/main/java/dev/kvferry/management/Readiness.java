@@ -27,7 +27,8 @@ public record Readiness(
     boolean bound = runtime.map(NodeRuntime::transportBound).orElse(false);
     boolean served = runtime.map(NodeRuntime::handshakeServed).orElse(false);
     boolean up = status == MemberStatus.up();
-    return new Readiness(up && bound && served, status.toString(), runtime.isPresent(), bound, served);
+    return new Readiness(
+        up && bound && served, status.toString(), runtime.isPresent(), bound, served);
   }
 
   /** One line for operators: what is missing. */

@@ -71,7 +71,8 @@ final class ManagementNode implements AutoCloseable {
   private final RegionRegistry regions;
   private final HttpClient http = HttpClient.newHttpClient();
 
-  private ManagementNode(ActorTestKit kit, TestRuntime runtime, RegionRegistry regions, URI management) {
+  private ManagementNode(
+      ActorTestKit kit, TestRuntime runtime, RegionRegistry regions, URI management) {
     this.kit = kit;
     this.runtime = runtime;
     this.regions = regions;

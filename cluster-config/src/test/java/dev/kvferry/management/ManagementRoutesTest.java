@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import dev.kvferry.actors.TransferObserver.Outcome;
+import dev.kvferry.node.NodeRuntime;
 import java.net.http.HttpResponse;
 import java.util.HashSet;
 import java.util.Set;
@@ -120,6 +121,32 @@ class ManagementRoutesTest {
       node.runtime.transportBound = false;
       node.runtime.handshakeServed = false;
     }
+  }
+
+  @Test
+  void nodeIsNotReadyAndSaysSoUntilItsRuntimeIsRegistered() throws Exception {
+    NodeRuntime.unregister(node.runtime);
+    try {
+      assertEquals(500, node.get("/ready").statusCode());
+      assertFalse(getJson("/kvferry/readiness").get("runtimeRegistered").asBoolean());
+      HttpResponse<String> transfers = node.get("/kvferry/transfers");
+      assertEquals(503, transfers.statusCode());
+      assertEquals(
+          "no kvferry node runtime in actor system kvferry (still starting?)", transfers.body());
+    } finally {
+      NodeRuntime.register(node.runtime);
+    }
+  }
+
+  @Test
+  void readinessExplainsWhatIsMissing() {
+    assertEquals("ready", new Readiness(true, "Up", true, true, true).explain());
+    assertEquals(
+        "not ready: cluster member status is Joining, not Up; node runtime not started yet",
+        new Readiness(false, "Joining", false, false, false).explain());
+    assertEquals(
+        "not ready: data-plane transport not bound; handshake metadata not served by every worker",
+        new Readiness(false, "Up", true, false, false).explain());
   }
 
   @Test

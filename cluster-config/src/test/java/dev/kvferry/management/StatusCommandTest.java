@@ -39,8 +39,12 @@ class StatusCommandTest {
     assertTrue(out.contains("Engines (2)"), out);
     assertTrue(out.matches("(?s).*decode\\s+decode-a\\s+0\\s+0\\s+write.*"), out);
     assertTrue(out.matches("(?s).*prefill\\s+prefill-b\\s+1\\s+0\\s+read.*"), out);
-    assertTrue(out.contains("Transfers in flight on " + node.hostPort() + ": 1 (receiving 1)"), out);
-    assertTrue(out.matches("(?s).*receiving\\s+req-1\\s+xfer-1\\s+prefill-absent.*decode-a/tp0.*"), out);
+    assertTrue(
+        out.contains("Transfers in flight on " + node.hostPort() + ": 1 (receiving 1)"), out);
+    assertTrue(
+        out.matches(
+            "(?s).*receiving\\s+req-1\\s+xfer-1\\s+prefill-absent\\s+\\d+\\s+decode-a/tp0.*"),
+        out);
   }
 
   @Test
@@ -51,9 +55,10 @@ class StatusCommandTest {
     }
     Run run = status("--management", "127.0.0.1:" + port);
     assertEquals(1, run.exitCode());
-    assertTrue(
-        run.err().startsWith("cannot reach management at 127.0.0.1:" + port + ": "), run.err());
-    assertTrue(run.err().contains("is the node running with --management-port?"), run.err());
+    assertEquals(
+        "cannot reach management at 127.0.0.1:" + port
+            + ": connection refused; is the node running with --management-port?",
+        run.err().strip().toLowerCase(java.util.Locale.ROOT));
     assertEquals("", run.out());
   }
 }
