@@ -15,7 +15,9 @@ import dev.kvferry.node.NodeRuntime;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.Optional;
+import java.util.concurrent.CompletionException;
 import java.util.concurrent.CompletionStage;
+import java.util.concurrent.TimeoutException;
 import org.apache.pekko.actor.ExtendedActorSystem;
 import org.apache.pekko.actor.typed.ActorSystem;
 import org.apache.pekko.actor.typed.javadsl.Adapter;
@@ -46,7 +48,7 @@ import org.apache.pekko.management.javadsl.ManagementRouteProviderSettings;
 public final class KvferryRoutes implements ManagementRouteProvider {
 
   /** Config path of the timeout for asking the Receptionist and the workers. */
-  static final String ASK_TIMEOUT_PATH = "kvferry.management.ask-timeout";
+  private static final String ASK_TIMEOUT_PATH = "kvferry.management.ask-timeout";
 
   private static final Duration DEFAULT_ASK_TIMEOUT = Duration.ofSeconds(2);
   private static final ObjectMapper JSON = new ObjectMapper();
@@ -79,11 +81,14 @@ public final class KvferryRoutes implements ManagementRouteProvider {
         EngineView.listAll(system, askTimeout)
             .thenApply(KvferryRoutes::json)
             .exceptionally(
-                e ->
-                    error(
-                        StatusCodes.SERVICE_UNAVAILABLE,
-                        "the Receptionist did not list engines within " + askTimeout.toMillis()
-                            + " ms: " + e.getMessage())));
+                e -> {
+                  Throwable cause = e instanceof CompletionException ? e.getCause() : e;
+                  String why =
+                      cause instanceof TimeoutException
+                          ? "no answer from the Receptionist in " + askTimeout.toMillis() + " ms"
+                          : String.valueOf(cause);
+                  return error(StatusCodes.SERVICE_UNAVAILABLE, "cannot list engines: " + why);
+                }));
   }
 
   private Route transfers() {
@@ -111,10 +116,9 @@ public final class KvferryRoutes implements ManagementRouteProvider {
             .thenApply(
                 report -> {
                   node.metrics().transfersInFlight(report.counts());
+                  byte[] text = node.metrics().scrape().getBytes(StandardCharsets.UTF_8);
                   return HttpResponse.create()
-                      .withEntity(HttpEntities.create(
-                              METRICS_CONTENT_TYPE,
-                              node.metrics().scrape().getBytes(StandardCharsets.UTF_8)));
+                      .withEntity(HttpEntities.create(METRICS_CONTENT_TYPE, text));
                 });
     return completeWithFuture(response);
   }
@@ -125,7 +129,7 @@ public final class KvferryRoutes implements ManagementRouteProvider {
         "no kvferry node runtime in actor system " + system.name() + " (still starting?)");
   }
 
-  static Duration askTimeout(ActorSystem<?> system) {
+  private static Duration askTimeout(ActorSystem<?> system) {
     Config config = system.settings().config();
     return config.hasPath(ASK_TIMEOUT_PATH)
         ? config.getDuration(ASK_TIMEOUT_PATH)
