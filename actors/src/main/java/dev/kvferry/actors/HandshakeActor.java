@@ -66,6 +66,8 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   private final Map<PeerKey, AgentMetadata> cache = new HashMap<>();
   private final Map<PeerKey, List<ActorRef<Result>>> waiting = new HashMap<>();
   private EngineDirectory directory = EngineDirectory.EMPTY;
+  /** Fetches waiting for their engine to appear in the listing, with their attempt number. */
+  private final Map<PeerKey, Integer> notListed = new HashMap<>();
 
   public static Behavior<Command> create(AgentMetadata local, ConnectorSettings settings) {
     return Behaviors.setup(
@@ -126,9 +128,20 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
     }
     Optional<EngineDirectory.Entry> entry = directory.find(key.engineId(), key.tpRank());
     if (entry.isEmpty()) {
-      // Not (yet) in the cluster listing: count it as a failed attempt and wait for the listing.
-      return retryOrFail(key, attempt, "engine " + key + " is not a member of the cluster");
+      // Not listed yet (registrations take a moment to spread): the next directory change retries
+      // at once; the timer bounds the wait.
+      timers.startSingleTimer(
+          key, new RetryDue(key, attempt + 1), settings.handshakeTimeout());
+      notListed.put(key, attempt);
+      if (attempt >= settings.handshakeAttempts()) {
+        String msg = "handshake with " + key + " failed: engine " + key.engineId()
+            + " is not a member of the cluster";
+        getContext().getLog().warn(msg);
+        finish(key, new Failed(key.engineId(), key.tpRank(), msg));
+      }
+      return this;
     }
+    notListed.remove(key);
     getContext()
         .ask(
             EngineActor.MetadataReply.class,
@@ -182,6 +195,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
 
   private void finish(PeerKey key, Result result) {
     timers.cancel(key);
+    notListed.remove(key);
     List<ActorRef<Result>> waiters = waiting.remove(key);
     if (waiters != null) {
       waiters.forEach(w -> w.tell(result));
@@ -192,6 +206,12 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
     directory = m.directory();
     // A worker that left may come back with new regions: forget what it told us.
     cache.keySet().removeIf(k -> directory.find(k.engineId(), k.tpRank()).isEmpty());
+    for (Map.Entry<PeerKey, Integer> waitingForListing : new HashMap<>(notListed).entrySet()) {
+      if (directory.find(waitingForListing.getKey().engineId(), waitingForListing.getKey().tpRank())
+          .isPresent()) {
+        attempt(waitingForListing.getKey(), waitingForListing.getValue());
+      }
+    }
     return this;
   }
 }

@@ -90,6 +90,8 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   private final TimerScheduler<Command> timers;
   private final Map<String, Tracked> active = new HashMap<>();
   private final TerminalIds terminal;
+  /** P, READ: releases that overtook their ExpectRelease (D can be faster than P's next step). */
+  private final TerminalIds earlyReleases;
   private EngineDirectory directory = EngineDirectory.EMPTY;
 
   public static Behavior<Command> create(
@@ -112,6 +114,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     this.settings = settings;
     this.sink = sink;
     this.terminal = new TerminalIds(settings.terminalIdCapacity());
+    this.earlyReleases = new TerminalIds(settings.terminalIdCapacity());
   }
 
   @Override
@@ -173,6 +176,11 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onExpectRelease(ExpectRelease m) {
+    if (earlyReleases.contains(m.transferId()) && !terminal.contains(m.transferId())) {
+      terminal.add(m.transferId());
+      sink.doneSending(m.requestId());
+      return this;
+    }
     if (refuseDuplicate(m.requestId(), m.transferId(), true)) {
       return this;
     }
@@ -186,6 +194,10 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onReleased(Released m) {
+    if (!active.containsKey(m.transferId()) && !terminal.contains(m.transferId())) {
+      earlyReleases.add(m.transferId());
+      return this;
+    }
     Tracked t = take(m.transferId(), "released");
     if (t != null) {
       sink.doneSending(t.requestId);

@@ -22,6 +22,10 @@ public final class KvferryCli implements Runnable {
   public static CommandLine newCommandLine() {
     CommandLine cli = new CommandLine(new KvferryCli());
     // Subcommands are registered here, one line each.
+    cli.addSubcommand(new PlanCommand());
+    cli.addSubcommand(new NodeCommand());
+    cli.addSubcommand(new RouterCommand());
+    cli.addSubcommand(new DemoCommand());
     return cli;
   }
 

@@ -1,7 +1,5 @@
 package dev.kvferry.rdma;
 
-import com.sun.jna.Pointer;
-
 /**
  * Same-process transport: the remote region is registered in this process (looked up by id in the
  * given registry) and bytes move with a plain memory copy. Used by single-JVM tests and the demo's
@@ -42,24 +40,33 @@ public final class LocalTransport implements Transport {
     if (local.kind() != RegionKind.HOST || target.kind() != RegionKind.HOST) {
       return TransferStatus.failed("local transport moves host memory only");
     }
+    if (!local.tryPin()) {
+      return TransferStatus.failed("local transport: local region " + local.id() + " is closed");
+    }
+    if (!target.tryPin()) {
+      local.unpin();
+      return TransferStatus.failed(
+          "local transport: region " + remote.regionId() + " of " + remote.owner() + " is closed");
+    }
     try {
       for (int i = 0; i < batch.count(); i++) {
         local.checkRange(batch.localOffsets()[i], batch.sizes()[i]);
         remote.checkRange(batch.remoteOffsets()[i], batch.sizes()[i]);
         target.checkRange(batch.remoteOffsets()[i], batch.sizes()[i]);
       }
+      for (int i = 0; i < batch.count(); i++) {
+        long l = local.address() + batch.localOffsets()[i];
+        long r = target.address() + batch.remoteOffsets()[i];
+        long n = batch.sizes()[i];
+        if (n > 0) {
+          LibC.memmove(toRemote ? r : l, toRemote ? l : r, n);
+        }
+      }
     } catch (RegionBoundsException e) {
       return TransferStatus.failed(e.getMessage());
-    }
-    for (int i = 0; i < batch.count(); i++) {
-      long l = local.address() + batch.localOffsets()[i];
-      long r = target.address() + batch.remoteOffsets()[i];
-      long n = batch.sizes()[i];
-      if (toRemote) {
-        NativeCopy.copy(l, r, n);
-      } else {
-        NativeCopy.copy(r, l, n);
-      }
+    } finally {
+      target.unpin();
+      local.unpin();
     }
     return TransferStatus.succeeded(batch.totalBytes());
   }
@@ -81,21 +88,4 @@ public final class LocalTransport implements Transport {
 
   @Override
   public void close() {}
-
-  /** memcpy through JNA's direct mapping: one native call per entry, no Java-side loop. */
-  static final class NativeCopy {
-    static {
-      com.sun.jna.Native.register(NativeCopy.class, com.sun.jna.Platform.C_LIBRARY_NAME);
-    }
-
-    private static native Pointer memmove(Pointer dst, Pointer src, long n);
-
-    static void copy(long src, long dst, long n) {
-      if (n > 0) {
-        memmove(new Pointer(dst), new Pointer(src), n);
-      }
-    }
-
-    private NativeCopy() {}
-  }
 }

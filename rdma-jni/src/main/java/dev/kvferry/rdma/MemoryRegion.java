@@ -3,6 +3,7 @@ package dev.kvferry.rdma;
 import com.sun.jna.Pointer;
 import java.nio.ByteBuffer;
 import java.util.Objects;
+import java.util.concurrent.atomic.AtomicInteger;
 
 /**
  * A registered range of memory: host memory kvferry allocated itself (page aligned, outside the
@@ -19,6 +20,10 @@ public final class MemoryRegion implements AutoCloseable {
   private final int device;
   private final Runnable release;
   private volatile boolean closed;
+  /** Transfers in flight (low bits) plus {@link #CLOSED_BIT}: memory is freed when both say so. */
+  private final AtomicInteger pins = new AtomicInteger();
+
+  private static final int CLOSED_BIT = Integer.MIN_VALUE;
 
   MemoryRegion(
       RegionRegistry registry,
@@ -129,7 +134,35 @@ public final class MemoryRegion implements AutoCloseable {
     }
   }
 
-  /** Deregisters and, for memory kvferry allocated, frees it. Idempotent. */
+  /**
+   * Keeps the memory alive for one transfer: {@link #close()} deregisters at once but frees only
+   * after the last pin is released, so a transport never copies into freed memory.
+   *
+   * @return false when the region is already closed (nothing is pinned then)
+   */
+  boolean tryPin() {
+    while (true) {
+      int p = pins.get();
+      if ((p & CLOSED_BIT) != 0) {
+        return false;
+      }
+      if (pins.compareAndSet(p, p + 1)) {
+        return true;
+      }
+    }
+  }
+
+  /** Releases a pin taken by {@link #tryPin()}; frees the memory if the region closed meanwhile. */
+  void unpin() {
+    if (pins.decrementAndGet() == CLOSED_BIT) {
+      free();
+    }
+  }
+
+  /**
+   * Deregisters and, for memory kvferry allocated, frees it (once transfers still using it are
+   * done). Idempotent.
+   */
   @Override
   public void close() {
     synchronized (this) {
@@ -139,6 +172,12 @@ public final class MemoryRegion implements AutoCloseable {
       closed = true;
     }
     registry.forget(id);
+    if (pins.getAndUpdate(p -> p | CLOSED_BIT) == 0) {
+      free();
+    }
+  }
+
+  private void free() {
     if (release != null) {
       release.run();
     }

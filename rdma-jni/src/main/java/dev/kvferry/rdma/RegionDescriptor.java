@@ -43,6 +43,8 @@ public record RegionDescriptor(
   /** Upper bound on a packed descriptor; anything larger is refused unread. */
   public static final int MAX_PACKED_BYTES = 4096;
 
+  private static final int MAX_SECRET_BYTES = 256;
+
   public RegionDescriptor {
     Objects.requireNonNull(kind, "kind");
     owner = owner == null ? "" : owner;
@@ -78,7 +80,18 @@ public record RegionDescriptor(
     MemoryRegion.checkRange(regionId, owner, this.lengthBytes, offsetBytes, length);
   }
 
+  /**
+   * Packs this descriptor for the control plane. Strings travel as UTF-8.
+   *
+   * @throws IllegalArgumentException when the result would exceed {@link #MAX_PACKED_BYTES} or a
+   *     token or handle exceeds the 256 bytes {@link #unpack} accepts
+   */
   public byte[] pack() {
+    if (token.length > MAX_SECRET_BYTES || cudaIpcHandle.length > MAX_SECRET_BYTES) {
+      throw new IllegalArgumentException(
+          "descriptor of region " + regionId + ": token or CUDA IPC handle over "
+              + MAX_SECRET_BYTES + " bytes");
+    }
     try (MessageBufferPacker p = MessagePack.newDefaultBufferPacker()) {
       p.packMapHeader(12);
       p.packString("region_id").packInt(regionId);
@@ -95,7 +108,14 @@ public record RegionDescriptor(
       p.packString("cuda_ipc_handle")
           .packBinaryHeader(cudaIpcHandle.length)
           .writePayload(cudaIpcHandle);
-      return p.toByteArray();
+      byte[] packed = p.toByteArray();
+      if (packed.length > MAX_PACKED_BYTES) {
+        // A peer would refuse it unread; fail here, where the oversized field is known.
+        throw new IllegalArgumentException(
+            "descriptor of region " + regionId + " packs to " + packed.length + " bytes, over "
+                + MAX_PACKED_BYTES + " (owner, host or handle too long?)");
+      }
+      return packed;
     } catch (IOException e) {
       throw new IllegalStateException("packing descriptor of region " + regionId, e);
     }
@@ -145,8 +165,8 @@ public record RegionDescriptor(
           case "boot_id" -> bootId = u.unpackString();
           case "tcp_host" -> tcpHost = u.unpackString();
           case "tcp_port" -> tcpPort = u.unpackInt();
-          case "token" -> token = readBinary(u, 256, "token");
-          case "cuda_ipc_handle" -> ipc = readBinary(u, 256, "cuda_ipc_handle");
+          case "token" -> token = readBinary(u, MAX_SECRET_BYTES, "token");
+          case "cuda_ipc_handle" -> ipc = readBinary(u, MAX_SECRET_BYTES, "cuda_ipc_handle");
           default -> u.skipValue(); // newer peers may add fields
         }
       }

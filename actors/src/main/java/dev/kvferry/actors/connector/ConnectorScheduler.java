@@ -113,7 +113,7 @@ public final class ConnectorScheduler {
           continue;
         }
         int[] blocks = concat(pending.blockIds(), c.newBlockIds());
-        if ((long) blocks.length * blockSize >= pending.request().numPromptTokens()) {
+        if (isLastChunk(pending.request(), blocks, c.computedTokensAfterStep())) {
           reqsNeedPendingSave.remove(c.requestId());
           save.add(toSaveMeta(pending.request(), blocks));
         } else {
@@ -128,8 +128,13 @@ public final class ConnectorScheduler {
               pr.request().requestId(), p.transferId(), pr.blockIds(), p.remoteBlockIds(),
               p.remoteEngineId(), p.remoteDpRank()));
     }
+    Map<String, Integer> computedAfterStep = new HashMap<>();
+    for (SchedulerOutput.NewRequest n : output.scheduledNewReqs()) {
+      computedAfterStep.put(n.requestId(), n.computedTokensAfterStep());
+    }
     for (Pending pr : reqsNeedSave.values()) {
-      if (pr.request().numPromptTokens() > (long) pr.blockIds().length * blockSize) {
+      int computed = computedAfterStep.getOrDefault(pr.request().requestId(), -1);
+      if (!isLastChunk(pr.request(), pr.blockIds(), computed)) {
         reqsNeedPendingSave.put(pr.request().requestId(), pr); // not the last chunk yet
         continue;
       }
@@ -142,6 +147,19 @@ public final class ConnectorScheduler {
     reqsNeedSave.clear();
     reqsNeedSend.clear();
     return new ConnectorMetadata(save, recv, send);
+  }
+
+  /**
+   * Whether this step computes the request's last prompt tokens. The seed tests allocated blocks x
+   * block size >= prompt, which holds one step early when a chunk ends inside a block (blocks are
+   * allocated for the partial block): the last tokens would then be written before they are
+   * computed. The engine's computed-token count is exact; the block test is the fallback.
+   */
+  private boolean isLastChunk(ConnectorRequest r, int[] blocks, int computedAfterStep) {
+    if (computedAfterStep >= 0) {
+      return computedAfterStep >= r.numPromptTokens();
+    }
+    return (long) blocks.length * blockSize >= r.numPromptTokens();
   }
 
   private static ReqMeta toSaveMeta(ConnectorRequest r, int[] blocks) {

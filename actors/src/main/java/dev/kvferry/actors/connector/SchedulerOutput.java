@@ -15,7 +15,20 @@ public record SchedulerOutput(List<NewRequest> scheduledNewReqs, List<CachedRequ
     scheduledCachedReqs = List.copyOf(scheduledCachedReqs);
   }
 
-  public record NewRequest(String requestId, int[] blockIds) {}
+  /**
+   * @param computedTokensAfterStep prompt tokens computed once this step's forward pass is done, or
+   *     -1 if unknown (then the seed's block-count test decides whether this is the last chunk)
+   */
+  public record NewRequest(String requestId, int[] blockIds, int computedTokensAfterStep) {
+    public NewRequest(String requestId, int[] blockIds) {
+      this(requestId, blockIds, -1);
+    }
+  }
 
-  public record CachedRequest(String requestId, int[] newBlockIds) {}
+  /** A request scheduled again (a later prefill chunk); see {@link NewRequest} for the count. */
+  public record CachedRequest(String requestId, int[] newBlockIds, int computedTokensAfterStep) {
+    public CachedRequest(String requestId, int[] newBlockIds) {
+      this(requestId, newBlockIds, -1);
+    }
+  }
 }

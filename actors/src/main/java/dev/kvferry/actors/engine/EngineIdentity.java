@@ -45,9 +45,16 @@ public record EngineIdentity(
         URLEncoder.encode(engineId, StandardCharsets.UTF_8));
   }
 
-  /** Parses an actor name written by {@link #toActorName}; empty for any other name. */
+  /**
+   * Parses an actor name written by {@link #toActorName}, possibly behind a prefix ending in "~"
+   * (other actors of the same worker, such as its simulated engine); empty for any other name.
+   */
   public static Optional<EngineIdentity> fromActorName(String name) {
-    String[] p = name.split("~");
+    int start = name.indexOf(PREFIX + "~");
+    if (start < 0) {
+      return Optional.empty();
+    }
+    String[] p = name.substring(start).split("~");
     if (p.length != 8 || !PREFIX.equals(p[0])) {
       return Optional.empty();
     }

@@ -1,0 +1,341 @@
+package dev.kvferry.actors.plan;
+
+import dev.kvferry.rdma.TransferBatch;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.Map;
+import java.util.Objects;
+
+/**
+ * Turns the block ids of a request into the copies that move its KV cache: one entry per run of
+ * blocks that is contiguous on both sides, in local offset order.
+ *
+ * <p>Same output as the seed's {@code _compute_block_transfer_offsets} followed by {@code
+ * merge_contiguous_blocks}: each block gives a K copy and, for the standard layout, a V copy; the
+ * remote V offset uses the remote K-to-V stride ({@code blockStride * remoteNumBlocks}); copies are
+ * ordered by local offset (a stable sort) and a run merges while both local and remote offsets
+ * advance by exactly one block. Unlike the seed it rejects ids it would silently turn into writes
+ * outside the cache or into overlapping copies.
+ *
+ * <p>Planning allocates only the output arrays once the scratch buffers have grown to the largest
+ * cache seen. <b>Not thread-safe</b>: each actor (or thread) owns its planner.
+ */
+public final class TransferPlanner {
+
+  /** An unsorted request spanning more than this many bitmap words per id is sorted instead. */
+  private static final int MAX_WORDS_PER_ID_FOR_BITMAP = 4;
+
+  // Invariant between calls: every bit of both bitmaps is clear.
+  private long[] localIdBits = new long[0];
+  private long[] remoteIdBits = new long[0];
+  private int[] remoteIdByLocalId = new int[0];
+  private int[] sortedLocalIds = new int[0];
+  private int[] sortedRemoteIds = new int[0];
+  private long[] packedIds = new long[0];
+
+  /**
+   * Plans the copies of one layer; all layers of one geometry share the plan.
+   *
+   * @param local this engine's cache geometry
+   * @param remoteNumBlocks blocks in the remote engine's cache (it sets the remote V offsets)
+   * @param localBlockIds blocks of the request here, in request order
+   * @param remoteBlockIds the matching blocks on the remote engine, same order
+   * @return offsets relative to each side's layer tensor, and sizes, all in bytes
+   * @throws InvalidBlockIdsException if the lists differ in length, or hold an id that is negative,
+   *     out of range for its side, or repeated within its list
+   */
+  public TransferBatch plan(
+      KvCacheGeometry local, int remoteNumBlocks, int[] localBlockIds, int[] remoteBlockIds)
+      throws InvalidBlockIdsException {
+    Objects.requireNonNull(local, "local");
+    Objects.requireNonNull(localBlockIds, "localBlockIds");
+    Objects.requireNonNull(remoteBlockIds, "remoteBlockIds");
+    requireRemoteFits(local, remoteNumBlocks);
+    int n = localBlockIds.length;
+    if (n != remoteBlockIds.length) {
+      throw lengthMismatch(localBlockIds, remoteBlockIds);
+    }
+    if (n == 0) {
+      return TransferBatch.EMPTY;
+    }
+    int localNumBlocks = local.numBlocks();
+
+    // Pass 1: ranges, and whether local ids already strictly increase (the fast path).
+    boolean increasing = true;
+    int previous = -1;
+    int minLocal = Integer.MAX_VALUE;
+    int maxLocal = 0;
+    for (int i = 0; i < n; i++) {
+      int l = localBlockIds[i];
+      int r = remoteBlockIds[i];
+      if (l < 0 || l >= localNumBlocks || r < 0 || r >= remoteNumBlocks) {
+        throw firstProblem(localNumBlocks, remoteNumBlocks, localBlockIds, remoteBlockIds);
+      }
+      increasing &= l > previous;
+      previous = l;
+      minLocal = Math.min(minLocal, l);
+      maxLocal = Math.max(maxLocal, l);
+    }
+
+    // Pass 2: no remote id twice (strictly increasing local ids cannot repeat).
+    if (!remoteIdsDistinct(remoteBlockIds, remoteNumBlocks)) {
+      throw firstProblem(localNumBlocks, remoteNumBlocks, localBlockIds, remoteBlockIds);
+    }
+
+    int[] ls = localBlockIds;
+    int[] rs = remoteBlockIds;
+    if (!increasing) {
+      ls = sortedLocalIds = grow(sortedLocalIds, n);
+      rs = sortedRemoteIds = grow(sortedRemoteIds, n);
+      long spanWords = (maxLocal >>> 6) - (minLocal >>> 6) + 1L;
+      boolean sorted =
+          spanWords <= (long) MAX_WORDS_PER_ID_FOR_BITMAP * n
+              ? sortThroughBitmap(localBlockIds, remoteBlockIds, localNumBlocks, minLocal, maxLocal)
+              : sortPacked(localBlockIds, remoteBlockIds);
+      if (!sorted) {
+        throw firstProblem(localNumBlocks, remoteNumBlocks, localBlockIds, remoteBlockIds);
+      }
+    }
+
+    int regions = local.regionsPerLayer();
+    long blockBytes = local.blockBytes();
+    int copies =
+        merge(ls, rs, n, regions, localNumBlocks, remoteNumBlocks, blockBytes, null, null, null);
+    long[] localOffsets = new long[copies];
+    long[] remoteOffsets = new long[copies];
+    long[] sizes = new long[copies];
+    merge(
+        ls,
+        rs,
+        n,
+        regions,
+        localNumBlocks,
+        remoteNumBlocks,
+        blockBytes,
+        localOffsets,
+        remoteOffsets,
+        sizes);
+    return new TransferBatch(localOffsets, remoteOffsets, sizes);
+  }
+
+  /**
+   * Walks the copies in local offset order (all K, then all V; positions in blocks), merging each
+   * run that advances by one block on both sides. Writes the copies when given arrays; returns
+   * their count. Merged size is last local + block - first local, as in the seed.
+   */
+  private static int merge(
+      int[] ls,
+      int[] rs,
+      int n,
+      int regions,
+      long localNumBlocks,
+      long remoteNumBlocks,
+      long blockBytes,
+      long[] localOffsets,
+      long[] remoteOffsets,
+      long[] sizes) {
+    int count = 0;
+    long startL = ls[0];
+    long startR = rs[0];
+    long prevL = startL;
+    long prevR = startR;
+    for (int region = 0; region < regions; region++) {
+      long baseL = region * localNumBlocks;
+      long baseR = region * remoteNumBlocks;
+      for (int i = region == 0 ? 1 : 0; i < n; i++) {
+        long l = baseL + ls[i];
+        long r = baseR + rs[i];
+        if (l != prevL + 1 || r != prevR + 1) {
+          if (sizes != null) {
+            localOffsets[count] = startL * blockBytes;
+            remoteOffsets[count] = startR * blockBytes;
+            sizes[count] = (prevL + 1 - startL) * blockBytes;
+          }
+          count++;
+          startL = l;
+          startR = r;
+        }
+        prevL = l;
+        prevR = r;
+      }
+    }
+    if (sizes != null) {
+      localOffsets[count] = startL * blockBytes;
+      remoteOffsets[count] = startR * blockBytes;
+      sizes[count] = (prevL + 1 - startL) * blockBytes;
+    }
+    return count + 1;
+  }
+
+  /** Ids are in range. Leaves the remote bitmap clear. */
+  private boolean remoteIdsDistinct(int[] remoteBlockIds, int remoteNumBlocks) {
+    long[] bits = remoteIdBits = grow(remoteIdBits, words(remoteNumBlocks));
+    boolean distinct = true;
+    int n = remoteBlockIds.length;
+    for (int i = 0; i < n; i++) {
+      int r = remoteBlockIds[i];
+      long word = bits[r >>> 6];
+      long bit = 1L << r;
+      if ((word & bit) != 0) {
+        distinct = false;
+        break;
+      }
+      bits[r >>> 6] = word | bit;
+    }
+    for (int i = 0; i < n; i++) {
+      bits[remoteBlockIds[i] >>> 6] = 0;
+    }
+    return distinct;
+  }
+
+  /**
+   * Fills the sorted scratch arrays by marking local ids in a bitmap and reading it back in order;
+   * ids are in range. Returns false on a repeated local id. Leaves the local bitmap clear.
+   */
+  private boolean sortThroughBitmap(
+      int[] localBlockIds, int[] remoteBlockIds, int localNumBlocks, int minLocal, int maxLocal) {
+    long[] bits = localIdBits = grow(localIdBits, words(localNumBlocks));
+    int[] remoteOf = remoteIdByLocalId = grow(remoteIdByLocalId, localNumBlocks);
+    int n = localBlockIds.length;
+    boolean distinct = true;
+    for (int i = 0; i < n; i++) {
+      int l = localBlockIds[i];
+      long word = bits[l >>> 6];
+      long bit = 1L << l;
+      if ((word & bit) != 0) {
+        distinct = false;
+        break;
+      }
+      bits[l >>> 6] = word | bit;
+      remoteOf[l] = remoteBlockIds[i];
+    }
+    int[] ls = sortedLocalIds;
+    int[] rs = sortedRemoteIds;
+    int k = 0;
+    int lastWord = maxLocal >>> 6;
+    for (int w = minLocal >>> 6; w <= lastWord; w++) {
+      long word = bits[w];
+      if (word == 0) {
+        continue;
+      }
+      bits[w] = 0;
+      if (!distinct) {
+        continue;
+      }
+      int base = w << 6;
+      while (word != 0) {
+        int l = base + Long.numberOfTrailingZeros(word);
+        ls[k] = l;
+        rs[k] = remoteOf[l];
+        k++;
+        word &= word - 1;
+      }
+    }
+    return distinct;
+  }
+
+  /** Fills the sorted scratch arrays by sorting (local, remote) pairs packed in a long. */
+  private boolean sortPacked(int[] localBlockIds, int[] remoteBlockIds) {
+    int n = localBlockIds.length;
+    long[] packed = packedIds = grow(packedIds, n);
+    for (int i = 0; i < n; i++) {
+      packed[i] = ((long) localBlockIds[i] << 32) | remoteBlockIds[i];
+    }
+    Arrays.sort(packed, 0, n);
+    int[] ls = sortedLocalIds;
+    int[] rs = sortedRemoteIds;
+    int previous = -1;
+    for (int i = 0; i < n; i++) {
+      int l = (int) (packed[i] >>> 32);
+      if (l == previous) {
+        return false;
+      }
+      ls[i] = l;
+      rs[i] = (int) packed[i];
+      previous = l;
+    }
+    return true;
+  }
+
+  private static void requireRemoteFits(KvCacheGeometry local, int remoteNumBlocks) {
+    if (remoteNumBlocks < 1) {
+      throw new IllegalArgumentException(
+          "remote engine must have at least 1 block, got " + remoteNumBlocks);
+    }
+    try {
+      Math.multiplyExact(local.blockBytes(), (long) remoteNumBlocks * local.regionsPerLayer());
+    } catch (ArithmeticException e) {
+      throw new IllegalArgumentException(
+          "remote KV cache of " + remoteNumBlocks + " blocks would exceed 2^63 bytes per layer", e);
+    }
+  }
+
+  private static int words(int bits) {
+    return (bits + 63) >>> 6;
+  }
+
+  private static long[] grow(long[] array, int length) {
+    return array.length >= length ? array : new long[length];
+  }
+
+  private static int[] grow(int[] array, int length) {
+    return array.length >= length ? array : new int[length];
+  }
+
+  private static InvalidBlockIdsException lengthMismatch(int[] local, int[] remote) {
+    int position = Math.min(local.length, remote.length);
+    String unmatched =
+        local.length > remote.length
+            ? "local block id " + local[position] + " at position " + position
+                + " has no remote block"
+            : "remote block id " + remote[position] + " at position " + position
+                + " has no local block";
+    return new InvalidBlockIdsException(
+        unmatched
+            + ": "
+            + local.length
+            + " local block ids but "
+            + remote.length
+            + " remote block ids; each local block needs exactly one remote block");
+  }
+
+  /** The error path: finds the first offending id in request order and says what is wrong. */
+  private static InvalidBlockIdsException firstProblem(
+      int localNumBlocks, int remoteNumBlocks, int[] local, int[] remote) {
+    Map<Integer, Integer> seenLocal = new HashMap<>();
+    Map<Integer, Integer> seenRemote = new HashMap<>();
+    for (int i = 0; i < local.length; i++) {
+      String problem = problem("local", local[i], i, localNumBlocks, "this engine", seenLocal);
+      if (problem == null) {
+        problem = problem("remote", remote[i], i, remoteNumBlocks, "the remote engine", seenRemote);
+      }
+      if (problem != null) {
+        return new InvalidBlockIdsException(problem);
+      }
+    }
+    throw new IllegalStateException("planner flagged block ids but found nothing wrong: a bug");
+  }
+
+  private static String problem(
+      String side, int id, int position, int numBlocks, String owner, Map<Integer, Integer> seen) {
+    String prefix = side + " block id " + id + " at position " + position;
+    if (id < 0) {
+      return prefix + " is negative; block ids start at 0";
+    }
+    if (id >= numBlocks) {
+      return prefix
+          + " is out of range: "
+          + owner
+          + " has "
+          + numBlocks
+          + " blocks (ids 0 to "
+          + (numBlocks - 1)
+          + ")";
+    }
+    Integer earlier = seen.putIfAbsent(id, position);
+    if (earlier != null) {
+      return prefix + " repeats position " + earlier + "; each block may appear once per request";
+    }
+    return null;
+  }
+}

@@ -1,0 +1,76 @@
+package dev.kvferry.actors.plan;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+
+import org.junit.jupiter.api.Test;
+
+class KvCacheGeometryTest {
+
+  @Test
+  void derivesSizesOfAStandardLayer() {
+    KvCacheGeometry g = KvCacheGeometry.standard(1000, 16, 8, 128, 2);
+
+    assertEquals(2, g.regionsPerLayer());
+    assertEquals(32_768, g.blockBytes());
+    assertEquals(32_768, g.blockStrideBytes());
+    assertEquals(32_768_000, g.kToVStrideBytes());
+    assertEquals(65_536_000, g.layerRegionBytes());
+  }
+
+  @Test
+  void derivesSizesOfAnMlaLayer() {
+    KvCacheGeometry g = KvCacheGeometry.mla(1000, 64, 576, 2);
+
+    assertEquals(1, g.regionsPerLayer());
+    assertEquals(73_728, g.blockBytes());
+    assertEquals(0, g.kToVStrideBytes());
+    assertEquals(73_728_000, g.layerRegionBytes());
+  }
+
+  @Test
+  void rejectsANonPositiveDimensionByName() {
+    assertEquals(
+        "numBlocks must be at least 1, got 0",
+        assertThrows(
+                IllegalArgumentException.class, () -> KvCacheGeometry.standard(0, 16, 8, 128, 2))
+            .getMessage());
+    assertEquals(
+        "headDim must be at least 1, got -3",
+        assertThrows(
+                IllegalArgumentException.class, () -> KvCacheGeometry.standard(4, 16, 8, -3, 2))
+            .getMessage());
+    assertEquals(
+        "latent must be at least 1, got 0",
+        assertThrows(IllegalArgumentException.class, () -> KvCacheGeometry.mla(4, 16, 0, 2))
+            .getMessage());
+  }
+
+  @Test
+  void rejectsFieldsTheLayoutDoesNotUse() {
+    IllegalArgumentException e =
+        assertThrows(
+            IllegalArgumentException.class,
+            () -> new KvCacheGeometry(KvCacheGeometry.Layout.STANDARD, 4, 16, 8, 128, 576, 2));
+    assertEquals(
+        "latent is only used by the MLA layout; it must be 0 for STANDARD, got 576",
+        e.getMessage());
+    assertThrows(
+        IllegalArgumentException.class,
+        () -> new KvCacheGeometry(KvCacheGeometry.Layout.MLA, 4, 16, 8, 0, 576, 2));
+  }
+
+  @Test
+  void rejectsALayerLargerThanALongCanAddress() {
+    IllegalArgumentException e =
+        assertThrows(
+            IllegalArgumentException.class,
+            () ->
+                KvCacheGeometry.standard(
+                    Integer.MAX_VALUE, Integer.MAX_VALUE, Integer.MAX_VALUE, 1, 1));
+    assertEquals(
+        "a KV cache layer of 2147483647 blocks of 2147483647 tokens would exceed 2^63 bytes; check"
+            + " the shape",
+        e.getMessage());
+  }
+}

@@ -1,0 +1,228 @@
+package dev.kvferry.actors.plan;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvferry.rdma.TransferBatch;
+import java.util.Arrays;
+import java.util.HashSet;
+import java.util.Random;
+import java.util.Set;
+import net.jqwik.api.Arbitraries;
+import net.jqwik.api.Arbitrary;
+import net.jqwik.api.Combinators;
+import net.jqwik.api.ForAll;
+import net.jqwik.api.Property;
+import net.jqwik.api.Provide;
+import net.jqwik.api.Tuple;
+
+class TransferPlannerPropertiesTest {
+
+  /** Shared across tries on purpose: scratch left dirty by one call would break a later one. */
+  private static final TransferPlanner PLANNER = new TransferPlanner();
+
+  /** How the block ids of a generated request are arranged. */
+  enum Shape {
+    /** One or more runs, contiguous on both sides, in order. */
+    RUNS,
+    /** Runs as above, then shuffled as whole blocks. */
+    SHUFFLED_RUNS,
+    /** Distinct ids drawn at random on each side, in random order. */
+    SCATTERED,
+    /** Scattered, then sorted by local id. */
+    SCATTERED_SORTED,
+    /** Every block at both edges of the cache, so K's last block can meet V's first. */
+    EDGES
+  }
+
+  record PlanCase(KvCacheGeometry geometry, int remoteNumBlocks, int[] local, int[] remote) {
+    @Override
+    public String toString() {
+      return geometry
+          + " remoteNumBlocks="
+          + remoteNumBlocks
+          + " local="
+          + Arrays.toString(local)
+          + " remote="
+          + Arrays.toString(remote);
+    }
+  }
+
+  @Property(tries = 2000)
+  void matchesTheSeedOnValidIds(@ForAll("cases") PlanCase c) throws InvalidBlockIdsException {
+    TransferBatch expected =
+        SeedReferencePlanner.plan(c.geometry(), c.remoteNumBlocks(), c.local(), c.remote());
+    TransferBatch actual = PLANNER.plan(c.geometry(), c.remoteNumBlocks(), c.local(), c.remote());
+    assertArrayEquals(expected.localOffsets(), actual.localOffsets(), "local offsets");
+    assertArrayEquals(expected.remoteOffsets(), actual.remoteOffsets(), "remote offsets");
+    assertArrayEquals(expected.sizes(), actual.sizes(), "sizes");
+  }
+
+  @Property(tries = 500)
+  void movesEveryBlockExactlyOnce(@ForAll("cases") PlanCase c) throws InvalidBlockIdsException {
+    TransferBatch batch = PLANNER.plan(c.geometry(), c.remoteNumBlocks(), c.local(), c.remote());
+    KvCacheGeometry g = c.geometry();
+    assertEquals(
+        (long) c.local().length * g.regionsPerLayer() * g.blockBytes(), batch.totalBytes());
+    for (int i = 0; i < batch.count(); i++) {
+      long end = batch.localOffsets()[i] + batch.sizes()[i];
+      assertEquals(0, batch.sizes()[i] % g.blockBytes());
+      assertTrue(end <= g.layerRegionBytes(), "copy " + i + " ends inside the layer");
+      if (i > 0) {
+        long previousEnd = batch.localOffsets()[i - 1] + batch.sizes()[i - 1];
+        assertTrue(batch.localOffsets()[i] >= previousEnd, "copies do not overlap");
+      }
+    }
+  }
+
+  @Property(tries = 300)
+  void staysCorrectAfterRejectingARepeatedId(@ForAll("cases") PlanCase c)
+      throws InvalidBlockIdsException {
+    int n = c.local().length;
+    if (n >= 2) {
+      int[] repeated = c.local().clone();
+      repeated[n - 1] = repeated[0];
+      assertThrows(
+          InvalidBlockIdsException.class,
+          () -> PLANNER.plan(c.geometry(), c.remoteNumBlocks(), repeated, c.remote()));
+      int[] repeatedRemote = c.remote().clone();
+      repeatedRemote[n - 1] = repeatedRemote[0];
+      assertThrows(
+          InvalidBlockIdsException.class,
+          () -> PLANNER.plan(c.geometry(), c.remoteNumBlocks(), c.local(), repeatedRemote));
+    }
+    assertEquals(
+        SeedReferencePlanner.plan(c.geometry(), c.remoteNumBlocks(), c.local(), c.remote()),
+        PLANNER.plan(c.geometry(), c.remoteNumBlocks(), c.local(), c.remote()));
+  }
+
+  @Provide
+  Arbitrary<PlanCase> cases() {
+    Arbitrary<Integer> numBlocks =
+        Arbitraries.frequencyOf(
+            Tuple.of(6, Arbitraries.integers().between(1, 40)),
+            Tuple.of(3, Arbitraries.integers().between(1, 2000)),
+            Tuple.of(1, Arbitraries.integers().between(1, 200_000)));
+    Arbitrary<KvCacheGeometry> standard =
+        Combinators.combine(
+                numBlocks,
+                Arbitraries.of(1, 16, 32),
+                Arbitraries.integers().between(1, 8),
+                Arbitraries.of(64, 128, 7),
+                Arbitraries.of(1, 2, 4))
+            .as(KvCacheGeometry::standard);
+    Arbitrary<KvCacheGeometry> mla =
+        Combinators.combine(
+                numBlocks,
+                Arbitraries.of(1, 16, 64),
+                Arbitraries.of(576, 512, 3),
+                Arbitraries.of(1, 2))
+            .as(KvCacheGeometry::mla);
+    return Combinators.combine(
+            Arbitraries.oneOf(standard, mla),
+            numBlocks,
+            Arbitraries.of(Shape.class),
+            Arbitraries.integers().between(0, 300),
+            Arbitraries.longs())
+        .as(TransferPlannerPropertiesTest::buildCase);
+  }
+
+  private static PlanCase buildCase(
+      KvCacheGeometry g, int remoteNumBlocks, Shape shape, int wanted, long seed) {
+    Random random = new Random(seed);
+    int n = Math.min(wanted, Math.min(g.numBlocks(), remoteNumBlocks));
+    int[] local;
+    int[] remote;
+    switch (shape) {
+      case RUNS, SHUFFLED_RUNS -> {
+        local = runs(random, n, g.numBlocks());
+        remote = runs(random, n, remoteNumBlocks);
+        if (shape == Shape.SHUFFLED_RUNS) {
+          shuffleTogether(random, local, remote);
+        }
+      }
+      case SCATTERED, SCATTERED_SORTED -> {
+        local = distinct(random, n, g.numBlocks());
+        remote = distinct(random, n, remoteNumBlocks);
+        if (shape == Shape.SCATTERED_SORTED) {
+          sortByLocal(local, remote);
+        }
+      }
+      case EDGES -> {
+        int k = Math.min(n, 2);
+        local = new int[k];
+        remote = new int[k];
+        if (k == 2) {
+          // Last block on both sides first, then block 0: K of one run meets V of the other.
+          local[0] = g.numBlocks() - 1;
+          remote[0] = remoteNumBlocks - 1;
+        }
+        if (k >= 1) {
+          local[k - 1] = 0;
+          remote[k - 1] = 0;
+        }
+        if (random.nextBoolean()) {
+          shuffleTogether(random, local, remote);
+        }
+      }
+      default -> throw new AssertionError(shape);
+    }
+    return new PlanCase(g, remoteNumBlocks, local, remote);
+  }
+
+  /** {@code n} distinct ids below {@code limit}, ascending, cut into runs with random gaps. */
+  private static int[] runs(Random random, int n, int limit) {
+    int spare = limit - n;
+    int[] ids = new int[n];
+    int next = spare == 0 ? 0 : random.nextInt(Math.min(spare, 4) + 1);
+    spare -= next;
+    for (int i = 0; i < n; i++) {
+      if (i > 0 && spare > 0 && random.nextInt(4) == 0) {
+        int gap = 1 + random.nextInt(Math.min(spare, 3));
+        next += gap;
+        spare -= gap;
+      }
+      ids[i] = next++;
+    }
+    return ids;
+  }
+
+  private static int[] distinct(Random random, int n, int limit) {
+    int[] ids = new int[n];
+    Set<Integer> used = new HashSet<>();
+    for (int i = 0; i < n; i++) {
+      int id;
+      do {
+        id = random.nextInt(limit);
+      } while (!used.add(id));
+      ids[i] = id;
+    }
+    return ids;
+  }
+
+  private static void shuffleTogether(Random random, int[] a, int[] b) {
+    for (int i = a.length - 1; i > 0; i--) {
+      int j = random.nextInt(i + 1);
+      int t = a[i];
+      a[i] = a[j];
+      a[j] = t;
+      t = b[i];
+      b[i] = b[j];
+      b[j] = t;
+    }
+  }
+
+  private static void sortByLocal(int[] local, int[] remote) {
+    long[] packed = new long[local.length];
+    for (int i = 0; i < local.length; i++) {
+      packed[i] = ((long) local[i] << 32) | remote[i];
+    }
+    Arrays.sort(packed);
+    for (int i = 0; i < local.length; i++) {
+      local[i] = (int) (packed[i] >>> 32);
+      remote[i] = (int) packed[i];
+    }
+  }
+}

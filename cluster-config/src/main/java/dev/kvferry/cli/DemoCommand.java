@@ -1,0 +1,87 @@
+package dev.kvferry.cli;
+
+import dev.kvferry.demo.Demo;
+import dev.kvferry.demo.DemoOptions;
+import dev.kvferry.demo.ModeReport;
+import java.util.List;
+import java.util.concurrent.Callable;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Option;
+
+/** {@code kvferry demo}: the main job, end to end, every byte verified. */
+@Command(name = "demo", mixinStandardHelpOptions = true,
+    description = {
+      "Start a router, a prefill node and a decode node as separate JVMs on loopback, move the KV",
+      "cache of a simulated workload in WRITE then READ mode, verify every byte on the decode side",
+      "and check that no block leaked on either side. Exits 0 only if all of that holds."
+    })
+public final class DemoCommand implements Callable<Integer> {
+
+  private static final DemoOptions D = DemoOptions.defaults();
+
+  @Option(names = "--transport", description = "cma or tcp (default: ${DEFAULT-VALUE}).", defaultValue = "cma")
+  String transport;
+
+  @Option(names = "--modes", split = ",", description = "Modes to run, in order (default: write,read).")
+  List<String> modes = D.modes();
+
+  @Option(names = "--layers") int layers = D.layers();
+  @Option(names = "--kv-heads") int kvHeads = D.kvHeads();
+  @Option(names = "--head-dim") int headDim = D.headDim();
+  @Option(names = "--block-size") int blockSize = D.blockSize();
+  @Option(names = "--dtype-bytes") int dtypeBytes = D.dtypeBytes();
+  @Option(names = "--mla", description = "MLA layout (one latent region per layer).") boolean mla;
+  @Option(names = "--latent") int latent = D.latent();
+  @Option(names = "--num-blocks-p", description = "Blocks per layer on P (default: 512).") int numBlocksP = D.numBlocksP();
+  @Option(names = "--num-blocks-d", description = "Blocks per layer on D (default: 640).") int numBlocksD = D.numBlocksD();
+  @Option(names = "--requests", description = "Requests per mode (default: 48).") int requests = D.requests();
+
+  @Option(names = "--prompt-tokens", description = "Prompt length range MIN:MAX (default: 128:2048).")
+  String promptTokens = D.promptMin() + ":" + D.promptMax();
+
+  @Option(names = "--abort-rate", description = "Fraction of requests aborted at a random point (default: 0.1).")
+  double abortRate = D.abortRate();
+
+  @Option(names = "--prefix-hit-rate", description = "Fraction of requests D partly has cached (default: 0.25).")
+  double prefixHitRate = D.prefixHitRate();
+
+  @Option(names = "--concurrency", description = "Requests in flight at once (default: 8).")
+  int concurrency = D.concurrency();
+
+  @Option(names = "--seed", description = "Workload seed (default: 42).") long seed = D.seed();
+
+  @Option(names = "--json", description = "Print one JSON object as the last line.") boolean json;
+
+  @Override
+  public Integer call() throws Exception {
+    String[] range = promptTokens.split(":");
+    if (range.length != 2) {
+      System.err.println("kvferry demo: --prompt-tokens must be MIN:MAX, got " + promptTokens);
+      return 2;
+    }
+    DemoOptions options;
+    try {
+      options = new DemoOptions(transport, modes, layers, kvHeads, headDim, blockSize, dtypeBytes, mla,
+          latent, numBlocksP, numBlocksD, requests, Integer.parseInt(range[0].trim()),
+          Integer.parseInt(range[1].trim()), abortRate, prefixHitRate, concurrency, seed, true);
+    } catch (IllegalArgumentException e) {
+      System.err.println("kvferry demo: " + e.getMessage());
+      return 2;
+    }
+    System.out.printf("kvferry demo: %d requests per mode, prompts %s tokens, %s transport, %s%n",
+        requests, promptTokens, transport,
+        mla ? "MLA latent " + latent : layers + " layers x " + kvHeads + " heads x " + headDim);
+    try (Demo demo = new Demo(options, System.out)) {
+      System.out.println("process logs: " + demo.logDir());
+      List<ModeReport> reports = demo.run();
+      Demo.printTable(reports, System.out);
+      boolean ok = reports.stream().allMatch(ModeReport::passed);
+      System.out.println(ok ? "\nOK: every byte verified, no block leaked."
+          : "\nFAILED: see the problems above and the logs in " + demo.logDir());
+      if (json) {
+        System.out.println(Demo.toJson(reports));
+      }
+      return ok ? 0 : 1;
+    }
+  }
+}

@@ -1,0 +1,91 @@
+package dev.kvferry.demo;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * A kvferry process started by the demo (or a test): same Java, same classpath, its output in a
+ * log file. Stopped with SIGTERM so it leaves the cluster cleanly, then killed if it lingers.
+ */
+public final class ChildProcess implements AutoCloseable {
+  private final String name;
+  private final Process process;
+  private final Path log;
+
+  private ChildProcess(String name, Process process, Path log) {
+    this.name = name;
+    this.process = process;
+    this.log = log;
+  }
+
+  /** Starts {@code kvferry <args>} in a new JVM; stdout and stderr go to {@code logDir/name.log}. */
+  public static ChildProcess start(String name, Path logDir, List<String> jvmArgs, List<String> args)
+      throws IOException {
+    Files.createDirectories(logDir);
+    Path log = logDir.resolve(name + ".log");
+    List<String> cmd = new ArrayList<>();
+    cmd.add(ProcessHandle.current().info().command().orElse("java"));
+    cmd.addAll(jvmArgs);
+    cmd.add("-cp");
+    cmd.add(System.getProperty("java.class.path"));
+    cmd.add("dev.kvferry.cli.KvferryCli");
+    cmd.addAll(args);
+    Process p =
+        new ProcessBuilder(cmd)
+            .redirectErrorStream(true)
+            .redirectOutput(log.toFile())
+            .start();
+    return new ChildProcess(name, p, log);
+  }
+
+  public String name() {
+    return name;
+  }
+
+  public Path log() {
+    return log;
+  }
+
+  public long pid() {
+    return process.pid();
+  }
+
+  public boolean isAlive() {
+    return process.isAlive();
+  }
+
+  /** SIGKILL, no goodbye: for fault tests. */
+  public void kill() {
+    process.destroyForcibly();
+  }
+
+  /** The last lines of the log, for error messages. */
+  public String tail(int lines) {
+    try {
+      List<String> all = Files.readAllLines(log);
+      return String.join("\n", all.subList(Math.max(0, all.size() - lines), all.size()));
+    } catch (IOException e) {
+      return "(no log: " + e.getMessage() + ")";
+    }
+  }
+
+  @Override
+  public void close() {
+    if (!process.isAlive()) {
+      return;
+    }
+    process.destroy();
+    try {
+      if (!process.waitFor(20, TimeUnit.SECONDS)) {
+        process.destroyForcibly().waitFor(10, TimeUnit.SECONDS);
+      }
+    } catch (InterruptedException e) {
+      process.destroyForcibly();
+      Thread.currentThread().interrupt();
+    }
+  }
+}

@@ -1,0 +1,342 @@
+package dev.kvferry.demo;
+
+import com.typesafe.config.Config;
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.TransferMode;
+import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.node.KvferryConfig;
+import dev.kvferry.router.RouterActor;
+import dev.kvferry.sim.RequestSpec;
+import dev.kvferry.sim.SimEngineActor;
+import dev.kvferry.sim.SimEngineActor.Outcome;
+import java.io.IOException;
+import java.io.PrintStream;
+import java.net.ServerSocket;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+import java.util.Map;
+import java.util.Random;
+import java.util.Set;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionStage;
+import java.util.concurrent.ConcurrentLinkedQueue;
+import java.util.concurrent.Semaphore;
+import java.util.concurrent.TimeUnit;
+import java.util.stream.Collectors;
+import me.tongfei.progressbar.ProgressBar;
+import me.tongfei.progressbar.ProgressBarBuilder;
+import me.tongfei.progressbar.ProgressBarStyle;
+import org.apache.pekko.actor.typed.ActorRef;
+import org.apache.pekko.actor.typed.ActorSystem;
+import org.apache.pekko.actor.typed.javadsl.AskPattern;
+import org.apache.pekko.actor.typed.javadsl.Behaviors;
+import org.apache.pekko.actor.typed.receptionist.Receptionist;
+import org.apache.pekko.actor.typed.receptionist.ServiceKey;
+
+/**
+ * The demo: a router, a prefill node and a decode node as separate JVMs in a cluster on loopback,
+ * the simulated workload run through them in each mode, every byte verified on D, block counts
+ * checked on both sides at the end. This process joins the cluster as a client.
+ */
+public final class Demo implements AutoCloseable {
+
+  private static final Duration JOIN_TIMEOUT = Duration.ofSeconds(90);
+
+  private final DemoOptions options;
+  private final PrintStream out;
+  private final Path logDir;
+  private final int routerPort;
+  private final List<ChildProcess> children = new ArrayList<>();
+  private ActorSystem<Void> client;
+
+  public Demo(DemoOptions options, PrintStream out) throws IOException {
+    this.options = options;
+    this.out = out;
+    this.logDir = Files.createTempDirectory("kvferry-demo-");
+    this.routerPort = freePort();
+  }
+
+  public Path logDir() {
+    return logDir;
+  }
+
+  /** Runs every requested mode; one report per mode. */
+  public List<ModeReport> run() throws Exception {
+    String seed = "127.0.0.1:" + routerPort;
+    ChildProcess router =
+        start("router", List.of("router", "--port", Integer.toString(routerPort),
+            "--management-port", Integer.toString(freePort()), "--seed-nodes", seed));
+    // One P and one D node, each hosting one engine per mode: JVM start-up dominates a short run.
+    String modes = String.join(",", options.modes());
+    ChildProcess prefill = start("prefill", nodeArgs("prefill", "prefill", modes, seed, options.numBlocksP()));
+    ChildProcess decode = start("decode", nodeArgs("decode", "decode", modes, seed, options.numBlocksD()));
+    client = startClient(seed);
+    ActorRef<RouterActor.Command> routerRef =
+        awaitOne(RouterActor.SERVICE_KEY, ref -> true, "the router", router);
+    List<ModeReport> reports = new ArrayList<>();
+    for (String mode : options.modes()) {
+      String suffix = options.modes().size() > 1 ? "-" + mode : "";
+      ActorRef<SimEngineActor.Command> pSim = awaitSim(Role.PREFILL, "prefill" + suffix, prefill);
+      ActorRef<SimEngineActor.Command> dSim = awaitSim(Role.DECODE, "decode" + suffix, decode);
+      reports.add(runWorkload(mode, routerRef, pSim, dSim));
+    }
+    return reports;
+  }
+
+  private ActorRef<SimEngineActor.Command> awaitSim(Role role, String engineId, ChildProcess node)
+      throws Exception {
+    return awaitOne(SimEngineActor.serviceKey(role),
+        r -> EngineIdentity.fromActorName(r.path().name())
+            .map(id -> id.engineId().equals(engineId)).orElse(false),
+        engineId, node);
+  }
+
+  private List<String> nodeArgs(String role, String id, String mode, String seed, int numBlocks)
+      throws IOException {
+    List<String> a = new ArrayList<>(List.of(
+        "node", "--role", role, "--engine-id", id, "--mode", mode,
+        "--transport", options.transport(),
+        "--port", Integer.toString(freePort()),
+        "--management-port", Integer.toString(freePort()),
+        "--seed-nodes", seed));
+    a.addAll(options.geometryFlags(numBlocks));
+    return a;
+  }
+
+  private List<RequestSpec> workload(String mode) {
+    Random r = new Random(options.seed());
+    List<RequestSpec> specs = new ArrayList<>();
+    RequestSpec.Abort[] kinds = {
+      RequestSpec.Abort.PREFILL_BEFORE_SCHEDULE,
+      RequestSpec.Abort.PREFILL_MID,
+      RequestSpec.Abort.DECODE_BEFORE_SCHEDULE
+    };
+    for (int i = 0; i < options.requests(); i++) {
+      int prompt = options.promptMin() + r.nextInt(options.promptMax() - options.promptMin() + 1);
+      int cached = 0;
+      if (r.nextDouble() < options.prefixHitRate() && prompt > options.blockSize()) {
+        int blocks = (prompt - 1) / options.blockSize();
+        cached = r.nextInt(blocks + 1) * options.blockSize();
+      }
+      RequestSpec.Abort abort =
+          r.nextDouble() < options.abortRate() ? kinds[r.nextInt(kinds.length)] : RequestSpec.Abort.NONE;
+      specs.add(new RequestSpec(mode + "-req-" + i, prompt, cached, abort));
+    }
+    return specs;
+  }
+
+  private ModeReport runWorkload(
+      String mode,
+      ActorRef<RouterActor.Command> router,
+      ActorRef<SimEngineActor.Command> pSim,
+      ActorRef<SimEngineActor.Command> dSim)
+      throws Exception {
+    List<RequestSpec> specs = workload(mode);
+    ConcurrentLinkedQueue<RouterActor.Routed> results = new ConcurrentLinkedQueue<>();
+    Semaphore window = new Semaphore(options.concurrency());
+    Duration perRequest = Duration.ofSeconds(120);
+    long start = System.nanoTime();
+    try (ProgressBar bar = progressBar(mode.toUpperCase() + " mode", specs.size())) {
+      List<CompletableFuture<?>> all = new ArrayList<>();
+      for (RequestSpec spec : specs) {
+        window.acquire();
+        CompletionStage<RouterActor.Routed> reply =
+            AskPattern.ask(router,
+                (ActorRef<RouterActor.Routed> to) ->
+                    new RouterActor.Route(spec, TransferMode.parse(mode), to),
+                perRequest, client.scheduler());
+        all.add(reply.handle((routed, error) -> {
+          results.add(routed != null ? routed : new RouterActor.Routed(spec.requestId(), "", "", null,
+              Outcome.Status.FAILED, 0, 0, "no answer from the router: " + error));
+          window.release();
+          if (bar != null) {
+            bar.step();
+          }
+          return null;
+        }).toCompletableFuture());
+      }
+      CompletableFuture.allOf(all.toArray(new CompletableFuture<?>[0])).get();
+    }
+    double seconds = (System.nanoTime() - start) / 1e9;
+    int leaked = awaitBlocksFree(pSim) + awaitBlocksFree(dSim);
+    return summarize(mode, specs.size(), results, seconds, leaked);
+  }
+
+  private ModeReport summarize(
+      String mode, int requests, Iterable<RouterActor.Routed> results, double seconds, int leaked) {
+    int completed = 0;
+    int aborted = 0;
+    int failed = 0;
+    int mismatches = 0;
+    long bytes = 0;
+    List<Double> latencies = new ArrayList<>();
+    List<String> problems = new ArrayList<>();
+    for (RouterActor.Routed r : results) {
+      switch (r.status()) {
+        case DONE -> {
+          completed++;
+          bytes += r.bytes();
+          latencies.add(r.transferNanos() / 1e6);
+        }
+        case ABORTED -> aborted++;
+        case MISMATCH -> {
+          mismatches++;
+          problems.add("MISMATCH " + r.detail());
+        }
+        case FAILED -> {
+          failed++;
+          problems.add("FAILED " + r.requestId() + ": " + r.detail());
+        }
+      }
+    }
+    if (leaked > 0) {
+      problems.add(leaked + " blocks still allocated after the workload");
+    }
+    Collections.sort(latencies);
+    double p50 = percentile(latencies, 0.50);
+    double p99 = percentile(latencies, 0.99);
+    double gbps = seconds > 0 ? bytes / seconds / 1e9 : 0;
+    return new ModeReport(mode, requests, completed, aborted, failed, bytes, seconds, gbps, p50, p99,
+        mismatches, leaked, problems);
+  }
+
+  private static double percentile(List<Double> sorted, double q) {
+    if (sorted.isEmpty()) {
+      return 0;
+    }
+    int i = (int) Math.ceil(q * sorted.size()) - 1;
+    return sorted.get(Math.max(0, Math.min(sorted.size() - 1, i)));
+  }
+
+  /** Blocks still allocated on an engine once its transfers have drained (0 when none leaked). */
+  private int awaitBlocksFree(ActorRef<SimEngineActor.Command> sim) throws Exception {
+    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(15);
+    SimEngineActor.Stats s;
+    do {
+      s = AskPattern.ask(sim, SimEngineActor.GetStats::new, Duration.ofSeconds(5), client.scheduler())
+          .toCompletableFuture().get();
+      if (s.freeBlocks() == s.numBlocks()) {
+        return 0;
+      }
+      TimeUnit.MILLISECONDS.sleep(100);
+    } while (System.nanoTime() < deadline);
+    return s.numBlocks() - s.freeBlocks();
+  }
+
+  private ProgressBar progressBar(String task, int total) {
+    if (!options.progress()) {
+      return null;
+    }
+    return new ProgressBarBuilder()
+        .setTaskName(task)
+        .setInitialMax(total)
+        .setStyle(ProgressBarStyle.ASCII)
+        .setConsumer(new me.tongfei.progressbar.ConsoleProgressBarConsumer(System.err))
+        .setUpdateIntervalMillis(100)
+        .build();
+  }
+
+  private ChildProcess start(String name, List<String> args) throws IOException {
+    ChildProcess c = ChildProcess.start(name, logDir, List.of("-Xmx512m", "-XX:+UseSerialGC"), args);
+    children.add(c);
+    return c;
+  }
+
+  private ActorSystem<Void> startClient(String seed) throws IOException {
+    Config config =
+        KvferryConfig.load(Map.of(
+                "pekko.remote.artery.canonical.port", freePort(),
+                "pekko.cluster.seed-nodes", List.of("pekko://kvferry@" + seed),
+                "pekko.cluster.roles", List.of("client"),
+                "pekko.loglevel", "WARNING",
+                "pekko.coordinated-shutdown.exit-jvm", "off"));
+    return ActorSystem.create(Behaviors.empty(), "kvferry", config);
+  }
+
+  /** Waits until the cluster lists one actor under {@code key} that {@code match}es. */
+  private <T> ActorRef<T> awaitOne(
+      ServiceKey<T> key, java.util.function.Predicate<ActorRef<T>> match, String what,
+      ChildProcess process) throws Exception {
+    long deadline = System.nanoTime() + JOIN_TIMEOUT.toNanos();
+    while (System.nanoTime() < deadline) {
+      if (!process.isAlive()) {
+        throw new IllegalStateException(what + " exited during startup; its log ("
+            + process.log() + ") ends with:\n" + process.tail(20));
+      }
+      Set<ActorRef<T>> found = find(key);
+      for (ActorRef<T> r : found) {
+        if (match.test(r)) {
+          return r;
+        }
+      }
+      TimeUnit.MILLISECONDS.sleep(200);
+    }
+    throw new IllegalStateException(what + " did not join the cluster within "
+        + JOIN_TIMEOUT.toSeconds() + " s; its log (" + process.log() + ") ends with:\n"
+        + process.tail(20));
+  }
+
+  private <T> Set<ActorRef<T>> find(ServiceKey<T> key) throws Exception {
+    Receptionist.Listing l =
+        AskPattern.ask(client.receptionist(),
+                (ActorRef<Receptionist.Listing> to) -> Receptionist.find(key, to),
+                Duration.ofSeconds(5), client.scheduler())
+            .toCompletableFuture().get();
+    return l.getServiceInstances(key);
+  }
+
+  static int freePort() throws IOException {
+    try (ServerSocket s = new ServerSocket(0)) {
+      s.setReuseAddress(true);
+      return s.getLocalPort();
+    }
+  }
+
+  /** Prints the per-mode table. */
+  public static void printTable(List<ModeReport> reports, PrintStream out) {
+    out.println();
+    out.printf("%-6s %8s %8s %7s %6s %10s %7s %9s %9s %10s %7s%n", "mode", "requests", "complete",
+        "aborted", "failed", "bytes", "GB/s", "p50 ms", "p99 ms", "mismatches", "leaked");
+    for (ModeReport r : reports) {
+      out.printf("%-6s %8d %8d %7d %6d %10s %7.2f %9.2f %9.2f %10d %7d%n", r.mode(), r.requests(),
+          r.completed(), r.aborted(), r.failed(), human(r.bytes()), r.gbps(), r.p50Ms(), r.p99Ms(),
+          r.mismatches(), r.leakedBlocks());
+    }
+    for (ModeReport r : reports) {
+      r.problems().stream().limit(10).forEach(p -> out.println(r.mode() + ": " + p));
+    }
+  }
+
+  /** The one-line JSON summary {@code {"modes": {"write": {...}, ...}}}. */
+  public static String toJson(List<ModeReport> reports) {
+    return reports.stream()
+        .map(r -> String.format(java.util.Locale.ROOT,
+            "\"%s\": {\"requests\": %d, \"completed\": %d, \"aborted\": %d, \"failed\": %d,"
+                + " \"bytes\": %d, \"gbps\": %.3f, \"p50_ms\": %.3f, \"p99_ms\": %.3f,"
+                + " \"mismatches\": %d, \"leaked_blocks\": %d}",
+            r.mode(), r.requests(), r.completed(), r.aborted(), r.failed(), r.bytes(), r.gbps(),
+            r.p50Ms(), r.p99Ms(), r.mismatches(), r.leakedBlocks()))
+        .collect(Collectors.joining(", ", "{\"modes\": {", "}}"));
+  }
+
+  private static String human(long bytes) {
+    if (bytes >= 1L << 30) {
+      return String.format("%.2f GiB", bytes / (double) (1L << 30));
+    }
+    return String.format("%.1f MiB", bytes / (double) (1L << 20));
+  }
+
+  @Override
+  public void close() {
+    // Stop them all at once, then wait: each takes seconds to leave the cluster.
+    children.parallelStream().forEach(ChildProcess::close);
+    children.clear();
+    if (client != null) {
+      client.terminate();
+    }
+  }
+}

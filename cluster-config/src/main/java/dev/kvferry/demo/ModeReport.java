@@ -1,0 +1,24 @@
+package dev.kvferry.demo;
+
+import java.util.List;
+
+/** What one mode's run of the demo workload showed. */
+public record ModeReport(
+    String mode,
+    int requests,
+    int completed,
+    int aborted,
+    int failed,
+    long bytes,
+    double seconds,
+    double gbps,
+    double p50Ms,
+    double p99Ms,
+    int mismatches,
+    int leakedBlocks,
+    List<String> problems) {
+
+  public boolean passed() {
+    return mismatches == 0 && leakedBlocks == 0 && failed == 0;
+  }
+}

@@ -1,0 +1,98 @@
+package dev.kvferry.node;
+
+import com.typesafe.config.Config;
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.TransferMode;
+import dev.kvferry.actors.engine.ConnectorSettings;
+import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.rdma.TransportOptions;
+import java.util.List;
+
+/** The {@code kvferry.*} section of the config, read once and checked, as typed values. */
+public record NodeSettings(
+    Role role,
+    String engineId,
+    int dpRank,
+    int dpSize,
+    int tpSize,
+    List<TransferMode> modes,
+    String transport,
+    TransportOptions transportOptions,
+    KvCacheGeometry geometry,
+    int layers,
+    boolean simulatedEngine,
+    ConnectorSettings connector) {
+
+  /** Reads and checks {@code kvferry.node} and {@code kvferry.connector}. */
+  public static NodeSettings fromConfig(Config root) {
+    Config n = root.getConfig("kvferry.node");
+    Role role = Role.parse(n.getString("role"));
+    int dpRank = n.getInt("dp-rank");
+    String engineId = n.getString("engine-id");
+    if (engineId.isBlank()) {
+      engineId =
+          role.clusterRole() + "-" + root.getString("pekko.remote.artery.canonical.hostname") + "-"
+              + root.getInt("pekko.remote.artery.canonical.port") + "-dp" + dpRank;
+    }
+    Config kv = n.getConfig("kv-cache");
+    KvCacheGeometry geometry =
+        kv.getBoolean("mla")
+            ? KvCacheGeometry.mla(
+                kv.getInt("num-blocks"), kv.getInt("block-size"), kv.getInt("latent"),
+                kv.getInt("dtype-bytes"))
+            : KvCacheGeometry.standard(
+                kv.getInt("num-blocks"), kv.getInt("block-size"), kv.getInt("kv-heads"),
+                kv.getInt("head-dim"), kv.getInt("dtype-bytes"));
+    int layers = kv.getInt("layers");
+    if (layers < 1) {
+      throw new IllegalArgumentException("kvferry.node.kv-cache.layers must be >= 1, got " + layers);
+    }
+    Config tcp = n.getConfig("tcp");
+    TransportOptions options =
+        TransportOptions.defaults()
+            .withTcpBind(tcp.getString("bind-host"), tcp.getInt("port"))
+            .withTcpAdvertisedHost(tcp.getString("advertised-host"));
+    return new NodeSettings(
+        role,
+        engineId,
+        dpRank,
+        n.getInt("dp-size"),
+        n.getInt("tp-size"),
+        parseModes(n.getString("mode")),
+        n.getString("transport"),
+        options,
+        geometry,
+        layers,
+        n.getBoolean("simulated-engine"),
+        connectorSettings(root));
+  }
+
+  /** "write", "read" or both ("write,read"): a node may host one engine per mode. */
+  static List<TransferMode> parseModes(String s) {
+    List<TransferMode> modes = new java.util.ArrayList<>();
+    for (String part : s.split(",")) {
+      TransferMode m = TransferMode.parse(part.trim());
+      if (!modes.contains(m)) {
+        modes.add(m);
+      }
+    }
+    return List.copyOf(modes);
+  }
+
+  /** The engine id of this node's engine for {@code mode}: suffixed when the node hosts both. */
+  public String engineIdFor(TransferMode mode) {
+    return modes.size() == 1 ? engineId : engineId + "-" + mode.configName();
+  }
+
+  public static ConnectorSettings connectorSettings(Config root) {
+    Config c = root.getConfig("kvferry.connector");
+    return new ConnectorSettings(
+        c.getDuration("handshake-timeout"),
+        c.getInt("handshake-attempts"),
+        c.getDuration("handshake-backoff"),
+        c.getDuration("defer-timeout"),
+        c.getDuration("transfer-timeout"),
+        c.getDuration("read-abort-timeout"),
+        c.getInt("terminal-id-capacity"));
+  }
+}

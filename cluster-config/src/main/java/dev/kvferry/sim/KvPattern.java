@@ -1,0 +1,125 @@
+package dev.kvferry.sim;
+
+import dev.kvferry.actors.plan.KvCacheGeometry;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+
+/**
+ * The deterministic content a simulated prefill writes into its KV cache: every 8-byte word is a
+ * function of (request, token position, layer, K|V, word index within the token's slot), and the
+ * word index covers head and element. D recomputes it to check every byte it received: a direct
+ * comparison, not a checksum, so a mismatch names the exact offset.
+ */
+public final class KvPattern {
+
+  private KvPattern() {}
+
+  /** A mismatch found by {@link #verify}. */
+  public record Mismatch(int layer, int block, int tokenPosition, int kv, long offsetBytes) {
+    @Override
+    public String toString() {
+      return "layer " + layer + ", block " + block + ", token " + tokenPosition + ", "
+          + (kv == 0 ? "K" : "V") + ", byte offset " + offsetBytes + " in the layer";
+    }
+  }
+
+  /** Stable 64-bit key of a request id. */
+  public static long requestKey(String requestId) {
+    long h = 0xcbf29ce484222325L;
+    for (int i = 0; i < requestId.length(); i++) {
+      h = (h ^ requestId.charAt(i)) * 0x100000001b3L;
+    }
+    return mix(h);
+  }
+
+  static long word(long requestKey, int position, int layer, int kv, int wordIndex) {
+    long x = requestKey;
+    x ^= ((long) position << 32) | ((long) layer << 16) | ((long) kv << 15) | wordIndex;
+    return mix(x + 0x9e3779b97f4a7c15L * (wordIndex + 1));
+  }
+
+  private static long mix(long z) {
+    z = (z ^ (z >>> 30)) * 0xbf58476d1ce4e5b9L;
+    z = (z ^ (z >>> 27)) * 0x94d049bb133111ebL;
+    return z ^ (z >>> 31);
+  }
+
+  /** Bytes of one token's slot in one of K, V (or the latent). */
+  public static int tokenBytes(KvCacheGeometry g) {
+    return (int) (g.blockBytes() / g.blockSize());
+  }
+
+  /** The layer region as a buffer in native order, for {@link #fill} and {@link #verify}. */
+  public static ByteBuffer view(ByteBuffer layer) {
+    return layer.duplicate().order(ByteOrder.nativeOrder());
+  }
+
+  /** Writes the pattern of token positions {@code [from, to)} of one layer into its blocks. */
+  public static void fill(
+      ByteBuffer layer, KvCacheGeometry g, long requestKey, int layerIndex, int[] blockIds,
+      int from, int to) {
+    int tokenBytes = tokenBytes(g);
+    int kvs = g.layout() == KvCacheGeometry.Layout.MLA ? 1 : 2;
+    for (int pos = from; pos < to; pos++) {
+      int block = blockIds[pos / g.blockSize()];
+      for (int kv = 0; kv < kvs; kv++) {
+        long base = slotOffset(g, block, pos, kv);
+        writeSlot(layer, (int) base, tokenBytes, requestKey, pos, layerIndex, kv);
+      }
+    }
+  }
+
+  /**
+   * Checks token positions {@code [from, to)} of one layer; the first mismatch, or null when every
+   * byte is as P wrote it.
+   */
+  public static Mismatch verify(
+      ByteBuffer layer, KvCacheGeometry g, long requestKey, int layerIndex, int[] blockIds,
+      int from, int to) {
+    int tokenBytes = tokenBytes(g);
+    int kvs = g.layout() == KvCacheGeometry.Layout.MLA ? 1 : 2;
+    int words = tokenBytes >>> 3;
+    for (int pos = from; pos < to; pos++) {
+      int block = blockIds[pos / g.blockSize()];
+      for (int kv = 0; kv < kvs; kv++) {
+        int base = (int) slotOffset(g, block, pos, kv);
+        for (int w = 0; w < words; w++) {
+          if (layer.getLong(base + (w << 3)) != word(requestKey, pos, layerIndex, kv, w)) {
+            return new Mismatch(layerIndex, block, pos, kv, base + ((long) w << 3));
+          }
+        }
+        int tail = tokenBytes & 7;
+        if (tail != 0) {
+          long expected = word(requestKey, pos, layerIndex, kv, words);
+          for (int b = 0; b < tail; b++) {
+            if (layer.get(base + (words << 3) + b) != (byte) (expected >>> (8 * b))) {
+              return new Mismatch(layerIndex, block, pos, kv, base + ((long) words << 3) + b);
+            }
+          }
+        }
+      }
+    }
+    return null;
+  }
+
+  private static long slotOffset(KvCacheGeometry g, int block, int pos, int kv) {
+    return kv * g.kToVStrideBytes()
+        + (long) block * g.blockBytes()
+        + (long) (pos % g.blockSize()) * tokenBytes(g);
+  }
+
+  private static void writeSlot(
+      ByteBuffer layer, int base, int tokenBytes, long key, int pos, int layerIndex, int kv) {
+    int words = tokenBytes >>> 3;
+    for (int w = 0; w < words; w++) {
+      layer.putLong(base + (w << 3), word(key, pos, layerIndex, kv, w));
+    }
+    int tail = tokenBytes & 7;
+    if (tail != 0) {
+      long v = word(key, pos, layerIndex, kv, words);
+      for (int b = 0; b < tail; b++) {
+        layer.put(base + (words << 3) + b, (byte) (v >>> (8 * b)));
+      }
+    }
+  }
+}

@@ -1,0 +1,358 @@
+package dev.kvferry.sim;
+
+import dev.kvferry.actors.connector.ConnectorMetadata;
+import dev.kvferry.actors.connector.ConnectorRequest;
+import dev.kvferry.actors.connector.ConnectorScheduler;
+import dev.kvferry.actors.connector.ConnectorWorker;
+import dev.kvferry.actors.connector.FinishDecision;
+import dev.kvferry.actors.connector.Finished;
+import dev.kvferry.actors.connector.HostLayerEvent;
+import dev.kvferry.actors.connector.MatchedTokens;
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.SchedulerOutput;
+import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.rdma.MemoryRegion;
+import dev.kvferry.sim.SimEngineActor.Outcome;
+import dev.kvferry.sim.SimEngineActor.Outcome.Status;
+import java.nio.ByteBuffer;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * What a vLLM-like engine does around the connector, on the CPU: a paged KV cache with a block
+ * allocator, a scheduler loop with chunked prefill, a per-layer "forward" that fills the scheduled
+ * tokens' K and V with {@link KvPattern} and fires the layer's event, and on D the path that
+ * allocates, waits for the KV, verifies every byte and frees. Runs on its own thread, as an
+ * engine's loop would; one engine (TP 1) per instance.
+ */
+public final class SimulatedEngine implements AutoCloseable {
+
+  private static final Logger log = LoggerFactory.getLogger(SimulatedEngine.class);
+
+  private final Role role;
+  private final String engineId;
+  private final KvCacheGeometry geometry;
+  private final ConnectorScheduler scheduler;
+  private final ConnectorWorker worker;
+  private final BlockAllocator allocator;
+  private final List<ByteBuffer> layers = new ArrayList<>();
+  private final int tokensPerStep;
+  private final LinkedBlockingQueue<SimEngineActor.Submit> inbox = new LinkedBlockingQueue<>();
+  private final Thread loop;
+  private volatile boolean running = true;
+  private volatile int inFlight;
+
+  /** Requests waiting to be scheduled (P and D) or prefilling (P), in arrival order. */
+  private final LinkedHashMap<String, SimRequest> waiting = new LinkedHashMap<>();
+  /** P: prefilled, blocks kept until done sending. D: waiting for the KV. */
+  private final Map<String, SimRequest> transferring = new HashMap<>();
+
+  private static final class SimRequest {
+    final SimEngineActor.Submit submit;
+    final ConnectorRequest request;
+    int[] blocks = new int[0];
+    int computed;
+    int chunkFrom;
+    int chunkTo;
+    int cachedBlocks;
+    long transferStartNanos;
+
+    SimRequest(SimEngineActor.Submit submit) {
+      this.submit = submit;
+      this.request =
+          new ConnectorRequest(
+              submit.spec().requestId(), submit.spec().promptTokens(), submit.params());
+    }
+
+    String id() {
+      return request.requestId();
+    }
+  }
+
+  /**
+   * @param layerRegions the worker's registered layer regions (host memory, under 2 GiB each)
+   * @param tokensPerStep prefill token budget per step: longer prompts are chunked
+   */
+  public SimulatedEngine(
+      Role role,
+      String engineId,
+      KvCacheGeometry geometry,
+      List<MemoryRegion> layerRegions,
+      ConnectorScheduler scheduler,
+      ConnectorWorker worker,
+      int tokensPerStep,
+      long seed) {
+    this.role = role;
+    this.engineId = engineId;
+    this.geometry = geometry;
+    this.scheduler = scheduler;
+    this.worker = worker;
+    this.tokensPerStep = tokensPerStep;
+    this.allocator = new BlockAllocator(geometry.numBlocks());
+    // Scattered block ids, as a cache that has been in use for a while hands out.
+    allocator.shuffleFree(seed);
+    for (MemoryRegion r : layerRegions) {
+      if (r.lengthBytes() > Integer.MAX_VALUE) {
+        throw new IllegalArgumentException("simulated engine needs layer regions under 2 GiB");
+      }
+      layers.add(KvPattern.view(r.buffer(0, (int) r.lengthBytes())));
+    }
+    this.loop = new Thread(this::run, "sim-engine-" + engineId);
+    loop.setDaemon(true);
+  }
+
+  public void start() {
+    loop.start();
+  }
+
+  public Role role() {
+    return role;
+  }
+
+  public String engineId() {
+    return engineId;
+  }
+
+  /** Called from any thread (the actor): the loop picks it up at its next step. */
+  public void submit(SimEngineActor.Submit s) {
+    inbox.add(s);
+  }
+
+  public SimEngineActor.Stats stats() {
+    return new SimEngineActor.Stats(
+        engineId, role, allocator.numBlocks(), allocator.freeCount(), inFlight + inbox.size(),
+        worker.sink().bytesMoved());
+  }
+
+  private void run() {
+    while (running) {
+      try {
+        step();
+      } catch (RuntimeException e) {
+        log.error("simulated engine {} step failed", engineId, e);
+      }
+    }
+  }
+
+  private void step() throws RuntimeException {
+    boolean idle = waiting.isEmpty() && transferring.isEmpty();
+    SimEngineActor.Submit first;
+    try {
+      first = inbox.poll(idle ? 5_000 : 200, idle ? TimeUnit.MICROSECONDS : TimeUnit.MICROSECONDS);
+    } catch (InterruptedException e) {
+      running = false;
+      return;
+    }
+    if (first != null) {
+      admit(first);
+      SimEngineActor.Submit more;
+      while ((more = inbox.poll()) != null) {
+        admit(more);
+      }
+    }
+    if (role == Role.PREFILL) {
+      prefillStep();
+    } else {
+      decodeStep();
+    }
+    handleFinished(worker.getFinished());
+    inFlight = waiting.size() + transferring.size();
+  }
+
+  private void admit(SimEngineActor.Submit s) {
+    SimRequest r = new SimRequest(s);
+    RequestSpec.Abort abort = s.spec().abort();
+    boolean abortNow =
+        (role == Role.PREFILL && abort == RequestSpec.Abort.PREFILL_BEFORE_SCHEDULE)
+            || (role == Role.DECODE && abort == RequestSpec.Abort.DECODE_BEFORE_SCHEDULE);
+    if (abortNow) {
+      r.request.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
+      scheduler.requestFinished(r.request, new int[0]);
+      reply(r, Status.ABORTED, null, "aborted before scheduling on " + engineId);
+      return;
+    }
+    waiting.put(r.id(), r);
+  }
+
+  // ---- prefill ----
+
+  private void prefillStep() {
+    List<SchedulerOutput.NewRequest> fresh = new ArrayList<>();
+    List<SchedulerOutput.CachedRequest> continued = new ArrayList<>();
+    List<SimRequest> scheduled = new ArrayList<>();
+    int budget = tokensPerStep;
+    for (SimRequest r : waiting.values()) {
+      if (budget <= 0) {
+        break;
+      }
+      int prompt = r.request.numPromptTokens();
+      int chunk = Math.min(prompt - r.computed, budget);
+      int needBlocks = ceilDiv(r.computed + chunk, geometry.blockSize()) - r.blocks.length;
+      int[] added = allocator.allocate(needBlocks);
+      if (added == null) {
+        break; // wait until transfers free blocks
+      }
+      boolean first = r.blocks.length == 0 && r.computed == 0;
+      r.blocks = concat(r.blocks, added);
+      int computedAfter = r.computed + chunk;
+      if (first) {
+        scheduler.updateStateAfterAlloc(r.request, r.blocks, 0);
+        fresh.add(new SchedulerOutput.NewRequest(r.id(), r.blocks.clone(), computedAfter));
+      } else {
+        continued.add(new SchedulerOutput.CachedRequest(r.id(), added, computedAfter));
+      }
+      r.chunkFrom = r.computed;
+      r.chunkTo = r.computed + chunk;
+      budget -= chunk;
+      scheduled.add(r);
+    }
+    ConnectorMetadata meta = scheduler.buildConnectorMeta(new SchedulerOutput(fresh, continued));
+    worker.startLoadKv(meta);
+    if (!scheduled.isEmpty()) {
+      for (int layer = 0; layer < layers.size(); layer++) {
+        HostLayerEvent event = new HostLayerEvent();
+        worker.saveKvLayer(meta, layer, event);
+        for (SimRequest r : scheduled) {
+          KvPattern.fill(
+              layers.get(layer), geometry, KvPattern.requestKey(r.id()), layer, r.blocks,
+              r.chunkFrom, r.chunkTo);
+        }
+        event.fire(); // the layer's KV is complete: its writes may start
+      }
+      worker.waitForSave();
+    }
+    for (SimRequest r : scheduled) {
+      r.computed = r.chunkTo;
+      int prompt = r.request.numPromptTokens();
+      if (r.computed < prompt && r.submit.spec().abort() == RequestSpec.Abort.PREFILL_MID) {
+        waiting.remove(r.id());
+        r.request.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
+        scheduler.requestFinished(r.request, r.blocks);
+        allocator.free(r.blocks);
+        reply(r, Status.ABORTED, null, "aborted mid-prefill at token " + r.computed);
+      } else if (r.computed >= prompt) {
+        waiting.remove(r.id());
+        r.request.setStatus(ConnectorRequest.Status.FINISHED_LENGTH_CAPPED);
+        FinishDecision d = scheduler.requestFinished(r.request, r.blocks);
+        if (d.delayFreeBlocks()) {
+          transferring.put(r.id(), r);
+        } else {
+          allocator.free(r.blocks);
+        }
+        reply(r, Status.DONE, d.paramsForPeer(), "prefilled");
+      }
+    }
+  }
+
+  // ---- decode ----
+
+  private void decodeStep() {
+    Iterator<SimRequest> it = waiting.values().iterator();
+    while (it.hasNext()) {
+      SimRequest r = it.next();
+      int prompt = r.request.numPromptTokens();
+      int cached = Math.max(0, Math.min(r.submit.spec().decodeCachedTokens(), prompt - 1));
+      cached -= cached % geometry.blockSize();
+      MatchedTokens matched = scheduler.numNewMatchedTokens(r.request, cached);
+      int[] blocks = allocator.allocate(ceilDiv(prompt, geometry.blockSize()));
+      if (blocks == null) {
+        break;
+      }
+      it.remove();
+      r.blocks = blocks;
+      r.cachedBlocks = cached / geometry.blockSize();
+      // The prefix D already had: computed locally, so it is filled here, not transferred.
+      for (int layer = 0; layer < layers.size(); layer++) {
+        KvPattern.fill(layers.get(layer), geometry, KvPattern.requestKey(r.id()), layer, blocks, 0,
+            cached);
+      }
+      r.transferStartNanos = System.nanoTime();
+      transferring.put(r.id(), r);
+      scheduler.updateStateAfterAlloc(
+          r.request, Arrays.copyOfRange(blocks, r.cachedBlocks, blocks.length), matched.count());
+    }
+    worker.startLoadKv(
+        scheduler.buildConnectorMeta(new SchedulerOutput(List.of(), List.of())));
+  }
+
+  private void handleFinished(Finished f) {
+    if (f.isEmpty()) {
+      return;
+    }
+    for (String id : f.doneSending()) {
+      SimRequest r = transferring.remove(id);
+      if (r != null) {
+        allocator.free(r.blocks);
+      }
+    }
+    for (Map.Entry<String, String> e : f.failed().entrySet()) {
+      SimRequest r = transferring.remove(e.getKey());
+      if (r != null) {
+        allocator.free(r.blocks);
+        if (role == Role.DECODE) {
+          reply(r, Status.FAILED, null, e.getValue());
+        }
+      }
+    }
+    for (String id : f.doneReceiving()) {
+      SimRequest r = transferring.remove(id);
+      if (r == null) {
+        continue;
+      }
+      long nanos = System.nanoTime() - r.transferStartNanos;
+      KvPattern.Mismatch bad = null;
+      long key = KvPattern.requestKey(id);
+      for (int layer = 0; layer < layers.size() && bad == null; layer++) {
+        bad = KvPattern.verify(layers.get(layer), geometry, key, layer, r.blocks, 0,
+            r.request.numPromptTokens());
+      }
+      allocator.free(r.blocks);
+      long bytes = transferredBytes(r);
+      if (bad == null) {
+        replyDone(r, bytes, nanos);
+      } else {
+        reply(r, Status.MISMATCH, null, "request " + id + ": " + bad);
+      }
+    }
+  }
+
+  private long transferredBytes(SimRequest r) {
+    int blocks = r.blocks.length - r.cachedBlocks;
+    return (long) blocks * geometry.blockBytes() * geometry.regionsPerLayer() * layers.size();
+  }
+
+  private void replyDone(SimRequest r, long bytes, long nanos) {
+    r.submit.replyTo().tell(
+        new Outcome(r.id(), engineId, role, Status.DONE, null, bytes, nanos, "verified"));
+  }
+
+  private void reply(SimRequest r, Status status, dev.kvferry.actors.connector.KvTransferParams p,
+      String detail) {
+    r.submit.replyTo().tell(new Outcome(r.id(), engineId, role, status, p, 0, 0, detail));
+  }
+
+  private static int ceilDiv(int a, int b) {
+    return (a + b - 1) / b;
+  }
+
+  private static int[] concat(int[] a, int[] b) {
+    int[] out = Arrays.copyOf(a, a.length + b.length);
+    System.arraycopy(b, 0, out, a.length, b.length);
+    return out;
+  }
+
+  @Override
+  public void close() {
+    running = false;
+    loop.interrupt();
+  }
+}

@@ -1,0 +1,56 @@
+package dev.kvferry.rdma;
+
+import com.sun.jna.LastErrorException;
+import com.sun.jna.Native;
+import com.sun.jna.Platform;
+
+/**
+ * The libc calls of the host data plane, through JNA's direct mapping (no reflection, no argument
+ * boxing on the hot path). Pointers travel as {@code long} so callers allocate nothing per call.
+ */
+final class LibC {
+  static {
+    Native.register(LibC.class, Platform.C_LIBRARY_NAME);
+  }
+
+  static final int EPERM = 1;
+  static final int ESRCH = 3;
+  static final int EINTR = 4;
+  static final int ENOMEM = 12;
+  static final int EFAULT = 14;
+  static final int EINVAL = 22;
+  static final int ENOSYS = 38;
+
+  private LibC() {}
+
+  static native long memmove(long dst, long src, long n);
+
+  /** ssize_t process_vm_writev(pid_t, const struct iovec *, unsigned long, same, unsigned long, flags). */
+  static native long process_vm_writev(
+      int pid, long localIov, long localCount, long remoteIov, long remoteCount, long flags)
+      throws LastErrorException;
+
+  static native long process_vm_readv(
+      int pid, long localIov, long localCount, long remoteIov, long remoteCount, long flags)
+      throws LastErrorException;
+
+  static native String strerror(int errno);
+
+  /** The symbolic name of the errno values the data plane meets, else {@code errno <n>}. */
+  static String errnoName(int errno) {
+    return switch (errno) {
+      case EPERM -> "EPERM";
+      case 2 -> "ENOENT";
+      case ESRCH -> "ESRCH";
+      case EINTR -> "EINTR";
+      case 5 -> "EIO";
+      case 11 -> "EAGAIN";
+      case ENOMEM -> "ENOMEM";
+      case 13 -> "EACCES";
+      case EFAULT -> "EFAULT";
+      case EINVAL -> "EINVAL";
+      case ENOSYS -> "ENOSYS";
+      default -> "errno " + errno;
+    };
+  }
+}

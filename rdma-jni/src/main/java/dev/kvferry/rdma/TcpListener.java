@@ -1,0 +1,307 @@
+package dev.kvferry.rdma;
+
+import java.io.IOException;
+import java.net.InetSocketAddress;
+import java.net.SocketAddress;
+import java.net.StandardSocketOptions;
+import java.nio.ByteBuffer;
+import java.nio.channels.ClosedChannelException;
+import java.nio.channels.ServerSocketChannel;
+import java.nio.channels.SocketChannel;
+import java.util.IdentityHashMap;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.locks.LockSupport;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Serves the regions of one {@link RegionRegistry} over TCP ({@link TcpWire} protocol): one thread
+ * per connection, blocking channels, bytes read from the socket straight into the region. A
+ * connection that presents a bad token or sends a bad frame is answered with the reason and
+ * closed; the listener and the other connections carry on.
+ */
+final class TcpListener implements AutoCloseable {
+  private static final Logger log = LoggerFactory.getLogger(TcpListener.class);
+
+  private final RegionRegistry registry;
+  private final TransportOptions options;
+  private final IoWatchdog watchdog;
+  private final ServerSocketChannel server;
+  private final InetSocketAddress boundAddress;
+  private final Set<Connection> connections = ConcurrentHashMap.newKeySet();
+  private final ExecutorService handlers;
+  private final Thread acceptor;
+  private volatile boolean closed;
+
+  TcpListener(RegionRegistry registry, TransportOptions options, IoWatchdog watchdog)
+      throws IOException {
+    this.registry = registry;
+    this.options = options;
+    this.watchdog = watchdog;
+    this.server = ServerSocketChannel.open();
+    try {
+      server.setOption(StandardSocketOptions.SO_REUSEADDR, true);
+      if (options.tcpSocketBufferBytes() > 0) {
+        // Set before bind so accepted sockets negotiate a window scale that fits it.
+        server.setOption(StandardSocketOptions.SO_RCVBUF, options.tcpSocketBufferBytes());
+      }
+      server.bind(new InetSocketAddress(options.tcpBindHost(), options.tcpPort()), 128);
+    } catch (IOException e) {
+      server.close();
+      throw new IOException(
+          "cannot listen on " + options.tcpBindHost() + ":" + options.tcpPort() + " for "
+              + registry.owner() + ": " + e.getMessage(), e);
+    }
+    this.boundAddress = (InetSocketAddress) server.getLocalAddress();
+    AtomicInteger n = new AtomicInteger();
+    this.handlers =
+        Executors.newCachedThreadPool(
+            r -> {
+              Thread t =
+                  new Thread(r, "kvferry-tcp-" + boundAddress.getPort() + "-conn-" + n.incrementAndGet());
+              t.setDaemon(true);
+              return t;
+            });
+    this.acceptor = new Thread(this::acceptLoop, "kvferry-tcp-" + boundAddress.getPort() + "-accept");
+    acceptor.setDaemon(true);
+    acceptor.start();
+  }
+
+  InetSocketAddress boundAddress() {
+    return boundAddress;
+  }
+
+  int activeConnections() {
+    return connections.size();
+  }
+
+  private void acceptLoop() {
+    while (!closed) {
+      SocketChannel channel;
+      try {
+        channel = server.accept();
+      } catch (ClosedChannelException e) {
+        return;
+      } catch (IOException e) {
+        if (!closed) {
+          // Out of file descriptors and the like: say so and back off instead of spinning.
+          log.warn("tcp listener {}: accept failed: {}", boundAddress, e.toString());
+          LockSupport.parkNanos(TimeUnit.MILLISECONDS.toNanos(50));
+        }
+        continue;
+      }
+      SocketAddress peer = remoteAddress(channel);
+      if (connections.size() >= options.maxConnections()) {
+        log.warn(
+            "tcp listener {}: refused connection from {}: already serving {} connections",
+            boundAddress, peer, options.maxConnections());
+        closeQuietly(channel);
+        continue;
+      }
+      try {
+        channel.setOption(StandardSocketOptions.TCP_NODELAY, true);
+        channel.setOption(StandardSocketOptions.SO_KEEPALIVE, true);
+        if (options.tcpSocketBufferBytes() > 0) {
+          channel.setOption(StandardSocketOptions.SO_SNDBUF, options.tcpSocketBufferBytes());
+        }
+        Connection connection = new Connection(channel, peer);
+        connections.add(connection);
+        handlers.execute(connection);
+      } catch (IOException | RuntimeException e) {
+        log.warn("tcp listener {}: dropped connection from {}: {}", boundAddress, peer, e.toString());
+        closeQuietly(channel);
+      }
+    }
+  }
+
+  @Override
+  public void close() {
+    closed = true;
+    closeQuietly(server);
+    for (Connection c : connections) {
+      closeQuietly(c.channel);
+    }
+    handlers.shutdownNow();
+  }
+
+  private static SocketAddress remoteAddress(SocketChannel channel) {
+    try {
+      return channel.getRemoteAddress();
+    } catch (IOException e) {
+      return null;
+    }
+  }
+
+  private static void closeQuietly(java.nio.channels.Channel channel) {
+    try {
+      channel.close();
+    } catch (IOException ignored) {
+      // nothing left to do with it
+    }
+  }
+
+  /** What the peer did wrong; the connection is answered with it and closed. */
+  private static final class Refusal extends Exception {
+    Refusal(String reason) {
+      super(reason, null, false, false);
+    }
+  }
+
+  /** One accepted connection: hello, then frames until the peer closes or misbehaves. */
+  private final class Connection implements Runnable {
+    final SocketChannel channel;
+    final SocketAddress peer;
+    final TcpWire.Progress progress = new TcpWire.Progress();
+    final ByteBuffer header = ByteBuffer.allocateDirect(TcpWire.FRAME_HEADER_BYTES);
+    final ByteBuffer entries =
+        ByteBuffer.allocateDirect(TcpWire.MAX_ENTRIES * TcpWire.ENTRY_BYTES);
+    final ByteBuffer ack =
+        ByteBuffer.allocateDirect(TcpWire.ACK_HEADER_BYTES + TcpWire.MAX_MESSAGE_BYTES);
+    final long[] offsets = new long[TcpWire.MAX_ENTRIES];
+    final long[] lengths = new long[TcpWire.MAX_ENTRIES];
+    final ByteBuffer[] iov = new ByteBuffer[RegionSlots.SLOTS];
+    final Map<MemoryRegion, RegionSlots> slots = new IdentityHashMap<>();
+
+    Connection(SocketChannel channel, SocketAddress peer) {
+      this.channel = channel;
+      this.peer = peer;
+    }
+
+    @Override
+    public void run() {
+      progress.busy(); // the hello is due within the I/O timeout
+      watchdog.watch(channel, progress, "tcp connection from " + peer + " to " + boundAddress);
+      try {
+        hello();
+        progress.idle();
+        while (frame()) {
+          progress.idle();
+        }
+      } catch (Refusal r) {
+        log.warn("tcp listener {}: closed connection from {}: {}", boundAddress, peer, r.getMessage());
+        try {
+          TcpWire.writeFully(channel, TcpWire.ack(ack, r.getMessage()), progress);
+        } catch (IOException ignored) {
+          // the peer may be gone already; the log says why we closed
+        }
+      } catch (TcpWire.TruncatedException e) {
+        log.warn("tcp listener {}: closed connection from {}: {}", boundAddress, peer, e.getMessage());
+      } catch (IOException e) {
+        if (!closed) {
+          log.warn(
+              "tcp listener {}: closed connection from {}: {}{}", boundAddress, peer,
+              progress.timedOut ? "no progress within the I/O timeout; " : "", e.toString());
+        }
+      } finally {
+        watchdog.forget(channel);
+        connections.remove(this);
+        closeQuietly(channel);
+      }
+    }
+
+    private void hello() throws IOException, Refusal {
+      ByteBuffer hello = header.clear().limit(6);
+      TcpWire.readFully(channel, hello, progress, "hello");
+      if (hello.getInt(0) != TcpWire.MAGIC) {
+        throw new Refusal("garbage hello: not a kvferry tcp peer");
+      }
+      if (hello.get(4) != TcpWire.VERSION) {
+        throw new Refusal(
+            "unsupported protocol version " + hello.get(4) + " (this listener speaks "
+                + TcpWire.VERSION + ")");
+      }
+      int tokenLength = hello.get(5) & 0xFF;
+      if (tokenLength == 0 || tokenLength > TcpWire.MAX_TOKEN_BYTES) {
+        throw new Refusal(
+            "token of " + tokenLength + " bytes (expected 1.." + TcpWire.MAX_TOKEN_BYTES + ")");
+      }
+      ByteBuffer token = entries.clear().limit(tokenLength);
+      TcpWire.readFully(channel, token, progress, "token");
+      byte[] presented = new byte[tokenLength];
+      token.flip().get(presented);
+      if (!registry.tokenMatches(presented)) {
+        throw new Refusal("bad token for the regions of " + owner());
+      }
+      TcpWire.writeFully(channel, TcpWire.ack(ack, null), progress);
+    }
+
+    /** Serves one frame; false when the peer closed cleanly between frames. */
+    private boolean frame() throws IOException, Refusal {
+      header.clear();
+      if (channel.read(header) < 0) {
+        log.debug("tcp listener {}: {} closed its connection", boundAddress, peer);
+        return false;
+      }
+      progress.busy();
+      TcpWire.readFully(channel, header, progress, "frame header");
+      byte op = header.get(0);
+      int regionId = header.getInt(1);
+      int count = header.getInt(5);
+      if (op != TcpWire.OP_WRITE && op != TcpWire.OP_READ) {
+        throw new Refusal("garbage frame: unknown op " + op);
+      }
+      if (count < 1 || count > TcpWire.MAX_ENTRIES) {
+        throw new Refusal(
+            "frame of " + count + " entries (expected 1.." + TcpWire.MAX_ENTRIES + ")");
+      }
+      entries.clear().limit(count * TcpWire.ENTRY_BYTES);
+      TcpWire.readFully(channel, entries, progress, "frame entries");
+      for (int i = 0; i < count; i++) {
+        offsets[i] = entries.getLong(i * TcpWire.ENTRY_BYTES);
+        lengths[i] = entries.getLong(i * TcpWire.ENTRY_BYTES + 8);
+      }
+      MemoryRegion region = registry.lookup(regionId);
+      if (region == null || !region.tryPin()) {
+        throw new Refusal("region " + regionId + " is not registered at " + owner());
+      }
+      try {
+        if (region.kind() != RegionKind.HOST) {
+          throw new Refusal("region " + regionId + " of " + owner() + " is not host memory");
+        }
+        for (int i = 0; i < count; i++) {
+          if (lengths[i] > TcpWire.MAX_ENTRY_BYTES) {
+            throw new Refusal(
+                "oversized entry of " + lengths[i] + " bytes (at most " + TcpWire.MAX_ENTRY_BYTES
+                    + ")");
+          }
+          try {
+            region.checkRange(offsets[i], lengths[i]);
+          } catch (RegionBoundsException e) {
+            throw new Refusal(e.getMessage());
+          }
+        }
+        RegionSlots regionSlots = slotsFor(region);
+        if (op == TcpWire.OP_WRITE) {
+          TcpWire.transferEntries(channel, regionSlots, iov, offsets, lengths, count, true, progress);
+          TcpWire.writeFully(channel, TcpWire.ack(ack, null), progress);
+        } else {
+          TcpWire.writeFully(channel, TcpWire.ack(ack, null), progress);
+          TcpWire.transferEntries(channel, regionSlots, iov, offsets, lengths, count, false, progress);
+        }
+      } finally {
+        region.unpin();
+      }
+      return true;
+    }
+
+    private RegionSlots slotsFor(MemoryRegion region) {
+      RegionSlots s = slots.get(region);
+      if (s == null) {
+        slots.keySet().removeIf(MemoryRegion::isClosed);
+        s = new RegionSlots(region);
+        slots.put(region, s);
+      }
+      return s;
+    }
+
+    private String owner() {
+      return registry.owner().isEmpty() ? "this listener" : registry.owner();
+    }
+  }
+}

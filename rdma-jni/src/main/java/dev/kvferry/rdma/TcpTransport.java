@@ -1,0 +1,407 @@
+package dev.kvferry.rdma;
+
+import java.io.IOException;
+import java.net.InetAddress;
+import java.net.InetSocketAddress;
+import java.net.StandardSocketOptions;
+import java.net.UnknownHostException;
+import java.nio.ByteBuffer;
+import java.nio.channels.SocketChannel;
+import java.util.Base64;
+import java.util.IdentityHashMap;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ConcurrentLinkedDeque;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Moves bytes between hosts over TCP. Each instance can listen and serve the regions of its
+ * {@link RegionRegistry}; as a client it connects to the endpoint in a peer's descriptor,
+ * presents the peer's token before anything else, and reuses the connection for later batches.
+ * Bytes go from the sender's region straight to the receiver's (gathering writes, scattering
+ * reads into direct views of the registered memory); each frame is acknowledged so a status
+ * fails with the receiver's own reason. Wire format: {@link TcpWire}.
+ *
+ * <p>Batches run on {@link TransportOptions#ioThreads()} background threads; {@code write} and
+ * {@code read} return at once.
+ */
+public final class TcpTransport implements Transport {
+  private static final Logger log = LoggerFactory.getLogger(TcpTransport.class);
+  private static final int MAX_IDLE_PER_ENDPOINT = 8;
+
+  private final RegionRegistry registry;
+  private final TransportOptions options;
+  private final IoWatchdog watchdog;
+  private final TcpListener listener;
+  private final String advertisedHost;
+  private final TransferExecutor executor;
+  private final Map<String, ConcurrentLinkedDeque<Connection>> idle = new ConcurrentHashMap<>();
+  private final Set<Connection> open = ConcurrentHashMap.newKeySet();
+  private volatile boolean closed;
+
+  /**
+   * Opens the transport and, when {@code options.tcpListen()}, its listener.
+   *
+   * @throws IOException when the listener cannot bind (port in use, unknown host)
+   */
+  public TcpTransport(RegionRegistry registry, TransportOptions options) throws IOException {
+    this.registry = registry;
+    this.options = options;
+    this.watchdog = new IoWatchdog("tcp", options.ioTimeout().toNanos());
+    try {
+      this.listener = options.tcpListen() ? new TcpListener(registry, options, watchdog) : null;
+    } catch (IOException e) {
+      watchdog.close();
+      throw e;
+    }
+    this.advertisedHost = listener == null ? "" : advertisedHost(options, listener.boundAddress());
+    this.executor = new TransferExecutor("tcp", options.ioThreads());
+  }
+
+  private static String advertisedHost(TransportOptions options, InetSocketAddress bound) {
+    if (!options.tcpAdvertisedHost().isEmpty()) {
+      return options.tcpAdvertisedHost();
+    }
+    if (!bound.getAddress().isAnyLocalAddress()) {
+      return bound.getAddress().getHostAddress();
+    }
+    try {
+      String host = InetAddress.getLocalHost().getHostAddress();
+      log.warn(
+          "tcp listener bound to {} without an advertised host; advertising {} (set one with "
+              + "TransportOptions.withTcpAdvertisedHost)", bound, host);
+      return host;
+    } catch (UnknownHostException e) {
+      return "127.0.0.1";
+    }
+  }
+
+  @Override
+  public String name() {
+    return "tcp";
+  }
+
+  /** The listener's port, or 0 when this transport does not listen. */
+  public int port() {
+    return listener == null ? 0 : listener.boundAddress().getPort();
+  }
+
+  @Override
+  public RegionDescriptor describe(MemoryRegion local) {
+    if (listener == null) {
+      throw new IllegalStateException("this tcp transport was opened without a listener");
+    }
+    if (local.registry() != registry) {
+      throw new IllegalArgumentException(
+          "region " + local.id() + " of " + local.owner() + " is not in the registry this tcp "
+              + "listener serves (" + registry.owner() + ")");
+    }
+    if (local.kind() != RegionKind.HOST) {
+      throw new IllegalArgumentException(
+          "tcp serves host memory only; region " + local.id() + " is " + local.kind());
+    }
+    return local.descriptor().withTcp(advertisedHost, port(), registry.token());
+  }
+
+  @Override
+  public TransferStatus write(MemoryRegion local, RegionDescriptor remote, TransferBatch batch) {
+    return start(local, remote, batch, true);
+  }
+
+  @Override
+  public TransferStatus read(MemoryRegion local, RegionDescriptor remote, TransferBatch batch) {
+    return start(local, remote, batch, false);
+  }
+
+  @Override
+  public void close() {
+    closed = true;
+    if (listener != null) {
+      listener.close();
+    }
+    for (Connection c : open) {
+      c.close();
+    }
+    idle.clear();
+    executor.close();
+    watchdog.close();
+  }
+
+  private TransferStatus start(
+      MemoryRegion local, RegionDescriptor remote, TransferBatch batch, boolean toRemote) {
+    if (closed) {
+      return TransferStatus.failed("tcp transport is closed");
+    }
+    if (local.kind() != RegionKind.HOST || remote.kind() != RegionKind.HOST) {
+      return TransferStatus.failed(
+          "tcp moves host memory only; local region " + local.id() + " is " + local.kind()
+              + " and region " + remote.regionId() + " of " + owner(remote) + " is "
+              + remote.kind());
+    }
+    if (remote.tcpHost().isEmpty() || remote.tcpPort() <= 0 || remote.token().length == 0
+        || remote.token().length > TcpWire.MAX_TOKEN_BYTES) {
+      return TransferStatus.failed(
+          "region " + remote.regionId() + " of " + owner(remote) + " has no tcp endpoint and "
+              + "token in its descriptor; describe it with the peer's tcp transport");
+    }
+    if (!local.tryPin()) {
+      return TransferStatus.failed("tcp: local region " + local.id() + " is closed");
+    }
+    try {
+      for (int i = 0; i < batch.count(); i++) {
+        local.checkRange(batch.localOffsets()[i], batch.sizes()[i]);
+        remote.checkRange(batch.remoteOffsets()[i], batch.sizes()[i]);
+      }
+    } catch (RegionBoundsException e) {
+      local.unpin();
+      return TransferStatus.failed("tcp: " + e.getMessage() + "; nothing was moved");
+    }
+    if (batch.totalBytes() == 0) {
+      local.unpin();
+      return TransferStatus.succeeded(0);
+    }
+    TransferStatus status = TransferStatus.pending();
+    executor.submit(status, () -> run(local, remote, batch, toRemote, status), local::unpin);
+    return status;
+  }
+
+  /** Runs one batch; a stale pooled connection gets one retry on a fresh one (writes and reads are idempotent). */
+  private void run(
+      MemoryRegion local, RegionDescriptor remote, TransferBatch batch, boolean toRemote,
+      TransferStatus status) {
+    String endpoint = remote.tcpHost() + ":" + remote.tcpPort();
+    String key = endpoint + "#" + Base64.getEncoder().encodeToString(remote.token());
+    for (int attempt = 0; ; attempt++) {
+      Connection c = idle.computeIfAbsent(key, k -> new ConcurrentLinkedDeque<>()).pollFirst();
+      boolean reused = c != null;
+      try {
+        if (c == null) {
+          c = connect(remote, endpoint);
+        }
+        String refusal = c.transfer(local, remote, batch, toRemote);
+        if (refusal != null) {
+          c.close(); // the listener closes after an error ack
+          status.fail(
+              "tcp peer " + endpoint + " (" + owner(remote) + ") refused the "
+                  + (toRemote ? "write" : "read") + ": " + refusal);
+          return;
+        }
+        release(key, c);
+        status.succeed(batch.totalBytes());
+        return;
+      } catch (IOException e) {
+        boolean timedOut = c != null && c.progress.timedOut;
+        if (c != null) {
+          c.close();
+        }
+        if (reused && attempt == 0 && !timedOut && !closed && !(e instanceof TokenRefusedException)) {
+          log.debug("tcp: pooled connection to {} failed ({}); retrying on a new one", endpoint, e.toString());
+          continue;
+        }
+        String why;
+        if (closed) {
+          why = "transport closed";
+        } else if (timedOut) {
+          why = "no progress for " + options.ioTimeout().toMillis() + " ms";
+        } else if (e instanceof TokenRefusedException) {
+          why = "the listener refused our token (" + e.getMessage() + "); the descriptor is stale "
+              + "or not from this peer";
+        } else {
+          why = e.getMessage() == null ? e.getClass().getSimpleName() : e.getMessage();
+        }
+        status.fail(
+            "tcp " + (toRemote ? "write to " : "read from ") + endpoint + " (" + owner(remote)
+                + ") failed: " + why);
+        return;
+      }
+    }
+  }
+
+  private void release(String key, Connection c) {
+    ConcurrentLinkedDeque<Connection> pool = idle.computeIfAbsent(key, k -> new ConcurrentLinkedDeque<>());
+    if (closed || pool.size() >= MAX_IDLE_PER_ENDPOINT) {
+      c.close();
+    } else {
+      pool.offerFirst(c);
+    }
+  }
+
+  private Connection connect(RegionDescriptor remote, String endpoint) throws IOException {
+    SocketChannel channel = SocketChannel.open();
+    Connection c = new Connection(channel, endpoint);
+    open.add(c);
+    try {
+      channel.setOption(StandardSocketOptions.TCP_NODELAY, true);
+      channel.setOption(StandardSocketOptions.SO_KEEPALIVE, true);
+      if (options.tcpSocketBufferBytes() > 0) {
+        channel.setOption(StandardSocketOptions.SO_SNDBUF, options.tcpSocketBufferBytes());
+        channel.setOption(StandardSocketOptions.SO_RCVBUF, options.tcpSocketBufferBytes());
+      }
+      c.progress.busy();
+      watchdog.watch(channel, c.progress, "tcp connection to " + endpoint);
+      channel.socket().connect(
+          new InetSocketAddress(remote.tcpHost(), remote.tcpPort()),
+          (int) Math.min(Integer.MAX_VALUE, options.ioTimeout().toMillis()));
+      String refusal = c.hello(remote.token());
+      if (refusal != null) {
+        throw new TokenRefusedException(refusal);
+      }
+      c.progress.idle();
+      return c;
+    } catch (IOException | RuntimeException e) {
+      c.close();
+      throw e;
+    }
+  }
+
+  /** The listener answered our hello with an error. */
+  private static final class TokenRefusedException extends IOException {
+    TokenRefusedException(String reason) {
+      super(reason);
+    }
+  }
+
+  private static String owner(RegionDescriptor remote) {
+    return remote.owner().isEmpty() ? "?" : remote.owner();
+  }
+
+  /** One client connection; used by one batch at a time (taken from and returned to the pool). */
+  private final class Connection {
+    final SocketChannel channel;
+    final String endpoint;
+    final TcpWire.Progress progress = new TcpWire.Progress();
+    final ByteBuffer frame =
+        ByteBuffer.allocateDirect(
+            TcpWire.FRAME_HEADER_BYTES + TcpWire.MAX_ENTRIES * TcpWire.ENTRY_BYTES);
+    final ByteBuffer ack =
+        ByteBuffer.allocateDirect(TcpWire.ACK_HEADER_BYTES + TcpWire.MAX_MESSAGE_BYTES);
+    final long[] localOffsets = new long[TcpWire.MAX_ENTRIES];
+    final long[] remoteOffsets = new long[TcpWire.MAX_ENTRIES];
+    final long[] lengths = new long[TcpWire.MAX_ENTRIES];
+    final ByteBuffer[] iov = new ByteBuffer[RegionSlots.SLOTS];
+    final Map<MemoryRegion, RegionSlots> slots = new IdentityHashMap<>();
+
+    Connection(SocketChannel channel, String endpoint) {
+      this.channel = channel;
+      this.endpoint = endpoint;
+    }
+
+    /** Presents the token; returns null when accepted, else the listener's reason. */
+    String hello(byte[] token) throws IOException {
+      frame.clear().putInt(TcpWire.MAGIC).put((byte) TcpWire.VERSION).put((byte) token.length)
+          .put(token).flip();
+      TcpWire.writeFully(channel, frame, progress);
+      return TcpWire.readAck(channel, ack, progress);
+    }
+
+    /**
+     * Sends one batch as frames of up to {@link TcpWire#MAX_ENTRIES} entries of at most {@link
+     * TcpWire#MAX_ENTRY_BYTES} each. Returns null on success or the listener's reason.
+     */
+    String transfer(MemoryRegion local, RegionDescriptor remote, TransferBatch batch, boolean toRemote)
+        throws IOException {
+      progress.busy();
+      watchdog.watch(channel, progress, "tcp connection to " + endpoint);
+      RegionSlots localSlots = slotsFor(local);
+      int framesSent = 0;
+      int acksRead = 0;
+      try {
+        int entry = 0;
+        long entryDone = 0;
+        while (entry < batch.count()) {
+          // Fill one frame.
+          int n = 0;
+          while (entry < batch.count() && n < TcpWire.MAX_ENTRIES) {
+            long size = batch.sizes()[entry];
+            if (size == 0) {
+              entry++;
+              continue;
+            }
+            long piece = Math.min(TcpWire.MAX_ENTRY_BYTES, size - entryDone);
+            localOffsets[n] = batch.localOffsets()[entry] + entryDone;
+            remoteOffsets[n] = batch.remoteOffsets()[entry] + entryDone;
+            lengths[n] = piece;
+            n++;
+            entryDone += piece;
+            if (entryDone == size) {
+              entry++;
+              entryDone = 0;
+            }
+          }
+          if (n == 0) {
+            break;
+          }
+          frame.clear()
+              .put(toRemote ? TcpWire.OP_WRITE : TcpWire.OP_READ)
+              .putInt(remote.regionId())
+              .putInt(n);
+          for (int i = 0; i < n; i++) {
+            frame.putLong(remoteOffsets[i]).putLong(lengths[i]);
+          }
+          TcpWire.writeFully(channel, frame.flip(), progress);
+          framesSent++;
+          if (toRemote) {
+            // Acks of earlier frames wait in the socket; they are a few bytes each.
+            TcpWire.transferEntries(channel, localSlots, iov, localOffsets, lengths, n, false, progress);
+          } else {
+            String refusal = TcpWire.readAck(channel, ack, progress);
+            acksRead++;
+            if (refusal != null) {
+              return refusal;
+            }
+            TcpWire.transferEntries(channel, localSlots, iov, localOffsets, lengths, n, true, progress);
+          }
+        }
+        while (acksRead < framesSent) {
+          String refusal = TcpWire.readAck(channel, ack, progress);
+          acksRead++;
+          if (refusal != null) {
+            return refusal;
+          }
+        }
+        return null;
+      } catch (IOException e) {
+        // The listener may have refused a frame and closed while we were still sending: its
+        // reason is then waiting in our receive buffer, and worth more than "broken pipe".
+        if (toRemote && !progress.timedOut) {
+          try {
+            while (acksRead < framesSent) {
+              String refusal = TcpWire.readAck(channel, ack, progress);
+              acksRead++;
+              if (refusal != null) {
+                return refusal;
+              }
+            }
+          } catch (IOException ignored) {
+            // no reason was sent; report the original failure
+          }
+        }
+        throw e;
+      } finally {
+        progress.idle();
+      }
+    }
+
+    private RegionSlots slotsFor(MemoryRegion region) {
+      RegionSlots s = slots.get(region);
+      if (s == null) {
+        slots.keySet().removeIf(MemoryRegion::isClosed);
+        s = new RegionSlots(region);
+        slots.put(region, s);
+      }
+      return s;
+    }
+
+    void close() {
+      open.remove(this);
+      watchdog.forget(channel);
+      try {
+        channel.close();
+      } catch (IOException ignored) {
+        // closing is all we wanted
+      }
+    }
+  }
+}

@@ -1,0 +1,164 @@
+package dev.kvferry.rdma;
+
+import java.time.Duration;
+import java.util.Objects;
+
+/**
+ * Settings of the transports {@link Transports#open} builds. Immutable; start from {@link
+ * #defaults()} (which work on one laptop) and change what you need with the {@code with...}
+ * methods.
+ */
+public final class TransportOptions {
+
+  private final String tcpBindHost;
+  private final int tcpPort;
+  private final String tcpAdvertisedHost;
+  private final boolean tcpListen;
+  private final int tcpSocketBufferBytes;
+  private final Duration ioTimeout;
+  private final int maxConnections;
+  private final int ioThreads;
+  private final long cmaInlineMaxBytes;
+
+  private TransportOptions(
+      String tcpBindHost,
+      int tcpPort,
+      String tcpAdvertisedHost,
+      boolean tcpListen,
+      int tcpSocketBufferBytes,
+      Duration ioTimeout,
+      int maxConnections,
+      int ioThreads,
+      long cmaInlineMaxBytes) {
+    if (tcpPort < 0 || tcpPort > 65535) {
+      throw new IllegalArgumentException("tcp port must be in [0, 65535], got " + tcpPort);
+    }
+    if (tcpSocketBufferBytes < 0 || maxConnections < 1 || ioThreads < 1 || cmaInlineMaxBytes < 0) {
+      throw new IllegalArgumentException(
+          "socket buffer, connection cap, io threads and inline bytes must be positive");
+    }
+    if (ioTimeout.isNegative() || ioTimeout.isZero()) {
+      throw new IllegalArgumentException("io timeout must be positive, got " + ioTimeout);
+    }
+    this.tcpBindHost = Objects.requireNonNull(tcpBindHost, "tcpBindHost");
+    this.tcpPort = tcpPort;
+    this.tcpAdvertisedHost = tcpAdvertisedHost == null ? "" : tcpAdvertisedHost;
+    this.tcpListen = tcpListen;
+    this.tcpSocketBufferBytes = tcpSocketBufferBytes;
+    this.ioTimeout = ioTimeout;
+    this.maxConnections = maxConnections;
+    this.ioThreads = ioThreads;
+    this.cmaInlineMaxBytes = cmaInlineMaxBytes;
+  }
+
+  /**
+   * Loopback listener on an ephemeral port, kernel-tuned socket buffers, 30 s without progress
+   * fails a transfer, 64 connections, 2 I/O threads, CMA batches up to 1 MiB copied inline.
+   */
+  public static TransportOptions defaults() {
+    return new TransportOptions(
+        "127.0.0.1", 0, "", true, 0, Duration.ofSeconds(30), 64, 2, 1 << 20);
+  }
+
+  /** Where the TCP listener binds; port 0 picks a free port. */
+  public TransportOptions withTcpBind(String host, int port) {
+    return new TransportOptions(
+        host, port, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout, maxConnections,
+        ioThreads, cmaInlineMaxBytes);
+  }
+
+  /** The host peers should connect to, when it differs from the bind host (0.0.0.0, NAT). */
+  public TransportOptions withTcpAdvertisedHost(String host) {
+    return new TransportOptions(
+        tcpBindHost, tcpPort, host, tcpListen, tcpSocketBufferBytes, ioTimeout, maxConnections,
+        ioThreads, cmaInlineMaxBytes);
+  }
+
+  /** Whether the TCP transport serves its registry's regions (false: client only). */
+  public TransportOptions withTcpListener(boolean listen) {
+    return new TransportOptions(
+        tcpBindHost, tcpPort, tcpAdvertisedHost, listen, tcpSocketBufferBytes, ioTimeout,
+        maxConnections, ioThreads, cmaInlineMaxBytes);
+  }
+
+  /** SO_SNDBUF/SO_RCVBUF for data sockets; 0 leaves the kernel's autotuning on. */
+  public TransportOptions withTcpSocketBufferBytes(int bytes) {
+    return new TransportOptions(
+        tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, bytes, ioTimeout, maxConnections,
+        ioThreads, cmaInlineMaxBytes);
+  }
+
+  /** A transfer (or a handshake) that makes no progress for this long fails. */
+  public TransportOptions withIoTimeout(Duration timeout) {
+    return new TransportOptions(
+        tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, timeout,
+        maxConnections, ioThreads, cmaInlineMaxBytes);
+  }
+
+  /** Most connections the TCP listener serves at once; more are closed on accept. */
+  public TransportOptions withMaxConnections(int connections) {
+    return new TransportOptions(
+        tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
+        connections, ioThreads, cmaInlineMaxBytes);
+  }
+
+  /** Threads that run transfers in the background (TCP batches, large CMA batches). */
+  public TransportOptions withIoThreads(int threads) {
+    return new TransportOptions(
+        tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
+        maxConnections, threads, cmaInlineMaxBytes);
+  }
+
+  /** CMA batches up to this many bytes are copied in the caller's thread; larger ones in the background. */
+  public TransportOptions withCmaInlineMaxBytes(long bytes) {
+    return new TransportOptions(
+        tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
+        maxConnections, ioThreads, bytes);
+  }
+
+  public String tcpBindHost() {
+    return tcpBindHost;
+  }
+
+  public int tcpPort() {
+    return tcpPort;
+  }
+
+  /** The advertised host, or "" to advertise the bind host. */
+  public String tcpAdvertisedHost() {
+    return tcpAdvertisedHost;
+  }
+
+  public boolean tcpListen() {
+    return tcpListen;
+  }
+
+  public int tcpSocketBufferBytes() {
+    return tcpSocketBufferBytes;
+  }
+
+  public Duration ioTimeout() {
+    return ioTimeout;
+  }
+
+  public int maxConnections() {
+    return maxConnections;
+  }
+
+  public int ioThreads() {
+    return ioThreads;
+  }
+
+  public long cmaInlineMaxBytes() {
+    return cmaInlineMaxBytes;
+  }
+
+  @Override
+  public String toString() {
+    return "TransportOptions[tcp=" + tcpBindHost + ":" + tcpPort
+        + (tcpAdvertisedHost.isEmpty() ? "" : " as " + tcpAdvertisedHost)
+        + (tcpListen ? "" : " (no listener)") + ", socketBuffer=" + tcpSocketBufferBytes
+        + ", ioTimeout=" + ioTimeout + ", maxConnections=" + maxConnections + ", ioThreads="
+        + ioThreads + ", cmaInlineMaxBytes=" + cmaInlineMaxBytes + "]";
+  }
+}

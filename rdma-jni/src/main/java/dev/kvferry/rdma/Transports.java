@@ -1,0 +1,39 @@
+package dev.kvferry.rdma;
+
+import java.io.IOException;
+import java.util.List;
+
+/** Opens a {@link Transport} by the name used in config and CLI flags. */
+public final class Transports {
+
+  /** The names {@link #open} knows, in the order to suggest them. */
+  public static final List<String> NAMES = List.of("local", "cma", "tcp");
+
+  private Transports() {}
+
+  /**
+   * Opens the named transport for the regions of {@code registry}.
+   *
+   * <ul>
+   *   <li>{@code local}: peers in this process ({@code registry} is the one reachable registry)
+   *   <li>{@code cma}: processes on this host, through process_vm_writev/readv
+   *   <li>{@code tcp}: any host; listens per {@code options} and serves {@code registry}
+   * </ul>
+   *
+   * @throws IllegalArgumentException for an unknown name; the message lists the valid ones
+   * @throws IOException when the tcp listener cannot bind
+   */
+  public static Transport open(String name, RegionRegistry registry, TransportOptions options)
+      throws IOException {
+    if (name == null) {
+      throw new IllegalArgumentException("no transport name given; valid: " + String.join(", ", NAMES));
+    }
+    return switch (name) {
+      case "local" -> new LocalTransport(registry);
+      case "cma" -> new CmaTransport(options);
+      case "tcp" -> new TcpTransport(registry, options);
+      default -> throw new IllegalArgumentException(
+          "unknown transport '" + name + "'; valid: " + String.join(", ", NAMES));
+    };
+  }
+}
