@@ -10,6 +10,7 @@ import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.node.KvferryConfig;
 import dev.kvferry.node.NodeRuntime;
 import dev.kvferry.rdma.LocalTransport;
 import dev.kvferry.rdma.RegionRegistry;
@@ -20,6 +21,7 @@ import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
 import java.time.Duration;
 import java.util.List;
+import java.util.Map;
 import org.apache.pekko.actor.testkit.typed.javadsl.ActorTestKit;
 import org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes;
 import org.apache.pekko.actor.testkit.typed.javadsl.TestProbe;
@@ -32,8 +34,9 @@ import org.apache.pekko.cluster.typed.SelfUp;
 import org.apache.pekko.cluster.typed.Subscribe;
 
 /**
- * A real one-node cluster for the management tests: artery and management HTTP on loopback, free
- * ports, kvferry's routes and readiness check registered as reference.conf will register them. It
+ * A real one-node cluster for the management tests, configured as kvferry processes are
+ * ({@link KvferryConfig}) plus: artery and management HTTP on loopback and free ports, kvferry's
+ * routes and readiness check registered (as kvferry-pekko.conf is to register them). It
  * runs a real decode worker ({@link #DECODE}) with one receive in flight ("req-1"/"xfer-1" from
  * an absent prefill engine) and lists a prefill engine ({@link #PREFILL}) registered by name only.
  * Started once for all test classes by {@link ManagementNodeExtension}: starting a cluster node
@@ -82,7 +85,7 @@ final class ManagementNode implements AutoCloseable {
   /** Starts the system, joins it to itself, waits until it is Up, adds the engines, starts HTTP. */
   static ManagementNode start() throws ManagementStartException {
     ActorTestKit kit =
-        ActorTestKit.create("kvferry", CONFIG.withFallback(ConfigFactory.load()).resolve());
+        ActorTestKit.create("kvferry", CONFIG.withFallback(KvferryConfig.load(Map.of())));
     Cluster cluster = Cluster.get(kit.system());
     TestProbe<SelfUp> up = kit.createTestProbe(SelfUp.class);
     cluster.subscriptions().tell(Subscribe.create(up.ref(), SelfUp.class));
