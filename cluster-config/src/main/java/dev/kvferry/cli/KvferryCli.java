@@ -26,6 +26,7 @@ public final class KvferryCli implements Runnable {
     cli.addSubcommand(new NodeCommand());
     cli.addSubcommand(new RouterCommand());
     cli.addSubcommand(new DemoCommand());
+    cli.addSubcommand(new StatusCommand());
     return cli;
   }
 

@@ -61,10 +61,11 @@ public final class NodeCommand implements Callable<Integer> {
       m.put("kvferry.node.simulated-engine", false);
     }
     EngineNode node = EngineNode.start(cluster.toConfig(List.of(role), m));
-    ManagementStarter.start(node.system());
+    java.net.URI management = dev.kvferry.management.ManagementServer.start(node.system());
     for (EngineNode.Engine e : node.engines()) {
       System.out.println("kvferry node: engine " + e.engineId() + " (" + role + ", "
-          + e.mode().configName() + ", " + transport + ") up at " + cluster.host + ":" + cluster.port);
+          + e.mode().configName() + ", " + transport + ") up at " + cluster.host + ":" + cluster.port
+          + ", management " + management);
     }
     CountDownLatch stopped = new CountDownLatch(1);
     node.system().getWhenTerminated().thenRun(stopped::countDown);

@@ -18,8 +18,9 @@ public final class RouterCommand implements Callable<Integer> {
   @Override
   public Integer call() throws Exception {
     RouterNode node = RouterNode.start(cluster.toConfig(List.of("router"), Map.of()));
-    ManagementStarter.start(node.system());
-    System.out.println("kvferry router up at " + cluster.host + ":" + cluster.port);
+    java.net.URI management = dev.kvferry.management.ManagementServer.start(node.system());
+    System.out.println("kvferry router up at " + cluster.host + ":" + cluster.port
+          + ", management " + management);
     CountDownLatch stopped = new CountDownLatch(1);
     node.system().getWhenTerminated().thenRun(stopped::countDown);
     stopped.await();

@@ -45,6 +45,13 @@ import org.apache.pekko.actor.typed.receptionist.ServiceKey;
 public final class Demo implements AutoCloseable {
 
   private static final Duration JOIN_TIMEOUT = Duration.ofSeconds(90);
+  /**
+   * Four JVMs share the host's cores with the workload: be patient with heartbeats so a busy
+   * moment is not mistaken for a dead node.
+   */
+  private static final List<String> CHILD_JVM_ARGS = List.of(
+      "-Xmx512m", "-XX:+UseSerialGC",
+      "-Dpekko.cluster.failure-detector.acceptable-heartbeat-pause=20s");
 
   private final DemoOptions options;
   private final PrintStream out;
@@ -241,7 +248,7 @@ public final class Demo implements AutoCloseable {
   }
 
   private ChildProcess start(String name, List<String> args) throws IOException {
-    ChildProcess c = ChildProcess.start(name, logDir, List.of("-Xmx512m", "-XX:+UseSerialGC"), args);
+    ChildProcess c = ChildProcess.start(name, logDir, CHILD_JVM_ARGS, args);
     children.add(c);
     return c;
   }
@@ -253,6 +260,7 @@ public final class Demo implements AutoCloseable {
                 "pekko.cluster.seed-nodes", List.of("pekko://kvferry@" + seed),
                 "pekko.cluster.roles", List.of("client"),
                 "pekko.loglevel", "WARNING",
+                "pekko.cluster.failure-detector.acceptable-heartbeat-pause", "20s",
                 "pekko.coordinated-shutdown.exit-jvm", "off"));
     return ActorSystem.create(Behaviors.empty(), "kvferry", config);
   }

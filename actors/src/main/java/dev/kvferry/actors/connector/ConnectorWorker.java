@@ -25,7 +25,7 @@ public final class ConnectorWorker implements AutoCloseable {
   private final Transport transport;
   private final ConnectorSettings settings;
   private final FinishedSink sink;
-  private ActorRef<EngineActor.Command> engine;
+  private volatile ActorRef<EngineActor.Command> engine;
   private ConnectorMetadata lastSaved;
   private int layersSavedThisStep;
 
