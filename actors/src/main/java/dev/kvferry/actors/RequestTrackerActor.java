@@ -92,6 +92,8 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   private final TerminalIds terminal;
   /** P, READ: releases that overtook their ExpectRelease (D can be faster than P's next step). */
   private final TerminalIds earlyReleases;
+  /** D: failures that overtook their ExpectReceive (P aborted before D scheduled the request). */
+  private final java.util.LinkedHashMap<String, String> earlyFailures;
   private EngineDirectory directory = EngineDirectory.EMPTY;
 
   public static Behavior<Command> create(
@@ -115,6 +117,14 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     this.sink = sink;
     this.terminal = new TerminalIds(settings.terminalIdCapacity());
     this.earlyReleases = new TerminalIds(settings.terminalIdCapacity());
+    int capacity = settings.terminalIdCapacity();
+    this.earlyFailures =
+        new java.util.LinkedHashMap<>() {
+          @Override
+          protected boolean removeEldestEntry(Map.Entry<String, String> eldest) {
+            return size() > capacity;
+          }
+        };
   }
 
   @Override
@@ -145,6 +155,13 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onExpectReceive(ExpectReceive m) {
+    String failedEarly = earlyFailures.remove(m.transferId());
+    if (failedEarly != null) {
+      terminal.add(m.transferId());
+      sink.failed(m.requestId(), failedEarly, false);
+      sink.observer().transferEnded(TransferObserver.Outcome.FAILED, 0, -1);
+      return this;
+    }
     if (refuseDuplicate(m.requestId(), m.transferId(), false)) {
       return this;
     }
@@ -167,6 +184,10 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onTransferFailed(TransferFailed m) {
+    if (!active.containsKey(m.transferId()) && !terminal.contains(m.transferId())) {
+      earlyFailures.put(m.transferId(), m.reason());
+      return this;
+    }
     Tracked t = take(m.transferId(), "failed");
     if (t != null) {
       sink.failed(t.requestId, m.reason(), t.state == State.AWAITING_RELEASE);

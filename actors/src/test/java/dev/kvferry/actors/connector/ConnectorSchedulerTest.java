@@ -1,0 +1,109 @@
+package dev.kvferry.actors.connector;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvferry.actors.engine.ConnectorSettings;
+import java.time.Clock;
+import java.time.Instant;
+import java.time.ZoneOffset;
+import java.util.List;
+import org.junit.jupiter.api.Test;
+
+/** Scheduler-side bookkeeping, without actors: what the engine sees from each call. */
+class ConnectorSchedulerTest {
+
+  private static final int BLOCK = 16;
+  private static final Clock CLOCK = Clock.fixed(Instant.ofEpochMilli(1_000_000), ZoneOffset.UTC);
+
+  private static ConnectorScheduler prefill(TransferMode mode) {
+    return new ConnectorScheduler(Role.PREFILL, mode, "prefill-0", 0, BLOCK, List.of(),
+        ConnectorSettings.DEFAULTS, CLOCK);
+  }
+
+  @Test
+  void chunkEndingInsideABlockIsNotTheLastChunk() {
+    ConnectorScheduler s = prefill(TransferMode.WRITE);
+    ConnectorRequest r = new ConnectorRequest("r", 40, KvTransferParams.forPrefill("tx", "decode-0", 0));
+    // First chunk: 35 of 40 tokens; 3 blocks cover 48 slots, so the seed's block test would say
+    // "last chunk" and write tokens 35..39 before they are computed.
+    int[] blocks = {1, 2, 3};
+    s.updateStateAfterAlloc(r, blocks, 0);
+    ConnectorMetadata first = s.buildConnectorMeta(new SchedulerOutput(
+        List.of(new SchedulerOutput.NewRequest("r", blocks, 35)), List.of()));
+    assertTrue(first.reqsToSave().isEmpty(), "saved before the last chunk was computed");
+    ConnectorMetadata second = s.buildConnectorMeta(new SchedulerOutput(
+        List.of(), List.of(new SchedulerOutput.CachedRequest("r", new int[0], 40))));
+    assertEquals(1, second.reqsToSave().size());
+    assertArrayEquals(blocks, second.reqsToSave().get(0).localBlockIds());
+  }
+
+  @Test
+  void blockTestDecidesWhenTheEngineGivesNoTokenCount() {
+    ConnectorScheduler s = prefill(TransferMode.WRITE);
+    ConnectorRequest r = new ConnectorRequest("r", 40, KvTransferParams.forPrefill("tx", "decode-0", 0));
+    s.updateStateAfterAlloc(r, new int[] {1, 2}, 0);
+    assertTrue(s.buildConnectorMeta(new SchedulerOutput(
+        List.of(new SchedulerOutput.NewRequest("r", new int[] {1, 2})), List.of())).reqsToSave().isEmpty());
+    ConnectorMetadata m = s.buildConnectorMeta(new SchedulerOutput(
+        List.of(), List.of(new SchedulerOutput.CachedRequest("r", new int[] {7}))));
+    assertArrayEquals(new int[] {1, 2, 7}, m.reqsToSave().get(0).localBlockIds());
+  }
+
+  @Test
+  void readModePrefillKeepsBlocksUntilTheDeadlineAndHandsDecodeItsBlockIds() {
+    ConnectorScheduler s = prefill(TransferMode.READ);
+    ConnectorRequest r = new ConnectorRequest("r", 20, KvTransferParams.forPrefill("tx", "decode-0", 0));
+    r.setStatus(ConnectorRequest.Status.FINISHED_LENGTH_CAPPED);
+    FinishDecision d = s.requestFinished(r, new int[] {4, 5});
+    assertTrue(d.delayFreeBlocks());
+    assertTrue(d.paramsForPeer().doRemotePrefill());
+    assertArrayEquals(new int[] {4, 5}, d.paramsForPeer().remoteBlockIds());
+    assertEquals("prefill-0", d.paramsForPeer().remoteEngineId());
+    ConnectorMetadata m = s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of()));
+    assertEquals(1, m.reqsToSend().size());
+    assertEquals(1_000_000 + ConnectorSettings.DEFAULTS.readAbortTimeout().toMillis(),
+        m.reqsToSend().get(0).deadlineEpochMs());
+  }
+
+  @Test
+  void decodeAbortedBeforeSchedulingStillTellsPrefillToFree() {
+    ConnectorScheduler s = new ConnectorScheduler(Role.DECODE, TransferMode.READ, "decode-0", 0,
+        BLOCK, List.of(), ConnectorSettings.DEFAULTS, CLOCK);
+    ConnectorRequest r = new ConnectorRequest("r", 20, KvTransferParams.forDecode("tx", "prefill-0", 0));
+    r.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
+    FinishDecision d = s.requestFinished(r, new int[0]);
+    assertFalse(d.delayFreeBlocks());
+    assertNull(d.paramsForPeer());
+    assertFalse(r.params().doRemotePrefill(), "only one transfer per request");
+    ConnectorMetadata m = s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of()));
+    assertEquals(1, m.reqsToRecv().size());
+    assertEquals(0, m.reqsToRecv().get(0).localBlockIds().length);
+  }
+
+  @Test
+  void matchedTokensFollowTheSeed() {
+    ConnectorScheduler write = new ConnectorScheduler(Role.DECODE, TransferMode.WRITE, "d", 0,
+        BLOCK, List.of(), ConnectorSettings.DEFAULTS, CLOCK);
+    ConnectorScheduler read = new ConnectorScheduler(Role.DECODE, TransferMode.READ, "d", 0,
+        BLOCK, List.of(), ConnectorSettings.DEFAULTS, CLOCK);
+    ConnectorRequest r = new ConnectorRequest("r", 100, KvTransferParams.forDecode("tx", "p", 0));
+    assertEquals(new MatchedTokens(84, true), write.numNewMatchedTokens(r, 16));
+    assertEquals(new MatchedTokens(83, false), read.numNewMatchedTokens(r, 16));
+    assertEquals(MatchedTokens.NONE, prefill(TransferMode.WRITE).numNewMatchedTokens(r, 0));
+  }
+
+  @Test
+  void malformedParamsNameTheField() {
+    InvalidTransferParamsException e = org.junit.jupiter.api.Assertions.assertThrows(
+        InvalidTransferParamsException.class,
+        () -> KvTransferParams.fromMap(java.util.Map.of("do_remote_prefill", "yes")));
+    assertTrue(e.getMessage().contains("do_remote_prefill"), e.getMessage());
+    e = org.junit.jupiter.api.Assertions.assertThrows(InvalidTransferParamsException.class,
+        () -> KvTransferParams.fromMap(java.util.Map.of("do_remote_decode", true)));
+    assertTrue(e.getMessage().contains("transfer_id"), e.getMessage());
+  }
+}
