@@ -1,0 +1,157 @@
+package dev.kvferry.router;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.TransferMode;
+import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.sim.RequestSpec;
+import dev.kvferry.sim.SimEngineActor;
+import dev.kvferry.sim.SimEngineActor.Outcome;
+import java.time.Duration;
+import org.apache.pekko.actor.testkit.typed.javadsl.ActorTestKit;
+import org.apache.pekko.actor.testkit.typed.javadsl.TestProbe;
+import org.apache.pekko.actor.typed.ActorRef;
+import org.apache.pekko.actor.typed.Behavior;
+import org.apache.pekko.actor.typed.javadsl.Behaviors;
+import org.apache.pekko.actor.typed.receptionist.Receptionist;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+
+/** Routing decisions from live listings: load balance, mode, engines that leave. */
+class RouterActorTest {
+
+  private final ActorTestKit kit = ActorTestKit.create();
+
+  @AfterEach
+  void stop() {
+    kit.shutdownTestKit();
+  }
+
+  /** A simulated engine stand-in: registers like the real one and forwards submissions. */
+  private ActorRef<SimEngineActor.Command> engine(
+      Role role, String id, TransferMode mode, TestProbe<SimEngineActor.Submit> inbox) {
+    Behavior<SimEngineActor.Command> b = Behaviors.setup(ctx -> {
+      ctx.getSystem().receptionist().tell(Receptionist.register(SimEngineActor.serviceKey(role), ctx.getSelf()));
+      return Behaviors.receive(SimEngineActor.Command.class)
+          .onMessage(SimEngineActor.Submit.class, m -> {
+            inbox.ref().tell(m);
+            return Behaviors.same();
+          })
+          .build();
+    });
+    String name = "sim~" + new EngineIdentity(role, id, 0, 1, 0, 1, mode).toActorName();
+    return kit.spawn(b, name);
+  }
+
+  private void awaitListed(Role role, int count) {
+    TestProbe<Receptionist.Listing> probe = kit.createTestProbe();
+    probe.awaitAssert(Duration.ofSeconds(5), () -> {
+      kit.system().receptionist().tell(Receptionist.find(SimEngineActor.serviceKey(role), probe.ref()));
+      assertEquals(count, probe.receiveMessage().getServiceInstances(SimEngineActor.serviceKey(role)).size());
+      return null;
+    });
+  }
+
+  private static RequestSpec spec(String id) {
+    return new RequestSpec(id, 64, 0, RequestSpec.Abort.NONE);
+  }
+
+  private static void reply(SimEngineActor.Submit s, Role role, Outcome.Status status) {
+    s.replyTo().tell(new Outcome(s.spec().requestId(), "x", role, status, null, 10, 5, "ok"));
+  }
+
+  @Test
+  void writeModeSubmitsToBothSidesAndAnswersWithDecodesOutcome() {
+    TestProbe<SimEngineActor.Submit> p = kit.createTestProbe();
+    TestProbe<SimEngineActor.Submit> d = kit.createTestProbe();
+    engine(Role.PREFILL, "p0", TransferMode.WRITE, p);
+    engine(Role.DECODE, "d0", TransferMode.WRITE, d);
+    awaitListed(Role.PREFILL, 1);
+    awaitListed(Role.DECODE, 1);
+    ActorRef<RouterActor.Command> router = kit.spawn(RouterActor.create());
+    TestProbe<RouterActor.Routed> client = kit.createTestProbe();
+    client.awaitAssert(Duration.ofSeconds(5), () -> {
+      router.tell(new RouterActor.Route(spec("r-probe-" + System.nanoTime()), null, client.ref()));
+      RouterActor.Routed routed = client.receiveMessage(Duration.ofMillis(200));
+      assertNotEquals("", routed.prefillEngineId(), "router has no engines yet");
+      return null;
+    });
+    router.tell(new RouterActor.Route(spec("r1"), TransferMode.WRITE, client.ref()));
+    SimEngineActor.Submit toP = p.fishForMessage(Duration.ofSeconds(3),
+        m -> m.spec().requestId().equals("r1")
+            ? org.apache.pekko.actor.testkit.typed.FishingOutcome.complete()
+            : org.apache.pekko.actor.testkit.typed.FishingOutcome.continueAndIgnore()).get(0);
+    SimEngineActor.Submit toD = d.fishForMessage(Duration.ofSeconds(3),
+        m -> m.spec().requestId().equals("r1")
+            ? org.apache.pekko.actor.testkit.typed.FishingOutcome.complete()
+            : org.apache.pekko.actor.testkit.typed.FishingOutcome.continueAndIgnore()).get(0);
+    assertTrue(toP.params().doRemoteDecode());
+    assertTrue(toD.params().doRemotePrefill());
+    assertEquals(toP.params().transferId(), toD.params().transferId());
+    assertEquals("d0", toP.params().remoteEngineId());
+    assertEquals("p0", toD.params().remoteEngineId());
+    reply(toP, Role.PREFILL, Outcome.Status.DONE);
+    reply(toD, Role.DECODE, Outcome.Status.DONE);
+    RouterActor.Routed routed = client.fishForMessage(Duration.ofSeconds(3),
+        m -> m.requestId().equals("r1")
+            ? org.apache.pekko.actor.testkit.typed.FishingOutcome.complete()
+            : org.apache.pekko.actor.testkit.typed.FishingOutcome.continueAndIgnore()).get(0);
+    assertEquals(Outcome.Status.DONE, routed.status());
+    assertEquals("p0", routed.prefillEngineId());
+  }
+
+  @Test
+  void picksTheLeastLoadedEngineAndOnlyEnginesOfTheAskedMode() {
+    TestProbe<SimEngineActor.Submit> p0 = kit.createTestProbe();
+    TestProbe<SimEngineActor.Submit> p1 = kit.createTestProbe();
+    TestProbe<SimEngineActor.Submit> pRead = kit.createTestProbe();
+    TestProbe<SimEngineActor.Submit> d = kit.createTestProbe();
+    engine(Role.PREFILL, "p0", TransferMode.WRITE, p0);
+    engine(Role.PREFILL, "p1", TransferMode.WRITE, p1);
+    engine(Role.PREFILL, "p-read", TransferMode.READ, pRead);
+    engine(Role.DECODE, "d0", TransferMode.WRITE, d);
+    awaitListed(Role.PREFILL, 3);
+    awaitListed(Role.DECODE, 1);
+    ActorRef<RouterActor.Command> router = kit.spawn(RouterActor.create());
+    TestProbe<RouterActor.Routed> client = kit.createTestProbe();
+    // Wait until the router has its listing: a request for a missing mode is answered at once.
+    client.awaitAssert(Duration.ofSeconds(5), () -> {
+      router.tell(new RouterActor.Route(spec("probe-" + System.nanoTime()), TransferMode.READ, client.ref()));
+      RouterActor.Routed r = client.receiveMessage(Duration.ofMillis(200));
+      assertTrue(r.detail().contains("no decode engine in read mode"), r.detail());
+      return null;
+    });
+    for (int i = 0; i < 4; i++) {
+      router.tell(new RouterActor.Route(spec("w" + i), TransferMode.WRITE, client.ref()));
+    }
+    // Two engines with equal load: the four requests split two and two.
+    assertEquals(2, p0.receiveSeveralMessages(2, Duration.ofSeconds(3)).size());
+    assertEquals(2, p1.receiveSeveralMessages(2, Duration.ofSeconds(3)).size());
+    p0.expectNoMessage(Duration.ofMillis(100));
+    pRead.expectNoMessage(Duration.ofMillis(100));
+  }
+
+  @Test
+  void requestsOnAnEngineThatLeavesFailAtOnce() {
+    TestProbe<SimEngineActor.Submit> p = kit.createTestProbe();
+    TestProbe<SimEngineActor.Submit> d = kit.createTestProbe();
+    engine(Role.PREFILL, "p0", TransferMode.WRITE, p);
+    ActorRef<SimEngineActor.Command> decode = engine(Role.DECODE, "d0", TransferMode.WRITE, d);
+    awaitListed(Role.PREFILL, 1);
+    awaitListed(Role.DECODE, 1);
+    ActorRef<RouterActor.Command> router = kit.spawn(RouterActor.create());
+    TestProbe<RouterActor.Routed> client = kit.createTestProbe();
+    client.awaitAssert(Duration.ofSeconds(5), () -> {
+      router.tell(new RouterActor.Route(spec("held"), TransferMode.WRITE, client.ref()));
+      d.receiveMessage(Duration.ofMillis(200));
+      return null;
+    });
+    kit.stop(decode);
+    RouterActor.Routed routed = client.receiveMessage(Duration.ofSeconds(5));
+    assertEquals(Outcome.Status.FAILED, routed.status());
+    assertTrue(routed.detail().contains("d0 left the cluster"), routed.detail());
+  }
+}
