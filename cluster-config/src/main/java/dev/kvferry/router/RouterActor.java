@@ -57,6 +57,11 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
       String detail)
       implements CborSerializable {}
 
+  /** The engine ids the router would route to now, by role (for status and tests). */
+  public record GetRoutable(ActorRef<Routable> replyTo) implements Command, CborSerializable {}
+
+  public record Routable(List<String> prefill, List<String> decode) implements CborSerializable {}
+
   private record Listed(Receptionist.Listing listing) implements Command, LocalOnly {}
 
   private record EngineOutcome(Outcome outcome) implements Command, LocalOnly {}
@@ -109,6 +114,10 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
         .onMessage(Route.class, this::onRoute)
         .onMessage(Listed.class, this::onListed)
         .onMessage(EngineOutcome.class, m -> onOutcome(m.outcome()))
+        .onMessage(GetRoutable.class, m -> {
+          m.replyTo().tell(new Routable(ids(Role.PREFILL), ids(Role.DECODE)));
+          return this;
+        })
         .build();
   }
 
@@ -238,6 +247,10 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
       }
     }
     return this;
+  }
+
+  private List<String> ids(Role role) {
+    return engines.get(role).stream().map(c -> c.identity().engineId()).toList();
   }
 
   private boolean listed(Role role, Candidate c) {

@@ -1,7 +1,6 @@
 package dev.kvferry.router;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
-import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvferry.actors.connector.Role;
@@ -55,6 +54,19 @@ class RouterActorTest {
     });
   }
 
+  /** Waits until the router itself routes to {@code prefill} and {@code decode} engines. */
+  private static void awaitRoutable(ActorTestKit kit, ActorRef<RouterActor.Command> router,
+      int prefill, int decode) {
+    TestProbe<RouterActor.Routable> probe = kit.createTestProbe();
+    probe.awaitAssert(Duration.ofSeconds(5), () -> {
+      router.tell(new RouterActor.GetRoutable(probe.ref()));
+      RouterActor.Routable r = probe.receiveMessage();
+      assertEquals(prefill, r.prefill().size(), "prefill engines routable: " + r);
+      assertEquals(decode, r.decode().size(), "decode engines routable: " + r);
+      return null;
+    });
+  }
+
   private static RequestSpec spec(String id) {
     return new RequestSpec(id, 64, 0, RequestSpec.Abort.NONE);
   }
@@ -73,21 +85,16 @@ class RouterActorTest {
     awaitListed(Role.DECODE, 1);
     ActorRef<RouterActor.Command> router = kit.spawn(RouterActor.create());
     TestProbe<RouterActor.Routed> client = kit.createTestProbe();
-    client.awaitAssert(Duration.ofSeconds(5), () -> {
-      router.tell(new RouterActor.Route(spec("r-probe-" + System.nanoTime()), null, client.ref()));
-      RouterActor.Routed routed = client.receiveMessage(Duration.ofMillis(200));
-      assertNotEquals("", routed.prefillEngineId(), "router has no engines yet");
-      return null;
-    });
+    awaitRoutable(kit, router, 1, 1);
     router.tell(new RouterActor.Route(spec("r1"), TransferMode.WRITE, client.ref()));
     SimEngineActor.Submit toP = p.fishForMessage(Duration.ofSeconds(3),
         m -> m.spec().requestId().equals("r1")
-            ? org.apache.pekko.actor.testkit.typed.FishingOutcome.complete()
-            : org.apache.pekko.actor.testkit.typed.FishingOutcome.continueAndIgnore()).get(0);
+            ? org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes.complete()
+            : org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes.continueAndIgnore()).get(0);
     SimEngineActor.Submit toD = d.fishForMessage(Duration.ofSeconds(3),
         m -> m.spec().requestId().equals("r1")
-            ? org.apache.pekko.actor.testkit.typed.FishingOutcome.complete()
-            : org.apache.pekko.actor.testkit.typed.FishingOutcome.continueAndIgnore()).get(0);
+            ? org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes.complete()
+            : org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes.continueAndIgnore()).get(0);
     assertTrue(toP.params().doRemoteDecode());
     assertTrue(toD.params().doRemotePrefill());
     assertEquals(toP.params().transferId(), toD.params().transferId());
@@ -97,8 +104,8 @@ class RouterActorTest {
     reply(toD, Role.DECODE, Outcome.Status.DONE);
     RouterActor.Routed routed = client.fishForMessage(Duration.ofSeconds(3),
         m -> m.requestId().equals("r1")
-            ? org.apache.pekko.actor.testkit.typed.FishingOutcome.complete()
-            : org.apache.pekko.actor.testkit.typed.FishingOutcome.continueAndIgnore()).get(0);
+            ? org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes.complete()
+            : org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes.continueAndIgnore()).get(0);
     assertEquals(Outcome.Status.DONE, routed.status());
     assertEquals("p0", routed.prefillEngineId());
   }
@@ -117,13 +124,10 @@ class RouterActorTest {
     awaitListed(Role.DECODE, 1);
     ActorRef<RouterActor.Command> router = kit.spawn(RouterActor.create());
     TestProbe<RouterActor.Routed> client = kit.createTestProbe();
-    // Wait until the router has its listing: a request for a missing mode is answered at once.
-    client.awaitAssert(Duration.ofSeconds(5), () -> {
-      router.tell(new RouterActor.Route(spec("probe-" + System.nanoTime()), TransferMode.READ, client.ref()));
-      RouterActor.Routed r = client.receiveMessage(Duration.ofMillis(200));
-      assertTrue(r.detail().contains("no decode engine in read mode"), r.detail());
-      return null;
-    });
+    awaitRoutable(kit, router, 3, 1);
+    router.tell(new RouterActor.Route(spec("no-read-decode"), TransferMode.READ, client.ref()));
+    RouterActor.Routed none = client.receiveMessage(Duration.ofSeconds(3));
+    assertTrue(none.detail().contains("no decode engine in read mode"), none.detail());
     for (int i = 0; i < 4; i++) {
       router.tell(new RouterActor.Route(spec("w" + i), TransferMode.WRITE, client.ref()));
     }
@@ -144,11 +148,9 @@ class RouterActorTest {
     awaitListed(Role.DECODE, 1);
     ActorRef<RouterActor.Command> router = kit.spawn(RouterActor.create());
     TestProbe<RouterActor.Routed> client = kit.createTestProbe();
-    client.awaitAssert(Duration.ofSeconds(5), () -> {
-      router.tell(new RouterActor.Route(spec("held"), TransferMode.WRITE, client.ref()));
-      d.receiveMessage(Duration.ofMillis(200));
-      return null;
-    });
+    awaitRoutable(kit, router, 1, 1);
+    router.tell(new RouterActor.Route(spec("held"), TransferMode.WRITE, client.ref()));
+    d.receiveMessage(Duration.ofSeconds(3));
     kit.stop(decode);
     RouterActor.Routed routed = client.receiveMessage(Duration.ofSeconds(5));
     assertEquals(Outcome.Status.FAILED, routed.status());
