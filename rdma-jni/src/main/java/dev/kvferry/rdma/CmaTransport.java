@@ -138,6 +138,7 @@ public final class CmaTransport implements Transport {
       long total,
       TransferStatus status) {
     Scratch s = scratch.get();
+    s.ensureCapacity(batch.count());
     int localSegments = s.merge(batch.localOffsets(), batch.sizes(), local.address(), true);
     int remoteSegments = s.merge(batch.remoteOffsets(), batch.sizes(), remote.baseAddress(), false);
     int pid = (int) remote.pid();
@@ -248,15 +249,19 @@ public final class CmaTransport implements Transport {
     long[] remoteAddr = new long[64];
     long[] remoteLen = new long[64];
 
-    /** Merges one side's entries into segments (skipping empty ones); returns their count. */
-    int merge(long[] offsets, long[] sizes, long base, boolean localSide) {
-      if (localAddr.length < sizes.length) {
-        int n = Math.max(sizes.length, localAddr.length * 2);
+    /** Room for the segments of a batch of {@code entries} (at most one segment per entry). */
+    void ensureCapacity(int entries) {
+      if (localAddr.length < entries) {
+        int n = Math.max(entries, localAddr.length * 2);
         localAddr = new long[n];
         localLen = new long[n];
         remoteAddr = new long[n];
         remoteLen = new long[n];
       }
+    }
+
+    /** Merges one side's entries into segments (skipping empty ones); returns their count. */
+    int merge(long[] offsets, long[] sizes, long base, boolean localSide) {
       long[] addr = localSide ? localAddr : remoteAddr;
       long[] len = localSide ? localLen : remoteLen;
       int count = 0;

@@ -114,6 +114,32 @@ class CmaTransportTest {
   }
 
   @Test
+  void resumesAfterAShortCountAndSaysWhereItStopped() {
+    // Three pages with the middle one unmapped: the kernel copies the first page, returns a
+    // short count, and the resumed call hits the hole.
+    long pages = LibC.mmap(0, 3 * 4096, LibC.PROT_READ | LibC.PROT_WRITE,
+        LibC.MAP_PRIVATE | LibC.MAP_ANONYMOUS, -1, 0);
+    try {
+      LibC.munmap(pages + 4096, 4096);
+      MemoryRegion src = ours.allocateHost(3 * 4096);
+      Patterns.fill(src, 0, 3 * 4096, 6);
+      RegionDescriptor holey =
+          new RegionDescriptor(3, 3 * 4096, RegionKind.HOST, -1, "D0", ProcessHandle.current().pid(),
+              pages, HostIdentity.bootId(), "", 0, null, null);
+      TransferStatus s = Patterns.await(cma.write(src, holey, single(0, 0, 3 * 4096)));
+      assertFalse(s.succeeded());
+      assertTrue(s.failureMessage().contains("EFAULT from process_vm_writev after 4096 of 12288 bytes"),
+          s.failureMessage());
+      byte[] landed = new byte[4096];
+      new com.sun.jna.Pointer(pages).read(0, landed, 0, 4096);
+      assertArrayEquals(Patterns.bytes(src, 0, 4096), landed);
+    } finally {
+      LibC.munmap(pages, 4096);
+      LibC.munmap(pages + 2 * 4096, 4096);
+    }
+  }
+
+  @Test
   void refusesAPeerOnAnotherHost() {
     MemoryRegion src = ours.allocateHost(4096);
     RegionDescriptor d = peer.allocateHost(4096).descriptor();
