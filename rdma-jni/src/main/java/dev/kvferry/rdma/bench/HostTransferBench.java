@@ -22,7 +22,7 @@ import java.util.zip.CRC32C;
 /**
  * Host-to-host-process throughput of one transport, the way a KV transfer moves blocks: this JVM
  * holds the source blocks, a child JVM ({@link BenchPeer}) the destination region. Each round
- * writes every block once; the result is the median over rounds, after one warm-up round, and
+ * writes every block once; the result is the median over rounds, after three warm-up rounds, and
  * the destination is verified by checksum. Layouts follow shared/peers/memcpy_ceiling.c:
  * {@code contiguous} (blocks in order on both sides, so runs merge) and {@code scattered} (a
  * shuffled block order on both sides).
@@ -35,6 +35,7 @@ import java.util.zip.CRC32C;
  */
 public final class HostTransferBench {
   private static final Duration REPLY = Duration.ofSeconds(120);
+  private static final int WARMUP_ROUNDS = 3;
 
   /** Block order on both sides. */
   public enum Layout {
@@ -154,7 +155,11 @@ public final class HostTransferBench {
       }
       TransferBatch batch = new TransferBatch(lo, ro, sz);
 
-      writeOnce(transport, source, remote, batch); // warm-up: JIT, connections, page tables
+      // Warm-up: connections, JIT of both JVMs (whose compiler threads would otherwise share
+      // the cores with the measured rounds).
+      for (int w = 0; w < WARMUP_ROUNDS; w++) {
+        writeOnce(transport, source, remote, batch);
+      }
       boolean verified = verify(peer, source, from, to, config);
       double[] gbps = new double[config.rounds()];
       for (int r = 0; r < config.rounds(); r++) {
