@@ -202,7 +202,12 @@ public final class TcpTransport implements Transport {
           c.close();
         }
         if (reused && attempt == 0 && !timedOut && !closed && !(e instanceof TokenRefusedException)) {
+          // The peer restarted or dropped idle connections: the other pooled ones are stale too.
           log.debug("tcp: pooled connection to {} failed ({}); retrying on a new one", endpoint, e.toString());
+          ConcurrentLinkedDeque<Connection> stale = idle.get(key);
+          for (Connection old; stale != null && (old = stale.pollFirst()) != null; ) {
+            old.close();
+          }
           continue;
         }
         String why;
