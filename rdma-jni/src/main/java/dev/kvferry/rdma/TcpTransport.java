@@ -88,6 +88,11 @@ public final class TcpTransport implements Transport {
     return listener == null ? 0 : listener.boundAddress().getPort();
   }
 
+  /** Connections the listener serves now (0 without a listener). */
+  int listenerConnections() {
+    return listener == null ? 0 : listener.activeConnections();
+  }
+
   @Override
   public RegionDescriptor describe(MemoryRegion local) {
     if (listener == null) {
@@ -197,7 +202,12 @@ public final class TcpTransport implements Transport {
           c.close();
         }
         if (reused && attempt == 0 && !timedOut && !closed && !(e instanceof TokenRefusedException)) {
+          // The peer restarted or dropped idle connections: the other pooled ones are stale too.
           log.debug("tcp: pooled connection to {} failed ({}); retrying on a new one", endpoint, e.toString());
+          ConcurrentLinkedDeque<Connection> stale = idle.get(key);
+          for (Connection old; stale != null && (old = stale.pollFirst()) != null; ) {
+            old.close();
+          }
           continue;
         }
         String why;

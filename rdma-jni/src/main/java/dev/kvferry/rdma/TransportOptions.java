@@ -81,7 +81,11 @@ public final class TransportOptions {
         maxConnections, ioThreads, cmaInlineMaxBytes);
   }
 
-  /** SO_SNDBUF/SO_RCVBUF for data sockets; 0 leaves the kernel's autotuning on. */
+  /**
+   * SO_SNDBUF/SO_RCVBUF for data sockets; 0 (the default) leaves the kernel's autotuning on,
+   * which grows them past what a fixed size may ask for (net.core.rmem_max). On loopback, 256 KiB
+   * to 4 MiB measured no better than autotuning.
+   */
   public TransportOptions withTcpSocketBufferBytes(int bytes) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, bytes, ioTimeout, maxConnections,

@@ -97,6 +97,37 @@ class CrossProcessTransferTest {
     childReadsOurs("tcp", tcp.describe(source), 32);
   }
 
+  @Test
+  void failsCleanlyNamingThePeerWhenItsProcessIsKilled() throws Exception {
+    RegionDescriptor deadCma;
+    RegionDescriptor deadTcp;
+    ChildJvm doomed =
+        ChildJvm.start(
+            ChildRegionHolder.class.getName(),
+            List.of("-Xmx64m", "-XX:TieredStopAtLevel=1", "-Xshare:auto"),
+            List.of("65536"));
+    try {
+      deadCma = descriptor(doomed.awaitLine("DESCRIPTOR cma ", REPLY));
+      deadTcp = descriptor(doomed.awaitLine("DESCRIPTOR tcp ", REPLY));
+      doomed.kill(); // as kill -9
+      assertTrue(doomed.awaitExit(REPLY).isPresent(), "the child outlived kill -9");
+    } finally {
+      doomed.close();
+    }
+    TransferBatch batch = new TransferBatch(new long[] {0}, new long[] {0}, new long[] {4096});
+    TransferStatus viaCma = Patterns.await(cma.write(source, deadCma, batch));
+    assertEquals(
+        "cma: peer process " + doomed.pid() + " of child-" + doomed.pid()
+            + " is gone (ESRCH from process_vm_writev)",
+        viaCma.failureMessage());
+    TransferStatus viaTcp = Patterns.await(tcp.write(source, deadTcp, batch));
+    assertTrue(
+        viaTcp.failureMessage().startsWith(
+            "tcp write to " + deadTcp.tcpHost() + ":" + deadTcp.tcpPort() + " (child-"
+                + doomed.pid() + ") failed: "),
+        viaTcp.failureMessage());
+  }
+
   private static void writeAndVerify(Transport transport, RegionDescriptor remote, long seed)
       throws Exception {
     Patterns.fill(source, 0, REGION, seed);
