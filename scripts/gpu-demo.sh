@@ -43,6 +43,5 @@ props=()
 [ -n "$libcuda" ] && props+=("-Dkvferry.cuda.libcuda=$libcuda")
 "$JAVA" -Xmx2g "${props[@]}" -cp "$CP" dev.kvferry.rdma.cuda.bench.GpuTransferBench \
   --p-gpu "$P" --d-gpu "$D" --out "$work" "$@" 2>&1 | tee "$out/kvferry.log"
-cp "$work/kvferry-gpu.json" "$out/"
 PYTHONUNBUFFERED=1 python3 "$here/gpu_torch_peer.py" "$P" "$D" "$work" "$out"
 rm -rf "$work"

@@ -5,7 +5,7 @@ Copies the same bytes as GpuTransferBench (same layer layout, same block ids, re
 files the bench wrote) between the same two devices, in one process: contiguous runs with one
 copy_ per run, scattered blocks with one copy_ per 32 KiB block (and, for reference, an index
 gather/scatter). Then prints kvferry's GB/s against PyTorch's with the goals, and writes
-torch-peer.json and summary.{txt,json}.
+summary.{txt,json} (with both sides' raw figures).
 
 usage: gpu_torch_peer.py P_GPU D_GPU WORK_DIR OUT_DIR
 """
@@ -89,12 +89,12 @@ def main():
             peer["results"].append({"layout": layout, "method": "index_select + index_copy_",
                                     "entries_per_layer": len(entries), "bytes": nbytes, "ns": gns,
                                     "gbps": nbytes / gns})
-    json.dump(peer, open(f"{out}/torch-peer.json", "w"), indent=1)
 
     goals = {"contiguous": 0.9, "scattered": 0.8}
     torch_gbps = {r["layout"]: r["gbps"] for r in peer["results"] if r["method"] == "copy_ per run"}
     torch_idx = {r["layout"]: r["gbps"] for r in peer["results"] if r["method"].startswith("index")}
-    rows, summary = [], {"gpu": peer["gpu"], "p_gpu": p_gpu, "d_gpu": d_gpu, "rows": [], "overlap": kv["overlap"]}
+    rows, summary = [], {"gpu": peer["gpu"], "p_gpu": p_gpu, "d_gpu": d_gpu, "rows": [], "overlap": kv["overlap"],
+                         "kvferry": kv, "torch_peer": peer}
     head = f"P on GPU {p_gpu}, D on GPU {d_gpu} ({peer['gpu']}), {layers} layers x {len(p_ids)} blocks x 2 x {bb} B = {nbytes / 2**30:.2f} GiB per pass"
     rows.append(head)
     rows.append(f"{'mode':5} {'layout':10} {'method':12} {'kvferry GB/s':>12} {'torch GB/s':>10} {'ratio':>6} {'goal':>5}  verified")
