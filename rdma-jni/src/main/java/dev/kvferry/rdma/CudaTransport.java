@@ -19,8 +19,8 @@ import java.util.concurrent.ConcurrentHashMap;
 /**
  * GPU memory between processes on one host: the peer's allocation is opened once through its CUDA
  * IPC handle (cached per allocation and local device), and a whole batch moves with ONE launch on
- * the copy stream kept per peer: the scatter-copy kernel of {@link CudaKernels} (default) or one
- * {@code cudaMemcpyBatchAsync}. The same code copies within one GPU or across GPUs over NVLink;
+ * the copy stream kept per peer: the scatter-copy kernel of {@link CudaKernels} or one {@code
+ * cudaMemcpyBatchAsync}, by default whichever was measured faster for the batch's shape. The same code copies within one GPU or across GPUs over NVLink;
  * only the device ids differ. The kernel runs on the local region's device: WRITE pushes into the
  * peer's memory, READ pulls from it.
  *
@@ -35,13 +35,25 @@ import java.util.concurrent.ConcurrentHashMap;
  */
 public final class CudaTransport implements Transport {
 
-  /** How a batch is moved; both take one call per batch. */
+  /** How a batch is moved; each takes one call per batch. */
   public enum CopyMethod {
     /** kvferry's scatter-copy kernel: SMs copy, any number of entries, one launch. */
     KERNEL,
     /** {@code cudaMemcpyBatchAsync} (CUDA 12.8+): the driver picks copy engines or SMs. */
-    MEMCPY_BATCH
+    MEMCPY_BATCH,
+    /**
+     * Per batch, the one measured faster for its shape (docs/gpu.md, H200): MEMCPY_BATCH when the
+     * entries average at least {@link #LARGE_ENTRY_BYTES} (merged runs: 5-7% faster, and copy
+     * engines leave the SMs to compute), else KERNEL (16-token blocks: ~200x faster).
+     */
+    AUTO
   }
+
+  /**
+   * Average entry size from which AUTO uses cudaMemcpyBatchAsync. Measured: 64 MiB entries favour
+   * the batch copy, 32 KiB entries the kernel by far; sizes between were not measured.
+   */
+  public static final long LARGE_ENTRY_BYTES = 1L << 20;
 
   static final int IPC_DESCRIPTOR_BYTES = Cuda.IPC_HANDLE_BYTES + 8;
   private static final int PLANS_PER_LANE = 32;
@@ -54,9 +66,9 @@ public final class CudaTransport implements Transport {
   private final Map<Long, byte[]> describedHandles = new ConcurrentHashMap<>();
   private volatile boolean closed;
 
-  /** A transport using the scatter-copy kernel. */
+  /** A transport choosing the copy method per batch ({@link CopyMethod#AUTO}). */
   public CudaTransport() {
-    this(CopyMethod.KERNEL);
+    this(CopyMethod.AUTO);
   }
 
   /** @throws dev.kvferry.rdma.cuda.CudaUnavailableException when this host has no usable CUDA */
@@ -66,7 +78,7 @@ public final class CudaTransport implements Transport {
       throw new IllegalArgumentException(
           "cudaMemcpyBatchAsync needs CUDA 12.8 or later; runtime is " + Cuda.runtimeVersion());
     }
-    this.method = method;
+    this.method = method == CopyMethod.AUTO && !Cuda.hasMemcpyBatch() ? CopyMethod.KERNEL : method;
     this.poller = CudaEventPoller.common();
   }
 
@@ -158,7 +170,7 @@ public final class CudaTransport implements Transport {
         if (after != null) {
           Cuda.streamWaitEvent(lane.stream, after.handle());
         }
-        if (method == CopyMethod.KERNEL) {
+        if (methodFor(method, batch) == CopyMethod.KERNEL) {
           lane.plan(batch).launch(lane.kernels, local.address(), remoteBase, toRemote, lane.stream,
               lane.args);
         } else {
@@ -191,6 +203,16 @@ public final class CudaTransport implements Transport {
         local.unpin();
       }
     }
+  }
+
+  /** The method that moves {@code batch}: AUTO resolved by the batch's average entry size. */
+  static CopyMethod methodFor(CopyMethod configured, TransferBatch batch) {
+    if (configured != CopyMethod.AUTO) {
+      return configured;
+    }
+    return batch.count() > 0 && batch.totalBytes() / batch.count() >= LARGE_ENTRY_BYTES
+        ? CopyMethod.MEMCPY_BATCH
+        : CopyMethod.KERNEL;
   }
 
   private String refusal(MemoryRegion local, RegionDescriptor remote) {
@@ -284,7 +306,7 @@ public final class CudaTransport implements Transport {
       this.device = device;
       Cuda.setDevice(device);
       this.stream = Cuda.streamCreate();
-      this.kernels = method == CopyMethod.KERNEL ? CudaKernels.forDevice(device) : null;
+      this.kernels = method != CopyMethod.MEMCPY_BATCH ? CudaKernels.forDevice(device) : null;
       attrs.clear();
       attrs.setInt(0, 1); // cudaMemcpySrcAccessOrderStream
       attrIndex.setLong(0, 0);
