@@ -1,5 +1,6 @@
 package dev.kvferry.actors;
 
+import dev.kvferry.actors.connector.CudaLayerEvent;
 import dev.kvferry.actors.connector.LayerEvent;
 import dev.kvferry.actors.connector.ReqMeta;
 import dev.kvferry.actors.engine.AgentMetadata;
@@ -10,10 +11,12 @@ import dev.kvferry.actors.engine.TerminalIds;
 import dev.kvferry.actors.plan.InvalidBlockIdsException;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.actors.plan.TransferPlanner;
+import dev.kvferry.rdma.CudaTransport;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.TransferBatch;
 import dev.kvferry.rdma.TransferStatus;
 import dev.kvferry.rdma.Transport;
+import dev.kvferry.rdma.cuda.CudaEvent;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -32,7 +35,9 @@ import org.apache.pekko.actor.typed.javadsl.TimerScheduler;
 
 /**
  * P's per-layer write queue (WRITE mode). A layer's write waits until three things are there: D's
- * remote blocks, D's metadata (handshake) and the layer's compute event; then the request's plan
+ * remote blocks, D's metadata (handshake) and the layer's compute event (with the cuda transport
+ * and a {@link CudaLayerEvent}, the GPU waits for that one: the copies are queued behind it on the
+ * copy stream and no thread waits); then the request's plan
  * (computed once, shared by all layers) is written on the I/O executor. Completed writes are
  * counted; once the expected count is sealed after the forward pass and reached, P tells D "write
  * done" and reports the request done sending. Replaces the seed's MoRIIOWriter thread, its
@@ -76,6 +81,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     ActorRef<EngineActor.Command> decodeRef;
     TransferBatch plan;
     final ArrayDeque<Integer> readyLayers = new ArrayDeque<>();
+    /** Layers whose copies wait for their compute event on the GPU, not here. */
+    final Map<Integer, CudaEvent> gpuEvents = new HashMap<>();
     int inFlight;
     int completed;
     int expected = -1;
@@ -204,6 +211,13 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     }
     String id = r.transferId();
     int layer = m.layer();
+    if (m.event() instanceof CudaLayerEvent gpu && transport instanceof CudaTransport) {
+      // The copy stream waits for the event (cudaStreamWaitEvent): ready now, as far as we care.
+      j.gpuEvents.put(layer, gpu.event());
+      j.readyLayers.add(layer);
+      issueReady(j);
+      return this;
+    }
     ActorRef<Command> me = getContext().getSelf();
     m.event().whenComplete(() -> me.tell(new LayerFired(id, layer)));
     return this;
@@ -284,8 +298,14 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       MemoryRegion local = layerRegions.get(layer);
       var remote = j.peer.layers().get(layer);
       TransferBatch plan = j.plan;
+      CudaEvent after = j.gpuEvents.remove(layer);
       CompletableFuture<TransferStatus> done =
-          CompletableFuture.supplyAsync(() -> transport.write(local, remote, plan), io)
+          CompletableFuture.supplyAsync(
+                  () ->
+                      after != null
+                          ? ((CudaTransport) transport).writeAfter(after, local, remote, plan)
+                          : transport.write(local, remote, plan),
+                  io)
               .thenCompose(TransferStatus::completion);
       String id = j.transferId;
       getContext()

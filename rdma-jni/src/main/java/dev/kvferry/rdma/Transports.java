@@ -7,7 +7,7 @@ import java.util.List;
 public final class Transports {
 
   /** The names {@link #open} knows, in the order to suggest them. */
-  public static final List<String> NAMES = List.of("local", "cma", "tcp");
+  public static final List<String> NAMES = List.of("local", "cma", "tcp", "cuda");
 
   private Transports() {}
 
@@ -18,10 +18,12 @@ public final class Transports {
    *   <li>{@code local}: peers in this process ({@code registry} is the one reachable registry)
    *   <li>{@code cma}: processes on this host, through process_vm_writev/readv
    *   <li>{@code tcp}: any host; listens per {@code options} and serves {@code registry}
+   *   <li>{@code cuda}: GPU memory of processes on this host, through CUDA IPC (needs a GPU)
    * </ul>
    *
    * @throws IllegalArgumentException for an unknown name; the message lists the valid ones
    * @throws IOException when the tcp listener cannot bind
+   * @throws dev.kvferry.rdma.cuda.CudaUnavailableException for {@code cuda} on a host without CUDA
    */
   public static Transport open(String name, RegionRegistry registry, TransportOptions options)
       throws IOException {
@@ -32,6 +34,7 @@ public final class Transports {
       case "local" -> new LocalTransport(registry);
       case "cma" -> new CmaTransport(options);
       case "tcp" -> new TcpTransport(registry, options);
+      case "cuda" -> new CudaTransport();
       default -> throw new IllegalArgumentException(
           "unknown transport '" + name + "'; valid: " + String.join(", ", NAMES));
     };

@@ -1,0 +1,395 @@
+package dev.kvferry.rdma;
+
+import com.sun.jna.Memory;
+import dev.kvferry.rdma.cuda.Cuda;
+import dev.kvferry.rdma.cuda.CudaEvent;
+import dev.kvferry.rdma.cuda.CudaEventPoller;
+import dev.kvferry.rdma.cuda.CudaException;
+import dev.kvferry.rdma.cuda.CudaKernels;
+import dev.kvferry.rdma.cuda.KernelArgs;
+import dev.kvferry.rdma.cuda.ScatterPlan;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.util.ArrayDeque;
+import java.util.HexFormat;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+
+/**
+ * GPU memory between processes on one host: the peer's allocation is opened once through its CUDA
+ * IPC handle (cached per allocation and local device), and a whole batch moves with ONE launch on
+ * the copy stream kept per peer: the scatter-copy kernel of {@link CudaKernels} or one {@code
+ * cudaMemcpyBatchAsync}, by default whichever was measured faster for the batch's shape. The same code copies within one GPU or across GPUs over NVLink;
+ * only the device ids differ. The kernel runs on the local region's device: WRITE pushes into the
+ * peer's memory, READ pulls from it.
+ *
+ * <p>No thread waits for a transfer: an event is recorded after the copies and the shared {@link
+ * CudaEventPoller} completes the status when it fires. {@link #writeAfter} also orders the copies
+ * behind a compute event on the GPU ({@code cudaStreamWaitEvent}), so the compute stream is never
+ * stalled and no CPU thread waits for the layer.
+ *
+ * <p>Descriptors carry {@code cuda_ipc_handle} as 72 bytes: the 64-byte {@code
+ * cudaIpcMemHandle_t} of the allocation holding the region, then the region's offset within that
+ * allocation (8 bytes, little endian).
+ */
+public final class CudaTransport implements Transport {
+
+  /** How a batch is moved; each takes one call per batch. */
+  public enum CopyMethod {
+    /** kvferry's scatter-copy kernel: SMs copy, any number of entries, one launch. */
+    KERNEL,
+    /** {@code cudaMemcpyBatchAsync} (CUDA 12.8+): the driver picks copy engines or SMs. */
+    MEMCPY_BATCH,
+    /**
+     * Per batch, the one measured faster for its shape (docs/gpu.md, H200): MEMCPY_BATCH when the
+     * entries average at least {@link #LARGE_ENTRY_BYTES} (merged runs: 5-7% faster, and copy
+     * engines leave the SMs to compute), else KERNEL (16-token blocks: ~200x faster).
+     */
+    AUTO
+  }
+
+  /**
+   * Average entry size from which AUTO uses cudaMemcpyBatchAsync. Measured: 64 MiB entries favour
+   * the batch copy, 32 KiB entries the kernel by far; sizes between were not measured.
+   */
+  public static final long LARGE_ENTRY_BYTES = 1L << 20;
+
+  static final int IPC_DESCRIPTOR_BYTES = Cuda.IPC_HANDLE_BYTES + 8;
+  private static final int PLANS_PER_LANE = 32;
+  private static final long OWN_PID = ProcessHandle.current().pid();
+
+  private final CopyMethod method;
+  private final CudaEventPoller poller;
+  private final Map<String, Long> openedAllocations = new ConcurrentHashMap<>();
+  private final Map<String, Lane> lanes = new ConcurrentHashMap<>();
+  private final Map<Long, byte[]> describedHandles = new ConcurrentHashMap<>();
+  private volatile boolean closed;
+
+  /** A transport choosing the copy method per batch ({@link CopyMethod#AUTO}). */
+  public CudaTransport() {
+    this(CopyMethod.AUTO);
+  }
+
+  /** @throws dev.kvferry.rdma.cuda.CudaUnavailableException when this host has no usable CUDA */
+  public CudaTransport(CopyMethod method) {
+    Cuda.require();
+    if (method == CopyMethod.MEMCPY_BATCH && !Cuda.hasMemcpyBatch()) {
+      throw new IllegalArgumentException(
+          "cudaMemcpyBatchAsync needs CUDA 12.8 or later; runtime is " + Cuda.runtimeVersion());
+    }
+    this.method = method == CopyMethod.AUTO && !Cuda.hasMemcpyBatch() ? CopyMethod.KERNEL : method;
+    this.poller = CudaEventPoller.common();
+  }
+
+  @Override
+  public String name() {
+    return "cuda";
+  }
+
+  public CopyMethod method() {
+    return method;
+  }
+
+  @Override
+  public TransferStatus write(MemoryRegion local, RegionDescriptor remote, TransferBatch batch) {
+    return start(null, local, remote, batch, true);
+  }
+
+  @Override
+  public TransferStatus read(MemoryRegion local, RegionDescriptor remote, TransferBatch batch) {
+    return start(null, local, remote, batch, false);
+  }
+
+  /**
+   * Like {@link #write}, but the copies start on the GPU only once {@code after} (the layer's
+   * compute event) has fired; this call returns at once. The event's record at the time of this
+   * call counts.
+   */
+  public TransferStatus writeAfter(
+      CudaEvent after, MemoryRegion local, RegionDescriptor remote, TransferBatch batch) {
+    return start(after, local, remote, batch, true);
+  }
+
+  /** Like {@link #read}, ordered behind {@code after} on the GPU. */
+  public TransferStatus readAfter(
+      CudaEvent after, MemoryRegion local, RegionDescriptor remote, TransferBatch batch) {
+    return start(after, local, remote, batch, false);
+  }
+
+  /** The region's descriptor plus the IPC handle of its allocation and its offset in it. */
+  @Override
+  public RegionDescriptor describe(MemoryRegion local) {
+    if (local.kind() != RegionKind.CUDA) {
+      throw new IllegalArgumentException(
+          "cuda moves GPU memory only; region " + local.id() + " is " + local.kind());
+    }
+    byte[] handle =
+        describedHandles.computeIfAbsent(
+            local.address(),
+            address -> {
+              Cuda.setDevice(local.device());
+              long[] range = Cuda.allocationRange(address);
+              byte[] ipc = Cuda.ipcGetMemHandle(range[0]);
+              return ByteBuffer.allocate(IPC_DESCRIPTOR_BYTES)
+                  .order(ByteOrder.LITTLE_ENDIAN)
+                  .put(ipc)
+                  .putLong(address - range[0])
+                  .array();
+            });
+    return local.descriptor().withCudaIpcHandle(handle.clone());
+  }
+
+  private TransferStatus start(
+      CudaEvent after,
+      MemoryRegion local,
+      RegionDescriptor remote,
+      TransferBatch batch,
+      boolean toRemote) {
+    String refusal = refusal(local, remote);
+    if (refusal != null) {
+      return TransferStatus.failed(refusal);
+    }
+    if (!local.tryPin()) {
+      return TransferStatus.failed("cuda: local region " + local.id() + " is closed");
+    }
+    boolean handedOff = false;
+    try {
+      for (int i = 0; i < batch.count(); i++) {
+        local.checkRange(batch.localOffsets()[i], batch.sizes()[i]);
+        remote.checkRange(batch.remoteOffsets()[i], batch.sizes()[i]);
+      }
+      int device = local.device();
+      Cuda.setDevice(device);
+      long remoteBase = remoteBase(device, remote);
+      Lane lane = lanes.computeIfAbsent(laneKey(device, remote), k -> new Lane(device));
+      TransferStatus status = TransferStatus.pending();
+      long bytes = batch.totalBytes();
+      long done;
+      synchronized (lane) {
+        if (after != null) {
+          Cuda.streamWaitEvent(lane.stream, after.handle());
+        }
+        if (methodFor(method, batch) == CopyMethod.KERNEL) {
+          lane.plan(batch).launch(lane.kernels, local.address(), remoteBase, toRemote, lane.stream,
+              lane.args);
+        } else {
+          lane.memcpyBatch(batch, local.address(), remoteBase, toRemote);
+        }
+        done = lane.takeEvent();
+        Cuda.eventRecord(done, lane.stream);
+      }
+      handedOff = true;
+      poller.watch(
+          done,
+          () -> {
+            lane.returnEvent(done);
+            local.unpin();
+            status.succeed(bytes);
+          },
+          e -> {
+            local.unpin();
+            status.fail("cuda: copies to/from region " + remote.regionId() + " of "
+                + owner(remote) + " failed on the GPU: " + e.getMessage());
+          });
+      return status;
+    } catch (RegionBoundsException e) {
+      return TransferStatus.failed("cuda: " + e.getMessage() + "; nothing was moved");
+    } catch (CudaException e) {
+      return TransferStatus.failed("cuda: transfer with region " + remote.regionId() + " of "
+          + owner(remote) + " failed: " + e.getMessage());
+    } finally {
+      if (!handedOff) {
+        local.unpin();
+      }
+    }
+  }
+
+  /** The method that moves {@code batch}: AUTO resolved by the batch's average entry size. */
+  static CopyMethod methodFor(CopyMethod configured, TransferBatch batch) {
+    if (configured != CopyMethod.AUTO) {
+      return configured;
+    }
+    return batch.count() > 0 && batch.totalBytes() / batch.count() >= LARGE_ENTRY_BYTES
+        ? CopyMethod.MEMCPY_BATCH
+        : CopyMethod.KERNEL;
+  }
+
+  private String refusal(MemoryRegion local, RegionDescriptor remote) {
+    if (closed) {
+      return "cuda transport is closed";
+    }
+    if (local.kind() != RegionKind.CUDA || remote.kind() != RegionKind.CUDA) {
+      return "cuda moves GPU memory only; local region " + local.id() + " is " + local.kind()
+          + " and region " + remote.regionId() + " of " + owner(remote) + " is " + remote.kind();
+    }
+    if (remote.pid() == OWN_PID && remote.bootId().equals(HostIdentity.bootId())) {
+      return null; // same process: the address is usable as it is
+    }
+    if (!remote.bootId().equals(HostIdentity.bootId())) {
+      return "cuda: region " + remote.regionId() + " of " + owner(remote)
+          + " is on another host; CUDA IPC reaches GPUs of this host only (use tcp)";
+    }
+    if (remote.cudaIpcHandle().length != IPC_DESCRIPTOR_BYTES) {
+      return "cuda: region " + remote.regionId() + " of " + owner(remote)
+          + " came without a CUDA IPC handle (" + remote.cudaIpcHandle().length
+          + " bytes, want " + IPC_DESCRIPTOR_BYTES + "); was it described by a cuda transport?";
+    }
+    return null;
+  }
+
+  /** The remote region's address in this process, opening its allocation on first use. */
+  private long remoteBase(int device, RegionDescriptor remote) {
+    if (remote.pid() == OWN_PID && remote.bootId().equals(HostIdentity.bootId())) {
+      if (remote.device() != device && remote.device() >= 0) {
+        Cuda.enablePeerAccess(remote.device());
+      }
+      return remote.baseAddress();
+    }
+    byte[] h = remote.cudaIpcHandle();
+    long offset = ByteBuffer.wrap(h, Cuda.IPC_HANDLE_BYTES, 8).order(ByteOrder.LITTLE_ENDIAN).getLong();
+    String key = device + ":" + HexFormat.of().formatHex(h, 0, Cuda.IPC_HANDLE_BYTES);
+    long base =
+        openedAllocations.computeIfAbsent(
+            key, k -> Cuda.ipcOpenMemHandle(java.util.Arrays.copyOf(h, Cuda.IPC_HANDLE_BYTES)));
+    return base + offset;
+  }
+
+  private static String laneKey(int device, RegionDescriptor remote) {
+    return device + "->" + remote.bootId() + "/" + remote.pid() + "/" + remote.device();
+  }
+
+  private static String owner(RegionDescriptor d) {
+    return d.owner().isEmpty() ? "pid " + d.pid() : d.owner();
+  }
+
+  /** Number of remote allocations opened through IPC so far (each once per local device). */
+  public int openedAllocations() {
+    return openedAllocations.size();
+  }
+
+  /** Waits for queued copies, then frees streams, plans and IPC mappings. */
+  @Override
+  public void close() {
+    if (closed) {
+      return;
+    }
+    closed = true;
+    for (Lane lane : lanes.values()) {
+      lane.close();
+    }
+    lanes.clear();
+    for (Map.Entry<String, Long> e : openedAllocations.entrySet()) {
+      Cuda.setDevice(Integer.parseInt(e.getKey().substring(0, e.getKey().indexOf(':'))));
+      Cuda.ipcCloseMemHandle(e.getValue());
+    }
+    openedAllocations.clear();
+  }
+
+  /** One peer's copy stream on one local device, with what its launches reuse. */
+  private final class Lane {
+    final int device;
+    final long stream;
+    final CudaKernels kernels;
+    final KernelArgs args = new KernelArgs(8);
+    final ArrayDeque<Long> events = new ArrayDeque<>();
+    final LinkedHashMap<TransferBatch, ScatterPlan> plans = new LinkedHashMap<>(16, 0.75f, true);
+    TransferBatch lastBatch;
+    ScatterPlan lastPlan;
+    Memory dsts;
+    Memory srcs;
+    Memory sizes;
+    final Memory attrs = new Memory(24);
+    final Memory attrIndex = new Memory(8);
+
+    Lane(int device) {
+      this.device = device;
+      Cuda.setDevice(device);
+      this.stream = Cuda.streamCreate();
+      this.kernels = method != CopyMethod.MEMCPY_BATCH ? CudaKernels.forDevice(device) : null;
+      attrs.clear();
+      attrs.setInt(0, 1); // cudaMemcpySrcAccessOrderStream
+      attrIndex.setLong(0, 0);
+    }
+
+    /** The batch's device plan: cached, since every layer of a request shares one. */
+    ScatterPlan plan(TransferBatch batch) {
+      if (batch == lastBatch) {
+        return lastPlan;
+      }
+      ScatterPlan plan = plans.get(batch);
+      if (plan == null) {
+        plan = ScatterPlan.upload(device, batch, stream);
+        plans.put(batch, plan);
+        if (plans.size() > PLANS_PER_LANE) {
+          var eldest = plans.entrySet().iterator().next();
+          plans.remove(eldest.getKey());
+          retire(eldest.getValue());
+        }
+      }
+      lastBatch = batch;
+      lastPlan = plan;
+      return plan;
+    }
+
+    /** Frees an evicted plan once the launches queued before now are done. */
+    private void retire(ScatterPlan plan) {
+      if (plan == lastPlan) {
+        lastBatch = null;
+        lastPlan = null;
+      }
+      long fence = Cuda.eventCreate(false);
+      Cuda.eventRecord(fence, stream);
+      poller.watch(fence, () -> {
+        plan.close();
+        Cuda.eventDestroy(fence);
+      }, e -> Cuda.eventDestroy(fence));
+    }
+
+    void memcpyBatch(TransferBatch batch, long localBase, long remoteBase, boolean toRemote) {
+      int n = batch.count();
+      if (n == 0) {
+        return;
+      }
+      if (dsts == null || dsts.size() < 8L * n) {
+        dsts = new Memory(8L * n);
+        srcs = new Memory(8L * n);
+        sizes = new Memory(8L * n);
+      }
+      long[] lo = batch.localOffsets();
+      long[] ro = batch.remoteOffsets();
+      long[] sz = batch.sizes();
+      for (int i = 0; i < n; i++) {
+        long l = localBase + lo[i];
+        long r = remoteBase + ro[i];
+        dsts.setLong(8L * i, toRemote ? r : l);
+        srcs.setLong(8L * i, toRemote ? l : r);
+      }
+      sizes.write(0, sz, 0, n);
+      Cuda.memcpyBatchAsync(dsts, srcs, sizes, n, attrs, attrIndex, stream);
+    }
+
+    synchronized long takeEvent() {
+      Long e = events.poll();
+      return e != null ? e : Cuda.eventCreate(false);
+    }
+
+    synchronized void returnEvent(long event) {
+      events.add(event);
+    }
+
+    synchronized void close() {
+      Cuda.setDevice(device);
+      Cuda.streamSynchronize(stream);
+      for (ScatterPlan p : plans.values()) {
+        p.close();
+      }
+      plans.clear();
+      for (Long e : events) {
+        Cuda.eventDestroy(e);
+      }
+      events.clear();
+      Cuda.streamDestroy(stream);
+    }
+  }
+}

@@ -1,0 +1,50 @@
+package dev.kvferry.rdma.cuda;
+
+import com.sun.jna.Native;
+import com.sun.jna.NativeLibrary;
+import java.util.List;
+
+/**
+ * The CUDA driver API ({@code libcuda}) through JNA's direct mapping, for what the runtime API
+ * cannot do from Java: loading PTX, launching kernels by handle, and finding an allocation's base.
+ * Driver calls use the thread's current context, the device's primary context that {@code
+ * cudaSetDevice} makes current. Every function returns a CUresult that {@link Cuda} checks.
+ */
+final class CuDriver {
+  static final NativeLibrary LIBRARY;
+
+  static {
+    LIBRARY = Cuda.load("cuda", "kvferry.cuda.libcuda", List.of("libcuda.so.1", "cuda"));
+    Native.register(CuDriver.class, LIBRARY);
+  }
+
+  private CuDriver() {}
+
+  static native int cuInit(int flags);
+
+  static native int cuGetErrorName(int error, long[] name);
+
+  static native int cuDeviceGetName(byte[] name, int length, int device);
+
+  static native int cuModuleLoadData(long[] module, byte[] image);
+
+  static native int cuModuleUnload(long module);
+
+  static native int cuModuleGetFunction(long[] function, long module, String name);
+
+  static native int cuLaunchKernel(
+      long function,
+      int gridX,
+      int gridY,
+      int gridZ,
+      int blockX,
+      int blockY,
+      int blockZ,
+      int sharedMemBytes,
+      long stream,
+      long kernelParams,
+      long extra);
+
+  /** cuMemGetAddressRange, whose ABI name since CUDA 3.2 is the _v2 one. */
+  static native int cuMemGetAddressRange_v2(long[] base, long[] size, long devPtr);
+}

@@ -1,0 +1,60 @@
+package dev.kvferry.rdma.cuda;
+
+/**
+ * A CUDA event of one device: recorded on a stream after some work, it completes when that work
+ * is done. Streams wait for it on the GPU ({@link CudaStream#waitFor}); the CPU learns of it by
+ * polling ({@link #isComplete}, {@link CudaEventPoller}), never by blocking a thread.
+ */
+public final class CudaEvent implements AutoCloseable {
+  private final long handle;
+  private final int device;
+  private final boolean timing;
+  private volatile boolean closed;
+
+  private CudaEvent(long handle, int device, boolean timing) {
+    this.handle = handle;
+    this.device = device;
+    this.timing = timing;
+  }
+
+  /** A new event on {@code device}; {@code timing} events can also be measured between. */
+  public static CudaEvent create(int device, boolean timing) {
+    Cuda.setDevice(device);
+    return new CudaEvent(Cuda.eventCreate(timing), device, timing);
+  }
+
+  public long handle() {
+    return handle;
+  }
+
+  public int device() {
+    return device;
+  }
+
+  /** Records the event after the work already queued on {@code stream}. */
+  public CudaEvent record(CudaStream stream) {
+    Cuda.eventRecord(handle, stream.handle());
+    return this;
+  }
+
+  /** True once the work before the last record is done (true for a never-recorded event). */
+  public boolean isComplete() {
+    return Cuda.eventQuery(handle);
+  }
+
+  /** Milliseconds from {@code earlier} to this event; both must be timing events and complete. */
+  public float elapsedMsSince(CudaEvent earlier) {
+    if (!timing || !earlier.timing) {
+      throw new IllegalStateException("elapsed time needs two timing events");
+    }
+    return Cuda.eventElapsedMs(earlier.handle, handle);
+  }
+
+  @Override
+  public void close() {
+    if (!closed) {
+      closed = true;
+      Cuda.eventDestroy(handle);
+    }
+  }
+}

@@ -1,0 +1,162 @@
+package dev.kvferry.rdma;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assumptions.assumeFalse;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
+
+import com.sun.jna.Memory;
+import com.sun.jna.Pointer;
+import dev.kvferry.rdma.cuda.Cuda;
+import dev.kvferry.rdma.cuda.CudaEvent;
+import dev.kvferry.rdma.cuda.CudaStream;
+import dev.kvferry.rdma.cuda.CudaUnavailableException;
+import java.util.Random;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.Test;
+
+/** The cuda transport: what holds without a GPU, then copies on one (skipped without). */
+class CudaTransportTest {
+
+  private static final long BLOCK = 32 * 1024;
+
+  @Test
+  void transportsListCudaAndRefuseItWithTheReasonWithoutAGpu() {
+    assertTrue(Transports.NAMES.contains("cuda"));
+    assumeFalse(Cuda.available(), "this host has CUDA");
+    CudaUnavailableException e =
+        assertThrows(
+            CudaUnavailableException.class,
+            () -> Transports.open("cuda", new RegionRegistry("p"), TransportOptions.defaults()));
+    assertTrue(e.getMessage().startsWith("CUDA not available: "), e.getMessage());
+  }
+
+  @Test
+  void autoCopiesBlocksWithTheKernelAndLargeRunsWithTheBatchCopy() {
+    TransferBatch blocks =
+        new TransferBatch(new long[] {0, 4 * BLOCK}, new long[] {BLOCK, 0}, new long[] {BLOCK, BLOCK});
+    TransferBatch runs = new TransferBatch(new long[] {0}, new long[] {0}, new long[] {64L << 20});
+    assertEquals(
+        CudaTransport.CopyMethod.KERNEL,
+        CudaTransport.methodFor(CudaTransport.CopyMethod.AUTO, blocks));
+    assertEquals(
+        CudaTransport.CopyMethod.MEMCPY_BATCH,
+        CudaTransport.methodFor(CudaTransport.CopyMethod.AUTO, runs));
+    assertEquals(
+        CudaTransport.CopyMethod.KERNEL,
+        CudaTransport.methodFor(CudaTransport.CopyMethod.KERNEL, runs));
+  }
+
+  @Test
+  void cudaDescriptorKeepsItsIpcHandleAndOffsetThroughMsgpack() throws Exception {
+    byte[] handle = new byte[CudaTransport.IPC_DESCRIPTOR_BYTES];
+    new Random(7).nextBytes(handle);
+    RegionDescriptor d =
+        new RegionDescriptor(3, 1 << 20, RegionKind.CUDA, 1, "decode-0", 42, 0x7f0000000000L,
+                "boot", "", 0, null, null)
+            .withCudaIpcHandle(handle);
+    RegionDescriptor back = RegionDescriptor.unpack(d.pack());
+    assertEquals(d, back);
+    assertArrayEquals(handle, back.cudaIpcHandle());
+    assertEquals(RegionKind.CUDA, back.kind());
+    assertEquals(1, back.device());
+  }
+
+  // ---- on a GPU ---------------------------------------------------------------------------------
+
+  private static void assumeGpu() {
+    assumeTrue(Cuda.available(), () -> "CUDA not available: " + Cuda.unavailableReason());
+  }
+
+  @Test
+  void writesScatteredBlocksBetweenTwoRegionsOfOneGpu() throws Exception {
+    assumeGpu();
+    Cuda.setDevice(0);
+    long bytes = 64 * BLOCK;
+    long src = Cuda.malloc(bytes);
+    long dst = Cuda.malloc(bytes);
+    try (RegionRegistry p = new RegionRegistry("p");
+        RegionRegistry d = new RegionRegistry("d");
+        CudaTransport t = new CudaTransport();
+        Memory host = new Memory(bytes);
+        Memory back = new Memory(bytes)) {
+      for (long i = 0; i < bytes; i += 8) {
+        host.setLong(i, i * 0x9E3779B97F4A7C15L);
+      }
+      Cuda.memcpy(src, Pointer.nativeValue(host), bytes);
+      Cuda.memset(dst, 0, bytes);
+      MemoryRegion local = p.registerExternal(src, bytes, RegionKind.CUDA, 0);
+      MemoryRegion remote = d.registerExternal(dst, bytes, RegionKind.CUDA, 0);
+      TransferBatch batch =
+          new TransferBatch(
+              new long[] {3 * BLOCK, 10 * BLOCK, 0}, new long[] {0, 63 * BLOCK, 20 * BLOCK},
+              new long[] {BLOCK, BLOCK, 2 * BLOCK});
+      TransferStatus s = t.write(local, t.describe(remote), batch);
+      assertTrue(s.completion().get(10, TimeUnit.SECONDS).succeeded(), s.toString());
+      assertEquals(4 * BLOCK, s.bytesMoved());
+      Cuda.memcpy(Pointer.nativeValue(back), dst, bytes);
+      for (int e = 0; e < batch.count(); e++) {
+        for (long i = 0; i < batch.sizes()[e]; i += 8) {
+          assertEquals(
+              host.getLong(batch.localOffsets()[e] + i), back.getLong(batch.remoteOffsets()[e] + i));
+        }
+      }
+      assertEquals(0, back.getLong(BLOCK));
+    } finally {
+      Cuda.free(src);
+      Cuda.free(dst);
+    }
+  }
+
+  @Test
+  void refusesOutOfBoundsBatchesBeforeAnyLaunch() throws Exception {
+    assumeGpu();
+    Cuda.setDevice(0);
+    long a = Cuda.malloc(4 * BLOCK);
+    try (RegionRegistry p = new RegionRegistry("p"); CudaTransport t = new CudaTransport()) {
+      MemoryRegion local = p.registerExternal(a, 2 * BLOCK, RegionKind.CUDA, 0);
+      MemoryRegion remote = p.registerExternal(a + 2 * BLOCK, 2 * BLOCK, RegionKind.CUDA, 0);
+      TransferStatus s =
+          t.write(local, t.describe(remote),
+              new TransferBatch(new long[] {0}, new long[] {BLOCK + 1}, new long[] {BLOCK}));
+      assertFalse(s.succeeded());
+      assertTrue(s.failureMessage().contains("nothing was moved"), s.failureMessage());
+    } finally {
+      Cuda.free(a);
+    }
+  }
+
+  @Test
+  void writeAfterStartsOnlyOnceTheLayerEventFires() throws Exception {
+    assumeGpu();
+    Cuda.setDevice(0);
+    long bytes = 8 * BLOCK;
+    long src = Cuda.malloc(bytes);
+    long dst = Cuda.malloc(bytes);
+    try (RegionRegistry r = new RegionRegistry("p");
+        CudaTransport t = new CudaTransport();
+        CudaStream compute = CudaStream.create(0);
+        CudaEvent layer = CudaEvent.create(0, false);
+        Memory back = new Memory(8)) {
+      Cuda.memset(dst, 0, bytes);
+      // The "layer" writes 0x5a everywhere on the compute stream; the copy must see it.
+      Cuda.memsetAsync(src, 0x5a, bytes, compute.handle());
+      layer.record(compute);
+      MemoryRegion local = r.registerExternal(src, bytes, RegionKind.CUDA, 0);
+      MemoryRegion remote = r.registerExternal(dst, bytes, RegionKind.CUDA, 0);
+      TransferStatus s =
+          t.writeAfter(layer, local, t.describe(remote),
+              new TransferBatch(new long[] {0}, new long[] {0}, new long[] {bytes}));
+      assertTrue(s.completion().get(10, TimeUnit.SECONDS).succeeded(), s.toString());
+      Cuda.memcpy(Pointer.nativeValue(back), dst + bytes - 8, 8);
+      assertEquals(0x5a5a5a5a5a5a5a5aL, back.getLong(0));
+    } finally {
+      Cuda.free(src);
+      Cuda.free(dst);
+    }
+  }
+
+}
