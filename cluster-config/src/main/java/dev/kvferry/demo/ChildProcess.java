@@ -70,6 +70,31 @@ public final class ChildProcess implements AutoCloseable {
     process.destroyForcibly();
   }
 
+  /**
+   * Waits until the log holds {@code text} (the process printed that it is up).
+   *
+   * @throws IllegalStateException naming the log when the process exits first or time runs out
+   */
+  public void awaitLog(String text, java.time.Duration timeout) throws InterruptedException {
+    long deadline = System.nanoTime() + timeout.toNanos();
+    while (System.nanoTime() < deadline) {
+      try {
+        if (Files.exists(log) && Files.readString(log).contains(text)) {
+          return;
+        }
+      } catch (IOException | java.io.UncheckedIOException e) {
+        // the log is being written: read again
+      }
+      if (!process.isAlive()) {
+        throw new IllegalStateException(name + " exited before it was up; its log (" + log
+            + ") ends with:\n" + tail(20));
+      }
+      TimeUnit.MILLISECONDS.sleep(100);
+    }
+    throw new IllegalStateException(name + " was not up within " + timeout.toSeconds()
+        + " s; its log (" + log + ") ends with:\n" + tail(20));
+  }
+
   /** The last lines of the log, for error messages. */
   public String tail(int lines) {
     try {

@@ -81,6 +81,8 @@ public final class Demo implements AutoCloseable {
     String modes = String.join(",", options.modes());
     ChildProcess prefill = start("prefill", nodeArgs("prefill", "prefill", modes, seed, options.numBlocksP()));
     ChildProcess decode = start("decode", nodeArgs("decode", "decode", modes, seed, options.numBlocksD()));
+    // The client joins through the router: start it once the router listens.
+    router.awaitLog("kvferry router up", JOIN_TIMEOUT);
     client = startClient(seed);
     ActorRef<RouterActor.Command> routerRef =
         awaitOne(RouterActor.SERVICE_KEY, ref -> true, "the router", router);
@@ -261,6 +263,8 @@ public final class Demo implements AutoCloseable {
                 "pekko.cluster.roles", List.of("client"),
                 "pekko.loglevel", "WARNING",
                 "pekko.cluster.failure-detector.acceptable-heartbeat-pause", "20s",
+                // The demo bounds the wait itself (and says which process to look at).
+                "pekko.cluster.shutdown-after-unsuccessful-join-seed-nodes", "off",
                 "pekko.coordinated-shutdown.exit-jvm", "off"));
     return ActorSystem.create(Behaviors.empty(), "kvferry", config);
   }
