@@ -110,7 +110,7 @@ def main():
     for layout, g in torch_idx.items():
         rows.append(f"(reference: torch index_select+index_copy_ {layout}: {g:.1f} GB/s)")
     for o in kv["overlap"]:
-        rows.append(f"overlap {o['layout']:10} {o['method']:12} last layer event -> D done {o['last_event_to_d_done_us']:.1f} us vs one layer {o['one_layer_transfer_us']:.1f} us (x{o['tail_over_layer']:.2f}); compute {o['compute_alone_us']:.0f} us alone, {o['compute_with_transfers_us']:.0f} us with transfers; verified {'ok' if o['mismatched_words'] == 0 else 'FAILED'}")
+        rows.append(f"overlap {o['layout']:10} {o['method']:12} last layer -> D done (p50 of {o['samples']}): done word {o['last_event_to_d_done_word_us']:.1f} us, pipe {o['last_event_to_d_done_us']:.1f} us vs one layer {o['one_layer_transfer_us']:.1f} us (x{o['tail_over_layer']:.2f} word, x{o['pipe_tail_over_layer']:.2f} pipe); compute {o['compute_alone_us']:.0f} us alone, {o['compute_with_transfers_us_p50']:.0f} us with transfers; verified {'ok' if o['mismatched_words'] == 0 else 'FAILED'}")
     text = "\n".join(rows) + "\n"
     print(text, end="")
     open(f"{out}/summary.txt", "w").write(text)

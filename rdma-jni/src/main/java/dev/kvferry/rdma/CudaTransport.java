@@ -117,6 +117,22 @@ public final class CudaTransport implements Transport {
     return start(after, local, remote, batch, false);
   }
 
+  /**
+   * Queues a store of {@code value} to {@code wordDeviceAddress} (a {@link
+   * dev.kvferry.rdma.cuda.SharedDoneWords} word of the peer) behind every copy queued so far
+   * between {@code local}'s device and {@code remote}'s owner: the peer sees the value only after
+   * those bytes have landed, with no message in between. Returns at once.
+   */
+  public void signalWhenCopied(
+      MemoryRegion local, RegionDescriptor remote, long wordDeviceAddress, long value) {
+    int device = local.device();
+    Cuda.setDevice(device);
+    Lane lane = lanes.computeIfAbsent(laneKey(device, remote), k -> new Lane(device));
+    synchronized (lane) {
+      Cuda.streamWriteValue64(lane.stream, wordDeviceAddress, value);
+    }
+  }
+
   /** The region's descriptor plus the IPC handle of its allocation and its offset in it. */
   @Override
   public RegionDescriptor describe(MemoryRegion local) {
@@ -165,7 +181,6 @@ public final class CudaTransport implements Transport {
       Lane lane = lanes.computeIfAbsent(laneKey(device, remote), k -> new Lane(device));
       TransferStatus status = TransferStatus.pending();
       long bytes = batch.totalBytes();
-      long done;
       synchronized (lane) {
         if (after != null) {
           Cuda.streamWaitEvent(lane.stream, after.handle());
@@ -176,22 +191,24 @@ public final class CudaTransport implements Transport {
         } else {
           lane.memcpyBatch(batch, local.address(), remoteBase, toRemote);
         }
-        done = lane.takeEvent();
+        long done = lane.takeEvent();
         Cuda.eventRecord(done, lane.stream);
+        handedOff = true;
+        // Watched under the lane's lock, so the poller's queue for the stream is in record order.
+        poller.watchInOrder(
+            lane.stream,
+            done,
+            () -> {
+              lane.returnEvent(done);
+              local.unpin();
+              status.succeed(bytes);
+            },
+            e -> {
+              local.unpin();
+              status.fail("cuda: copies to/from region " + remote.regionId() + " of "
+                  + owner(remote) + " failed on the GPU: " + e.getMessage());
+            });
       }
-      handedOff = true;
-      poller.watch(
-          done,
-          () -> {
-            lane.returnEvent(done);
-            local.unpin();
-            status.succeed(bytes);
-          },
-          e -> {
-            local.unpin();
-            status.fail("cuda: copies to/from region " + remote.regionId() + " of "
-                + owner(remote) + " failed on the GPU: " + e.getMessage());
-          });
       return status;
     } catch (RegionBoundsException e) {
       return TransferStatus.failed("cuda: " + e.getMessage() + "; nothing was moved");
@@ -340,7 +357,7 @@ public final class CudaTransport implements Transport {
       }
       long fence = Cuda.eventCreate(false);
       Cuda.eventRecord(fence, stream);
-      poller.watch(fence, () -> {
+      poller.watchInOrder(stream, fence, () -> {
         plan.close();
         Cuda.eventDestroy(fence);
       }, e -> Cuda.eventDestroy(fence));

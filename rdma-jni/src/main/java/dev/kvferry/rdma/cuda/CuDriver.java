@@ -45,6 +45,12 @@ final class CuDriver {
       long kernelParams,
       long extra);
 
+  /**
+   * cuStreamWriteValue64 (the _v2 ABI name, CUDA 11.7+): a stream-ordered store of one word,
+   * flushed after the work queued before it (flags 0), to device or mapped host memory.
+   */
+  static native int cuStreamWriteValue64_v2(long stream, long address, long value, int flags);
+
   /** cuMemGetAddressRange, whose ABI name since CUDA 3.2 is the _v2 one. */
   static native int cuMemGetAddressRange_v2(long[] base, long[] size, long devPtr);
 }

@@ -235,6 +235,34 @@ public final class Cuda {
     check("cudaFreeHost", CudaRt.cudaFreeHost(hostPtr));
   }
 
+  /**
+   * Page-locks existing host memory (a shared mapping, say) for every device and maps it into
+   * their address space; returns the address the GPUs use for it.
+   */
+  public static long hostRegisterMapped(long hostPtr, long bytes) {
+    require();
+    check("cudaHostRegister",
+        CudaRt.cudaHostRegister(hostPtr, bytes,
+            CudaRt.HOST_REGISTER_PORTABLE | CudaRt.HOST_REGISTER_MAPPED));
+    long[] d = new long[1];
+    check("cudaHostGetDevicePointer", CudaRt.cudaHostGetDevicePointer(d, hostPtr, 0));
+    return d[0];
+  }
+
+  public static void hostUnregister(long hostPtr) {
+    check("cudaHostUnregister", CudaRt.cudaHostUnregister(hostPtr));
+  }
+
+  /**
+   * Queues on {@code stream} a store of {@code value} to {@code devicePtr} (device memory or
+   * mapped host memory), made after everything queued before it on the stream and with their
+   * writes flushed first, so whoever sees the value also sees those writes.
+   */
+  public static void streamWriteValue64(long stream, long devicePtr, long value) {
+    checkDriver("cuStreamWriteValue64",
+        CuDriver.cuStreamWriteValue64_v2(stream, devicePtr, value, 0));
+  }
+
   public static void memset(long devicePtr, int value, long bytes) {
     require();
     check("cudaMemset", CudaRt.cudaMemset(devicePtr, value, bytes));

@@ -66,6 +66,15 @@ final class CudaRt {
 
   static native int cudaFreeHost(long ptr);
 
+  static final int HOST_REGISTER_PORTABLE = 0x01;
+  static final int HOST_REGISTER_MAPPED = 0x02;
+
+  static native int cudaHostRegister(long ptr, long size, int flags);
+
+  static native int cudaHostUnregister(long ptr);
+
+  static native int cudaHostGetDevicePointer(long[] devPtr, long hostPtr, int flags);
+
   static native int cudaMemset(long devPtr, int value, long count);
 
   static native int cudaMemsetAsync(long devPtr, int value, long count, long stream);

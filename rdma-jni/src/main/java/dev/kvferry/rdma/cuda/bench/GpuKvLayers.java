@@ -13,15 +13,15 @@ import java.util.List;
  * layer holding all K blocks then all V blocks ({@code [2, capacity, blockBytes]}), each layer
  * registered as a CUDA region.
  */
-final class GpuKvLayers implements AutoCloseable {
-  final int device;
-  final int layers;
-  final int capacityBlocks;
-  final long blockBytes;
-  final List<MemoryRegion> regions = new ArrayList<>();
+public final class GpuKvLayers implements AutoCloseable {
+  public final int device;
+  public final int layers;
+  public final int capacityBlocks;
+  public final long blockBytes;
+  public final List<MemoryRegion> regions = new ArrayList<>();
   private final long[] allocations;
 
-  GpuKvLayers(RegionRegistry registry, int device, int layers, int capacityBlocks, long blockBytes) {
+  public GpuKvLayers(RegionRegistry registry, int device, int layers, int capacityBlocks, long blockBytes) {
     this.device = device;
     this.layers = layers;
     this.capacityBlocks = capacityBlocks;
@@ -39,7 +39,7 @@ final class GpuKvLayers implements AutoCloseable {
     return 2L * capacityBlocks * blockBytes;
   }
 
-  void clear() {
+  public void clear() {
     Cuda.setDevice(device);
     for (long a : allocations) {
       Cuda.memset(a, 0, layerBytes());
@@ -50,7 +50,7 @@ final class GpuKvLayers implements AutoCloseable {
    * Offsets within a layer of the 2n blocks of a request, in logical order: K of each block id,
    * then V of each.
    */
-  long[] slotOffsets(int[] blockIds) {
+  public long[] slotOffsets(int[] blockIds) {
     long[] offsets = new long[2 * blockIds.length];
     for (int i = 0; i < blockIds.length; i++) {
       offsets[i] = (long) blockIds[i] * blockBytes;
@@ -60,7 +60,7 @@ final class GpuKvLayers implements AutoCloseable {
   }
 
   /** The offsets uploaded to this device (free with {@link Cuda#free}). */
-  long upload(long[] values) {
+  public long upload(long[] values) {
     Cuda.setDevice(device);
     long dev = Cuda.malloc(8L * values.length);
     Memory host = new Memory(8L * values.length);

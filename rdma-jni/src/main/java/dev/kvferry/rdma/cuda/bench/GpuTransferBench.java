@@ -14,6 +14,7 @@ import dev.kvferry.rdma.cuda.CudaEvent;
 import dev.kvferry.rdma.cuda.CudaEventPoller;
 import dev.kvferry.rdma.cuda.CudaKernels;
 import dev.kvferry.rdma.cuda.CudaStream;
+import dev.kvferry.rdma.cuda.SharedDoneWords;
 import java.io.BufferedReader;
 import java.io.IOException;
 import java.io.InputStreamReader;
@@ -66,13 +67,14 @@ public final class GpuTransferBench {
     long blockBytes = Long.parseLong(o.getOrDefault("block-bytes", "32768"));
     int reps = Integer.parseInt(o.getOrDefault("reps", "5"));
     long spinNs = Long.parseLong(o.getOrDefault("spin-us", "300")) * 1000;
+    int samples = Integer.parseInt(o.getOrDefault("overlap-samples", "9"));
     Path out = Path.of(o.getOrDefault("out", "."));
     Files.createDirectories(out);
     if (!Cuda.available()) {
       System.err.println("CUDA not available: " + Cuda.unavailableReason());
       System.exit(2);
     }
-    new Prefill(pGpu, dGpu, layers, blocks, capacity, blockBytes, reps, spinNs, out).run();
+    new Prefill(pGpu, dGpu, layers, blocks, capacity, blockBytes, reps, spinNs, samples, out).run();
   }
 
   private static Map<String, String> options(String[] args) {
@@ -111,7 +113,7 @@ public final class GpuTransferBench {
   }
 
   /** Mismatched 32-bit words over all layers of the request's blocks, checked by a kernel. */
-  static long verify(GpuKvLayers kv, int[] blockIds, int seed) {
+  public static long verify(GpuKvLayers kv, int[] blockIds, int seed) {
     long[] slots = kv.slotOffsets(blockIds);
     long offsets = kv.upload(slots);
     Cuda.setDevice(kv.device);
@@ -215,6 +217,10 @@ public final class GpuTransferBench {
       transports.put(m, transport(m));
     }
     List<RegionDescriptor> prefill = List.of();
+    Path shm = Files.isDirectory(Path.of("/dev/shm")) ? Path.of("/dev/shm")
+        : Path.of(System.getProperty("java.io.tmpdir"));
+    SharedDoneWords words =
+        SharedDoneWords.create(shm, "kvferry-gpu-bench-" + ProcessHandle.current().pid(), 2);
     System.out.println("READY " + packAll(transports.get("KERNEL"), kv));
     System.out.flush();
     BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
@@ -223,6 +229,16 @@ public final class GpuTransferBench {
       String[] w = line.split(" ");
       switch (w[0]) {
         case "DONE" -> System.out.println("DONEAT " + System.nanoTime());
+        case "WORDS" -> System.out.println("WORDS " + words.path());
+        case "AWAIT" -> {
+          // Spin on the two words P's GPU streams store: its last layer's compute finished
+          // (slot 0), then its copies into this process's memory landed (slot 1).
+          long seq = Long.parseLong(w[1]);
+          long timeoutNs = Duration.ofSeconds(20).toNanos();
+          long computeDone = words.awaitAtLeast(0, seq, timeoutNs);
+          long copiesDone = words.awaitAtLeast(1, seq, timeoutNs);
+          System.out.println("AWAITED " + computeDone + " " + copiesDone);
+        }
         case "PEER" -> {
           prefill = unpackAll(w[1]);
           System.out.println("OK");
@@ -248,6 +264,7 @@ public final class GpuTransferBench {
           System.out.println("READRESULT " + all + " " + one + " " + bad + " " + batch.count());
         }
         case "QUIT" -> {
+          words.close();
           for (CudaTransport t : transports.values()) {
             t.close();
           }
@@ -289,12 +306,16 @@ public final class GpuTransferBench {
     final long blockBytes;
     final int reps;
     final long spinNs;
+    final int samples;
     final Path out;
+    SharedDoneWords doneWords;
+    long sequence;
     final List<Result> results = new ArrayList<>();
     final List<String> overlap = new ArrayList<>();
 
     Prefill(int pGpu, int dGpu, int layers, int blocks, int capacity, long blockBytes, int reps,
-        long spinNs, Path out) {
+        long spinNs, int samples, Path out) {
+      this.samples = samples;
       this.pGpu = pGpu;
       this.dGpu = dGpu;
       this.layers = layers;
@@ -333,6 +354,12 @@ public final class GpuTransferBench {
               Integer.toString(capacity), Long.toString(blockBytes)))) {
         List<RegionDescriptor> decode = unpackAll(d.awaitLine("READY", REPLY));
         d.request("PEER " + packAll(transports.get("KERNEL"), kv), "OK", REPLY);
+        try {
+          doneWords = SharedDoneWords.openForGpuWrites(
+              Path.of(d.request("WORDS", "WORDS", REPLY)), 2);
+        } catch (RuntimeException e) {
+          System.out.println("done words unavailable, D learns through the pipe only: " + e);
+        }
         Random random = new Random(42);
         String[] layouts = {"contiguous", "scattered"};
         for (int li = 0; li < layouts.length; li++) {
@@ -376,6 +403,9 @@ public final class GpuTransferBench {
       for (CudaTransport t : transports.values()) {
         t.close();
       }
+      if (doneWords != null) {
+        doneWords.close();
+      }
       kv.close();
       String json = "{\"p_gpu\":" + pGpu + ",\"d_gpu\":" + dGpu + ",\"gpu\":\""
           + Cuda.deviceName(pGpu) + "\",\"layers\":" + layers + ",\"blocks\":" + blocks
@@ -416,7 +446,11 @@ public final class GpuTransferBench {
 
     /**
      * Each layer's compute (fill + spin) on the compute stream, its write queued at once behind
-     * the layer's event: how long after the last layer's event is D done?
+     * the layer's event: how long after the last layer's compute is D done? Two ways for D to
+     * learn, {@link #samples} times each, alternating: "pipe" (the poller completes P's statuses,
+     * then P tells D over its stdin, as a message would) and "word" (P's copy stream stores a
+     * sequence number into D's shared done word behind the copies; D spins on it, and on the word
+     * P's compute stream stores after the last layer, so both ends are seen by one spinning CPU).
      */
     private void overlapRun(ChildJvm d, GpuKvLayers kv, List<RegionDescriptor> decode,
         String method, CudaTransport t, String layout, int[] pIds, int[] dIds, TransferBatch batch,
@@ -429,6 +463,7 @@ public final class GpuTransferBench {
         events.add(CudaEvent.create(kv.device, true));
       }
       CudaEvent start = CudaEvent.create(kv.device, true);
+      int last = kv.layers - 1;
       try (CudaStream compute = CudaStream.create(kv.device)) {
         // Compute alone first: the layers' time without transfers.
         start.record(compute);
@@ -438,43 +473,86 @@ public final class GpuTransferBench {
           events.get(l).record(compute);
         }
         compute.synchronize();
-        float computeAlone = events.get(kv.layers - 1).elapsedMsSince(start);
-        d.request("CLEAR", "OK", REPLY);
-        AtomicLong lastEventSeen = new AtomicLong();
-        List<TransferStatus> statuses = new ArrayList<>();
-        start.record(compute);
-        for (int l = 0; l < kv.layers; l++) {
-          k.fillPattern(compute, kv.regions.get(l).address(), offsets, slots.length, kv.blockBytes,
-              l, seed, spinNs, k.multiProcessors());
-          events.get(l).record(compute);
-          statuses.add(t.writeAfter(events.get(l), kv.regions.get(l), decode.get(l), batch));
+        float computeAlone = events.get(last).elapsedMsSince(start);
+        List<Double> pipeTail = new ArrayList<>();
+        List<Double> wordTail = new ArrayList<>();
+        List<Double> pLag = new ArrayList<>();
+        List<Double> computeWith = new ArrayList<>();
+        long bad = 0;
+        for (int sample = 0; sample < 2 * samples; sample++) {
+          boolean word = sample % 2 == 1;
+          if (word && doneWords == null) {
+            continue;
+          }
+          long seq = ++sequence;
+          d.request("CLEAR", "OK", REPLY);
+          if (word) {
+            d.send("AWAIT " + seq);
+          }
+          AtomicLong lastEventSeen = new AtomicLong();
+          List<TransferStatus> statuses = new ArrayList<>();
+          start.record(compute);
+          for (int l = 0; l < kv.layers; l++) {
+            k.fillPattern(compute, kv.regions.get(l).address(), offsets, slots.length,
+                kv.blockBytes, l, seed, spinNs, k.multiProcessors());
+            events.get(l).record(compute);
+            statuses.add(t.writeAfter(events.get(l), kv.regions.get(l), decode.get(l), batch));
+          }
+          if (word) {
+            Cuda.streamWriteValue64(compute.handle(), doneWords.deviceAddress(0), seq);
+            t.signalWhenCopied(kv.regions.get(last), decode.get(last),
+                doneWords.deviceAddress(1), seq);
+          }
+          CudaEventPoller.common().watch(events.get(last),
+              () -> lastEventSeen.set(System.nanoTime()), e -> { });
+          awaitAll(statuses);
+          long pDone = System.nanoTime();
+          while (lastEventSeen.get() == 0) {
+            Thread.onSpinWait();
+          }
+          if (word) {
+            String[] r = d.awaitLine("AWAITED", REPLY).split(" ");
+            long computeDone = Long.parseLong(r[0]);
+            long copiesDone = Long.parseLong(r[1]);
+            if (computeDone < 0 || copiesDone < 0) {
+              throw new IllegalStateException("D never saw the done words (" + String.join(" ", r) + ")");
+            }
+            wordTail.add((copiesDone - computeDone) / 1e3);
+          } else {
+            long dDone = Long.parseLong(d.request("DONE", "DONEAT", REPLY));
+            pipeTail.add((dDone - lastEventSeen.get()) / 1e3);
+          }
+          pLag.add((pDone - lastEventSeen.get()) / 1e3);
+          compute.synchronize();
+          computeWith.add((double) events.get(last).elapsedMsSince(start) * 1000);
+          bad += Long.parseLong(d.request("VERIFY " + seed + " " + csv(dIds), "VERIFIED", REPLY));
         }
-        CudaEventPoller.common().watch(events.get(kv.layers - 1),
-            () -> lastEventSeen.set(System.nanoTime()), e -> { });
-        awaitAll(statuses);
-        long pDone = System.nanoTime();
-        long dDone = Long.parseLong(d.request("DONE", "DONEAT", REPLY));
-        compute.synchronize();
-        float computeWith = events.get(kv.layers - 1).elapsedMsSince(start);
-        long bad = Long.parseLong(d.request("VERIFY " + seed + " " + csv(dIds), "VERIFIED", REPLY));
         long layerNs = results.stream()
             .filter(r -> r.mode().equals("WRITE") && r.layout().equals(layout)
                 && r.method().equals(method))
             .mapToLong(Result::layerNs).findFirst().orElse(0);
-        long tail = dDone - lastEventSeen.get();
+        double layerUs = layerNs / 1e3;
+        double pipe = median(pipeTail);
+        double wordUs = median(wordTail);
         String json = String.format(Locale.ROOT,
-            "{\"layout\":\"%s\",\"method\":\"%s\",\"spin_us\":%d,\"compute_alone_us\":%.1f,"
-                + "\"compute_with_transfers_us\":%.1f,\"last_event_to_p_done_us\":%.1f,"
-                + "\"last_event_to_d_done_us\":%.1f,\"one_layer_transfer_us\":%.1f,"
-                + "\"tail_over_layer\":%.2f,\"mismatched_words\":%d}",
-            layout, method, spinNs / 1000, computeAlone * 1000, computeWith * 1000,
-            (pDone - lastEventSeen.get()) / 1e3, tail / 1e3, layerNs / 1e3,
-            layerNs == 0 ? 0.0 : tail / (double) layerNs, bad);
+            "{\"layout\":\"%s\",\"method\":\"%s\",\"spin_us\":%d,\"samples\":%d,"
+                + "\"compute_alone_us\":%.1f,\"compute_with_transfers_us_p50\":%.1f,"
+                + "\"last_event_to_p_done_us_p50\":%.1f,"
+                + "\"last_event_to_d_done_us\":%.1f,"
+                + "\"pipe_tail_us\":%s,\"word_tail_us\":%s,"
+                + "\"last_event_to_d_done_word_us\":%.1f,\"one_layer_transfer_us\":%.1f,"
+                + "\"tail_over_layer\":%.2f,\"pipe_tail_over_layer\":%.2f,"
+                + "\"mismatched_words\":%d}",
+            layout, method, spinNs / 1000, samples, computeAlone * 1000, median(computeWith),
+            median(pLag), pipe, list(pipeTail), list(wordTail), wordUs, layerUs,
+            layerNs == 0 || wordTail.isEmpty() ? 0.0 : wordUs / layerUs,
+            layerNs == 0 ? 0.0 : pipe / layerUs, bad);
         overlap.add(json);
         System.out.printf(Locale.ROOT,
-            "OVERLAP %-10s %-12s compute %.0f us alone, %.0f us with transfers; last event -> D done %.1f us; one layer %.1f us; ratio %.2f; mismatched words %d%n",
-            layout, method, computeAlone * 1000, computeWith * 1000, tail / 1e3, layerNs / 1e3,
-            layerNs == 0 ? 0.0 : tail / (double) layerNs, bad);
+            "OVERLAP %-10s %-12s compute %.0f us alone, %.0f us with transfers (p50); last layer -> P done %.1f us; -> D done: pipe %.1f us, done word %.1f us (p50 of %d); one layer %.1f us; ratio word %.2f pipe %.2f; mismatched words %d%n",
+            layout, method, computeAlone * 1000, median(computeWith), median(pLag), pipe, wordUs,
+            samples, layerUs, layerNs == 0 ? 0.0 : wordUs / layerUs,
+            layerNs == 0 ? 0.0 : pipe / layerUs, bad);
         if (bad != 0) {
           System.out.println("VERIFY FAILED: " + bad + " words differ at D");
         }
@@ -485,6 +563,20 @@ public final class GpuTransferBench {
         start.close();
         Cuda.free(offsets);
       }
+    }
+
+    private static double median(List<Double> xs) {
+      if (xs.isEmpty()) {
+        return Double.NaN;
+      }
+      List<Double> sorted = new ArrayList<>(xs);
+      java.util.Collections.sort(sorted);
+      return sorted.get(sorted.size() / 2);
+    }
+
+    private static String list(List<Double> xs) {
+      return xs.stream().map(x -> String.format(Locale.ROOT, "%.1f", x))
+          .collect(Collectors.joining(",", "[", "]"));
     }
 
     private static int[] pick(Random random, int capacity, int n) {

@@ -1,0 +1,300 @@
+package dev.kvferry.actors.bench;
+
+import com.typesafe.config.Config;
+import com.typesafe.config.ConfigFactory;
+import dev.kvferry.actors.connector.ConnectorMetadata;
+import dev.kvferry.actors.connector.ConnectorRequest;
+import dev.kvferry.actors.connector.ConnectorScheduler;
+import dev.kvferry.actors.connector.ConnectorWorker;
+import dev.kvferry.actors.connector.CudaLayerEvent;
+import dev.kvferry.actors.connector.Finished;
+import dev.kvferry.actors.connector.KvTransferParams;
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.SchedulerOutput;
+import dev.kvferry.actors.connector.TransferMode;
+import dev.kvferry.actors.engine.ConnectorSettings;
+import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.rdma.CudaTransport;
+import dev.kvferry.rdma.RegionRegistry;
+import dev.kvferry.rdma.cuda.Cuda;
+import dev.kvferry.rdma.cuda.CudaEvent;
+import dev.kvferry.rdma.cuda.CudaEventPoller;
+import dev.kvferry.rdma.cuda.CudaKernels;
+import dev.kvferry.rdma.cuda.CudaStream;
+import dev.kvferry.rdma.cuda.bench.GpuKvLayers;
+import dev.kvferry.rdma.cuda.bench.GpuTransferBench;
+import dev.kvferry.actors.EngineActor;
+import java.time.Clock;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.HashSet;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.atomic.AtomicLong;
+import org.apache.pekko.actor.typed.ActorSystem;
+import org.apache.pekko.actor.typed.javadsl.AskPattern;
+import org.apache.pekko.actor.typed.javadsl.Behaviors;
+import org.apache.pekko.actor.typed.receptionist.Receptionist;
+import org.apache.pekko.cluster.MemberStatus;
+import org.apache.pekko.cluster.typed.Cluster;
+import org.apache.pekko.cluster.typed.Join;
+
+/**
+ * The real connector path on GPUs: P's {@link ConnectorWorker} and D's, each in its own actor
+ * system, the two joined as a Pekko cluster over Artery on loopback (messages CBOR on the wire),
+ * P's KV cache on GPU {@code --p-gpu} and D's on {@code --d-gpu}, both moved by {@link
+ * CudaTransport}. Per request, P "computes" each layer on its compute stream (the pattern fill
+ * plus a spin), records a CUDA event and calls {@code saveKvLayer(meta, layer, CudaLayerEvent)}
+ * at once, as an engine's forward pass does; the WriterActor queues that layer's copies behind
+ * the event ({@code writeAfter}). D's done is when its worker's {@code getFinished()} first lists
+ * the request; then every word of the request's blocks is checked on D's GPU by a kernel.
+ *
+ * <p>Usage: {@code GpuConnectorRun --p-gpu 0 --d-gpu 1 [--layers 32] [--blocks 2048] [--capacity
+ * 4096] [--requests 9] [--spin-us 300]}. One JVM, so the IPC path is not taken: CUDA IPC is
+ * exercised by {@link GpuTransferBench}'s two processes. Loopback cluster config lives here, not in
+ * a config file, because this is a self-contained run, not a node.
+ */
+public final class GpuConnectorRun {
+
+  private static final int BLOCK_TOKENS = 16;
+  private static final int KV_HEADS = 8;
+  private static final int HEAD_DIM = 128;
+  private static final int ELEMENT_BYTES = 2; // 16 x 8 x 128 x 2 = 32 KiB per block, per K or V
+
+  private GpuConnectorRun() {}
+
+  public static void main(String[] args) throws Exception {
+    Map<String, String> o = new LinkedHashMap<>();
+    for (int i = 0; i + 1 < args.length; i += 2) {
+      o.put(args[i].replaceFirst("^--", ""), args[i + 1]);
+    }
+    int pGpu = Integer.parseInt(o.getOrDefault("p-gpu", "0"));
+    int dGpu = Integer.parseInt(o.getOrDefault("d-gpu", "0"));
+    int layers = Integer.parseInt(o.getOrDefault("layers", "32"));
+    int blocks = Integer.parseInt(o.getOrDefault("blocks", "2048"));
+    int capacity = Integer.parseInt(o.getOrDefault("capacity", "4096"));
+    int requests = Integer.parseInt(o.getOrDefault("requests", "9"));
+    long spinNs = Long.parseLong(o.getOrDefault("spin-us", "300")) * 1000;
+    if (!Cuda.available()) {
+      System.err.println("CUDA not available: " + Cuda.unavailableReason());
+      System.exit(2);
+    }
+    System.exit(run(pGpu, dGpu, layers, blocks, capacity, requests, spinNs) ? 0 : 1);
+  }
+
+  private static Config clusterConfig(String role) {
+    return ConfigFactory.parseString(
+            """
+            pekko.loglevel = WARNING
+            pekko.actor.provider = cluster
+            pekko.remote.artery.canonical { hostname = "127.0.0.1", port = 0 }
+            pekko.cluster.seed-nodes = []
+            pekko.cluster.roles = [%s]
+            pekko.cluster.jmx.multi-mbeans-in-same-jvm = on
+            pekko.coordinated-shutdown.exit-jvm = off
+            pekko.coordinated-shutdown.run-by-jvm-shutdown-hook = off
+            """.formatted(role))
+        .withFallback(ConfigFactory.load());
+  }
+
+  private static boolean run(int pGpu, int dGpu, int layers, int blocks, int capacity,
+      int requests, long spinNs) throws Exception {
+    KvCacheGeometry geometry =
+        KvCacheGeometry.standard(capacity, BLOCK_TOKENS, KV_HEADS, HEAD_DIM, ELEMENT_BYTES);
+    long blockBytes = geometry.blockBytes();
+    ActorSystem<Void> pSystem =
+        ActorSystem.create(Behaviors.empty(), "kvferry", clusterConfig(Role.PREFILL.clusterRole()));
+    ActorSystem<Void> dSystem =
+        ActorSystem.create(Behaviors.empty(), "kvferry", clusterConfig(Role.DECODE.clusterRole()));
+    RegionRegistry pRegistry = new RegionRegistry("prefill-0");
+    RegionRegistry dRegistry = new RegionRegistry("decode-0");
+    GpuKvLayers pKv = new GpuKvLayers(pRegistry, pGpu, layers, capacity, blockBytes);
+    GpuKvLayers dKv = new GpuKvLayers(dRegistry, dGpu, layers, capacity, blockBytes);
+    CudaTransport pTransport = new CudaTransport();
+    CudaTransport dTransport = new CudaTransport();
+    boolean ok = true;
+    try {
+      Cluster p = Cluster.get(pSystem);
+      Cluster d = Cluster.get(dSystem);
+      p.manager().tell(Join.create(p.selfMember().address()));
+      d.manager().tell(Join.create(p.selfMember().address()));
+      long deadline = System.nanoTime() + 60_000_000_000L;
+      while (p.selfMember().status() != MemberStatus.up()
+          || d.selfMember().status() != MemberStatus.up()) {
+        if (System.nanoTime() > deadline) {
+          throw new IllegalStateException("the two actor systems did not form a cluster in 60 s");
+        }
+        Thread.sleep(50);
+      }
+      System.out.printf(Locale.ROOT,
+          "cluster up: P %s, D %s; P on GPU %d (%s), D on GPU %d; %d layers x %d blocks x 2 x %d B%n",
+          p.selfMember().address(), d.selfMember().address(), pGpu, Cuda.deviceName(pGpu), dGpu,
+          layers, blocks, blockBytes);
+      ConnectorSettings s = ConnectorSettings.DEFAULTS;
+      ConnectorWorker pWorker = new ConnectorWorker(pSystem,
+          new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.WRITE), pTransport, s);
+      ConnectorWorker dWorker = new ConnectorWorker(dSystem,
+          new EngineIdentity(Role.DECODE, "decode-0", 0, 1, 0, 1, TransferMode.WRITE), dTransport, s);
+      pWorker.registerKvCaches(geometry, pKv.regions);
+      dWorker.registerKvCaches(geometry, dKv.regions);
+      awaitListed(pSystem, Role.DECODE);
+      awaitListed(dSystem, Role.PREFILL);
+      ConnectorScheduler pSched = new ConnectorScheduler(Role.PREFILL, TransferMode.WRITE,
+          "prefill-0", 0, BLOCK_TOKENS, List.of(pWorker.engineRef()), s, Clock.systemUTC());
+      ConnectorScheduler dSched = new ConnectorScheduler(Role.DECODE, TransferMode.WRITE,
+          "decode-0", 0, BLOCK_TOKENS, List.of(dWorker.engineRef()), s, Clock.systemUTC());
+
+      // P's blocks contiguous, D's scattered: the copy is one entry per block (the harder case).
+      int[] pIds = new int[blocks];
+      List<Integer> free = new ArrayList<>();
+      for (int i = 0; i < capacity; i++) {
+        free.add(i);
+      }
+      Collections.shuffle(free, new java.util.Random(7));
+      int[] dIds = new int[blocks];
+      for (int i = 0; i < blocks; i++) {
+        pIds[i] = i;
+        dIds[i] = free.get(i);
+      }
+      long[] pSlots = pKv.slotOffsets(pIds);
+      long pOffsets = pKv.upload(pSlots);
+      CudaKernels k = CudaKernels.forDevice(pGpu);
+      List<CudaEvent> events = new ArrayList<>();
+      for (int l = 0; l < layers; l++) {
+        events.add(CudaEvent.create(pGpu, true));
+      }
+      List<Double> tails = new ArrayList<>();
+      List<Double> totals = new ArrayList<>();
+      int prompt = blocks * BLOCK_TOKENS;
+      try (CudaStream compute = CudaStream.create(pGpu)) {
+        for (int r = 0; r < requests; r++) {
+          String id = "req-" + r;
+          int seed = 5000 + r;
+          dKv.clear();
+          ConnectorRequest dReq =
+              new ConnectorRequest(id, prompt, KvTransferParams.forDecode("tx-" + r, "prefill-0", 0));
+          ConnectorRequest pReq =
+              new ConnectorRequest(id, prompt, KvTransferParams.forPrefill("tx-" + r, "decode-0", 0));
+          dSched.numNewMatchedTokens(dReq, 0);
+          dSched.updateStateAfterAlloc(dReq, dIds, prompt);
+          pSched.updateStateAfterAlloc(pReq, pIds, 0);
+          ConnectorMetadata meta = pSched.buildConnectorMeta(new SchedulerOutput(
+              List.of(new SchedulerOutput.NewRequest(id, pIds)), List.of()));
+          AtomicLong lastLayerSeen = new AtomicLong();
+          long t0 = System.nanoTime();
+          for (int l = 0; l < layers; l++) {
+            k.fillPattern(compute, pKv.regions.get(l).address(), pOffsets, pSlots.length,
+                blockBytes, l, seed, spinNs, k.multiProcessors());
+            events.get(l).record(compute);
+            pWorker.saveKvLayer(meta, l, new CudaLayerEvent(events.get(l)));
+          }
+          pWorker.waitForSave();
+          CudaEventPoller.common().watch(events.get(layers - 1),
+              () -> lastLayerSeen.set(System.nanoTime()), e -> { });
+          pReq.setStatus(ConnectorRequest.Status.FINISHED_LENGTH_CAPPED);
+          pSched.requestFinished(pReq, pIds);
+          long dDone = awaitReceived(dWorker, id, 60_000_000_000L);
+          while (lastLayerSeen.get() == 0) {
+            Thread.onSpinWait();
+          }
+          double tailUs = (dDone - lastLayerSeen.get()) / 1e3;
+          double totalMs = (dDone - t0) / 1e6;
+          long bad = GpuTransferBench.verify(dKv, dIds, seed);
+          awaitSent(pWorker, id, 60_000_000_000L);
+          tails.add(tailUs);
+          totals.add(totalMs);
+          System.out.printf(Locale.ROOT,
+              "request %s: last layer's event -> D's getFinished %.1f us; first layer -> D done %.2f ms; mismatched words %d%n",
+              id, tailUs, totalMs, bad);
+          if (bad != 0) {
+            ok = false;
+            System.out.println("VERIFY FAILED: " + bad + " words differ at D for " + id);
+          }
+        }
+      } finally {
+        for (CudaEvent e : events) {
+          e.close();
+        }
+        Cuda.free(pOffsets);
+      }
+      Collections.sort(tails);
+      Collections.sort(totals);
+      System.out.printf(Locale.ROOT,
+          "ACTORS P GPU %d -> D GPU %d: %d requests of %.2f GiB through ConnectorWorker/WriterActor/CudaTransport; last layer's event -> D done p50 %.1f us (min %.1f, max %.1f); request p50 %.2f ms; %s%n",
+          pGpu, dGpu, requests, 2.0 * layers * blocks * blockBytes / (1L << 30),
+          tails.get(tails.size() / 2), tails.get(0), tails.get(tails.size() - 1),
+          totals.get(totals.size() / 2), ok ? "every byte verified" : "VERIFY FAILED");
+      pWorker.shutdown();
+      dWorker.shutdown();
+    } catch (RuntimeException e) {
+      ok = false;
+      System.out.println("ACTORS run failed: " + e);
+      e.printStackTrace(System.out);
+    } finally {
+      pSystem.terminate();
+      dSystem.terminate();
+      pSystem.getWhenTerminated().toCompletableFuture().get();
+      dSystem.getWhenTerminated().toCompletableFuture().get();
+      pTransport.close();
+      dTransport.close();
+      pKv.close();
+      dKv.close();
+    }
+    return ok;
+  }
+
+  /** Waits until {@code system}'s receptionist lists an engine of {@code role} (gossip). */
+  private static void awaitListed(ActorSystem<Void> system, Role role) throws Exception {
+    long deadline = System.nanoTime() + 60_000_000_000L;
+    while (true) {
+      Receptionist.Listing listing = AskPattern.<Receptionist.Command, Receptionist.Listing>ask(
+              system.receptionist(),
+              replyTo -> Receptionist.find(EngineActor.serviceKey(role), replyTo),
+              Duration.ofSeconds(3), system.scheduler())
+          .toCompletableFuture().get();
+      if (!listing.getServiceInstances(EngineActor.serviceKey(role)).isEmpty()) {
+        return;
+      }
+      if (System.nanoTime() > deadline) {
+        throw new IllegalStateException("no " + role + " engine listed in 60 s");
+      }
+      Thread.sleep(50);
+    }
+  }
+
+  /** Spins on D's getFinished until {@code id} is received; the time seen. Fails on failure. */
+  private static long awaitReceived(ConnectorWorker d, String id, long timeoutNs) {
+    return await(d, id, timeoutNs, true);
+  }
+
+  private static void awaitSent(ConnectorWorker p, String id, long timeoutNs) {
+    await(p, id, timeoutNs, false);
+  }
+
+  private static long await(ConnectorWorker w, String id, long timeoutNs, boolean receiving) {
+    long start = System.nanoTime();
+    Set<String> seen = new HashSet<>();
+    while (true) {
+      Finished f = w.getFinished();
+      long now = System.nanoTime();
+      if (f.failed().containsKey(id)) {
+        throw new IllegalStateException(id + " failed on " + w.identity().label() + ": "
+            + f.failed().get(id));
+      }
+      seen.addAll(receiving ? f.doneReceiving() : f.doneSending());
+      if (seen.contains(id)) {
+        return now;
+      }
+      if (now - start > timeoutNs) {
+        throw new IllegalStateException(id + " not finished on " + w.identity().label()
+            + " within " + timeoutNs / 1_000_000_000 + " s");
+      }
+      Thread.onSpinWait();
+    }
+  }
+}

@@ -1,0 +1,131 @@
+package dev.kvferry.rdma.cuda;
+
+import com.sun.jna.Native;
+import com.sun.jna.Pointer;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
+import java.nio.ByteOrder;
+import java.nio.MappedByteBuffer;
+import java.nio.channels.FileChannel;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
+
+/**
+ * 64-bit "done" words in host shared memory (a file under {@code /dev/shm}) that a GPU stream of
+ * one process writes and a CPU of another process reads with a plain load: how D learns that P's
+ * copies into its GPU memory have landed with no message between them. The owner (D) creates the
+ * file and spins on {@link #get}; the writer (P) opens it, which page-locks and maps it for every
+ * GPU ({@link Cuda#hostRegisterMapped}), and queues {@code cuStreamWriteValue64} to {@link
+ * #deviceAddress} after its copies (the store flushes their writes first). Values only grow: a
+ * reader waits for {@code get(slot) >= sequence}, so a word is reused without resetting it.
+ */
+public final class SharedDoneWords implements AutoCloseable {
+
+  private static final VarHandle LONGS =
+      MethodHandles.byteBufferViewVarHandle(long[].class, ByteOrder.nativeOrder());
+  private static final int PAGE_BYTES = 4096;
+
+  private final Path path;
+  private final boolean owner;
+  private final int slots;
+  private final MappedByteBuffer buffer;
+  private final long hostAddress;
+  private long deviceAddress;
+
+  private SharedDoneWords(Path path, boolean owner, int slots) {
+    this.path = path;
+    this.owner = owner;
+    this.slots = slots;
+    long bytes = roundToPage(8L * slots);
+    try (FileChannel ch = owner
+        ? FileChannel.open(path, StandardOpenOption.CREATE_NEW, StandardOpenOption.READ,
+            StandardOpenOption.WRITE)
+        : FileChannel.open(path, StandardOpenOption.READ, StandardOpenOption.WRITE)) {
+      if (owner) {
+        ch.truncate(bytes);
+        ch.write(java.nio.ByteBuffer.allocate(1), bytes - 1); // size the file, zero-filled
+      } else if (ch.size() < 8L * slots) {
+        throw new IllegalArgumentException(
+            path + " holds " + ch.size() / 8 + " done words, not " + slots);
+      }
+      buffer = ch.map(FileChannel.MapMode.READ_WRITE, 0, bytes);
+    } catch (IOException e) {
+      throw new UncheckedIOException("cannot map done words " + path + ": " + e.getMessage(), e);
+    }
+    hostAddress = Pointer.nativeValue(Native.getDirectBufferPointer(buffer));
+  }
+
+  /** D: new zeroed words in a fresh file under {@code dir} (use {@code /dev/shm}). */
+  public static SharedDoneWords create(Path dir, String name, int slots) {
+    return new SharedDoneWords(dir.resolve(name), true, slots);
+  }
+
+  /** P: the owner's words, mapped here and made writable from every GPU. */
+  public static SharedDoneWords openForGpuWrites(Path path, int slots) {
+    SharedDoneWords w = new SharedDoneWords(path, false, slots);
+    w.deviceAddress = Cuda.hostRegisterMapped(w.hostAddress, w.buffer.capacity());
+    return w;
+  }
+
+  public Path path() {
+    return path;
+  }
+
+  /** The word's current value (an acquire load: what the GPU flushed before it is visible). */
+  public long get(int slot) {
+    return (long) LONGS.getAcquire(buffer, index(slot));
+  }
+
+  /** Spins until the word reaches {@code value} or {@code timeoutNs} passes; the time seen, or -1. */
+  public long awaitAtLeast(int slot, long value, long timeoutNs) {
+    long start = System.nanoTime();
+    while (true) {
+      long now = System.nanoTime();
+      if (get(slot) >= value) {
+        return now;
+      }
+      if (now - start > timeoutNs) {
+        return -1;
+      }
+      Thread.onSpinWait();
+    }
+  }
+
+  /** Where a GPU stream of the writer stores to {@code slot} (writer side only). */
+  public long deviceAddress(int slot) {
+    if (deviceAddress == 0) {
+      throw new IllegalStateException("done words " + path + " were not opened for GPU writes");
+    }
+    return deviceAddress + index(slot);
+  }
+
+  private int index(int slot) {
+    if (slot < 0 || slot >= slots) {
+      throw new IndexOutOfBoundsException("done word " + slot + " of " + slots);
+    }
+    return slot * 8;
+  }
+
+  private static long roundToPage(long bytes) {
+    return (bytes + PAGE_BYTES - 1) / PAGE_BYTES * PAGE_BYTES;
+  }
+
+  /** Unregisters (writer) or deletes the file (owner); the mapping goes with the buffer. */
+  @Override
+  public void close() {
+    if (deviceAddress != 0) {
+      Cuda.hostUnregister(hostAddress);
+      deviceAddress = 0;
+    }
+    if (owner) {
+      try {
+        Files.deleteIfExists(path);
+      } catch (IOException e) {
+        // a leftover page in /dev/shm is harmless
+      }
+    }
+  }
+}
