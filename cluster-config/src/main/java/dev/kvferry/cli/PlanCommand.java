@@ -51,7 +51,7 @@ public final class PlanCommand implements Callable<Integer> {
   @Option(
       names = "--warmup-ms",
       paramLabel = "MS",
-      defaultValue = "500",
+      defaultValue = "2000",
       description = "With --bench: keep planning this long before timing, so the JIT has compiled"
           + " the planner (default: ${DEFAULT-VALUE}).")
   long warmupMs;

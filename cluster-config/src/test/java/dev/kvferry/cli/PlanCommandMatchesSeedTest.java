@@ -28,7 +28,7 @@ class PlanCommandMatchesSeedTest {
 
   private static final long SEED = 20261130L;
   private static final int REQUESTS = 200;
-  private static final int THROUGH_THE_SCRIPT_AS_IS = 6;
+  private static final int THROUGH_THE_SCRIPT_AS_IS = 3;
 
   /**
    * Imports the seed script unchanged and runs its main() steps once per input line, so 200

@@ -25,6 +25,12 @@ public final class TransferPlanner {
   /** An unsorted request spanning more than this many bitmap words per id is sorted instead. */
   private static final int MAX_WORDS_PER_ID_FOR_BITMAP = 4;
 
+  /**
+   * Remote ids spanning more than this many words (4M ids, a 512 KiB bitmap) are checked for
+   * repeats by sorting, so a peer claiming a huge cache cannot make the planner allocate for it.
+   */
+  private static final int MAX_REMOTE_BITMAP_WORDS = 1 << 16;
+
   // Invariant between calls: every bit of both bitmaps is clear.
   private long[] localIdBits = new long[0];
   private long[] remoteIdBits = new long[0];
@@ -32,6 +38,7 @@ public final class TransferPlanner {
   private int[] sortedLocalIds = new int[0];
   private int[] sortedRemoteIds = new int[0];
   private long[] packedIds = new long[0];
+  private int[] remoteIdsCopy = new int[0];
 
   /**
    * Plans the copies of one layer; all layers of one geometry share the plan.
@@ -65,6 +72,8 @@ public final class TransferPlanner {
     int previous = -1;
     int minLocal = Integer.MAX_VALUE;
     int maxLocal = 0;
+    int minRemote = Integer.MAX_VALUE;
+    int maxRemote = 0;
     for (int i = 0; i < n; i++) {
       int l = localBlockIds[i];
       int r = remoteBlockIds[i];
@@ -75,10 +84,17 @@ public final class TransferPlanner {
       previous = l;
       minLocal = Math.min(minLocal, l);
       maxLocal = Math.max(maxLocal, l);
+      minRemote = Math.min(minRemote, r);
+      maxRemote = Math.max(maxRemote, r);
     }
 
     // Pass 2: no remote id twice (strictly increasing local ids cannot repeat).
-    if (!remoteIdsDistinct(remoteBlockIds, remoteNumBlocks)) {
+    long remoteSpanWords = (maxRemote >>> 6) - (minRemote >>> 6) + 1L;
+    boolean remoteDistinct =
+        remoteSpanWords <= MAX_REMOTE_BITMAP_WORDS
+            ? remoteIdsDistinctThroughBitmap(remoteBlockIds, minRemote, (int) remoteSpanWords)
+            : remoteIdsDistinctBySorting(remoteBlockIds);
+    if (!remoteDistinct) {
       throw firstProblem(localNumBlocks, remoteNumBlocks, localBlockIds, remoteBlockIds);
     }
 
@@ -167,25 +183,41 @@ public final class TransferPlanner {
     return count + 1;
   }
 
-  /** Ids are in range. Leaves the remote bitmap clear. */
-  private boolean remoteIdsDistinct(int[] remoteBlockIds, int remoteNumBlocks) {
-    long[] bits = remoteIdBits = grow(remoteIdBits, words(remoteNumBlocks));
+  /** Ids lie within {@code spanWords} words from {@code minRemote}. Leaves the bitmap clear. */
+  private boolean remoteIdsDistinctThroughBitmap(
+      int[] remoteBlockIds, int minRemote, int spanWords) {
+    long[] bits = remoteIdBits = grow(remoteIdBits, spanWords);
+    int firstWord = minRemote >>> 6;
     boolean distinct = true;
     int n = remoteBlockIds.length;
     for (int i = 0; i < n; i++) {
       int r = remoteBlockIds[i];
-      long word = bits[r >>> 6];
+      int w = (r >>> 6) - firstWord;
+      long word = bits[w];
       long bit = 1L << r;
       if ((word & bit) != 0) {
         distinct = false;
         break;
       }
-      bits[r >>> 6] = word | bit;
+      bits[w] = word | bit;
     }
     for (int i = 0; i < n; i++) {
-      bits[remoteBlockIds[i] >>> 6] = 0;
+      bits[(remoteBlockIds[i] >>> 6) - firstWord] = 0;
     }
     return distinct;
+  }
+
+  private boolean remoteIdsDistinctBySorting(int[] remoteBlockIds) {
+    int n = remoteBlockIds.length;
+    int[] copy = remoteIdsCopy = grow(remoteIdsCopy, n);
+    System.arraycopy(remoteBlockIds, 0, copy, 0, n);
+    Arrays.sort(copy, 0, n);
+    for (int i = 1; i < n; i++) {
+      if (copy[i] == copy[i - 1]) {
+        return false;
+      }
+    }
+    return true;
   }
 
   /**

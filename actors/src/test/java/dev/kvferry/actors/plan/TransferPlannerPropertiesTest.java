@@ -120,9 +120,12 @@ class TransferPlannerPropertiesTest {
                 Arbitraries.of(576, 512, 3),
                 Arbitraries.of(1, 2))
             .as(KvCacheGeometry::mla);
+    Arbitrary<Integer> remoteNumBlocks =
+        Arbitraries.frequencyOf(
+            Tuple.of(9, numBlocks), Tuple.of(1, Arbitraries.integers().between(1, 1 << 29)));
     return Combinators.combine(
             Arbitraries.oneOf(standard, mla),
-            numBlocks,
+            remoteNumBlocks,
             Arbitraries.of(Shape.class),
             Arbitraries.integers().between(0, 300),
             Arbitraries.longs())

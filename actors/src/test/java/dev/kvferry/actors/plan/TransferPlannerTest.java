@@ -133,6 +133,23 @@ class TransferPlannerTest {
   }
 
   @Test
+  void checksRemoteIdsOfAPeerClaimingAHugeCache() throws Exception {
+    int huge = Integer.MAX_VALUE;
+    assertEquals(
+        "remote block id 2000000000 at position 2 repeats position 0; each block may appear once"
+            + " per request",
+        rejection(huge, new int[] {0, 1, 2}, new int[] {2_000_000_000, 0, 2_000_000_000}));
+
+    TransferBatch batch =
+        planner.plan(TEN_BLOCKS, huge, new int[] {0, 1}, new int[] {5, 2_000_000_000});
+
+    long far = 2_000_000_000L;
+    assertArrayEquals(
+        new long[] {5 * BLOCK, far * BLOCK, (huge + 5L) * BLOCK, (huge + far) * BLOCK},
+        batch.remoteOffsets());
+  }
+
+  @Test
   void rejectsARepeatedRemoteIdNamingBothPositions() {
     assertEquals(
         "remote block id 3 at position 1 repeats position 0; each block may appear once per"
