@@ -6,6 +6,7 @@ import dev.kvferry.actors.engine.TerminalIds;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
@@ -92,6 +93,11 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   private final TerminalIds terminal;
   /** P, READ: releases that overtook their ExpectRelease (D can be faster than P's next step). */
   private final TerminalIds earlyReleases;
+  /**
+   * D: failures that overtook their ExpectReceive (P aborted before D's scheduler announced its
+   * blocks), by transfer id, with the reason; bounded like the terminal ids.
+   */
+  private final Map<String, String> earlyFailures;
   private EngineDirectory directory = EngineDirectory.EMPTY;
 
   public static Behavior<Command> create(
@@ -115,6 +121,14 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     this.sink = sink;
     this.terminal = new TerminalIds(settings.terminalIdCapacity());
     this.earlyReleases = new TerminalIds(settings.terminalIdCapacity());
+    int capacity = settings.terminalIdCapacity();
+    this.earlyFailures =
+        new LinkedHashMap<>(16, 0.75f, false) {
+          @Override
+          protected boolean removeEldestEntry(Map.Entry<String, String> eldest) {
+            return size() > capacity;
+          }
+        };
   }
 
   @Override
@@ -148,6 +162,14 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     if (refuseDuplicate(m.requestId(), m.transferId(), false)) {
       return this;
     }
+    String failedEarly = earlyFailures.remove(m.transferId());
+    if (failedEarly != null) {
+      // P gave up before we announced our blocks: fail now instead of at the transfer timeout.
+      terminal.add(m.transferId());
+      sink.failed(m.requestId(), failedEarly, false);
+      sink.observer().transferEnded(TransferObserver.Outcome.FAILED, 0, -1);
+      return this;
+    }
     active.put(
         m.transferId(),
         new Tracked(m.requestId(), m.transferId(), State.RECEIVING, m.producerEngineId()));
@@ -167,6 +189,10 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onTransferFailed(TransferFailed m) {
+    if (!active.containsKey(m.transferId()) && !terminal.contains(m.transferId())) {
+      earlyFailures.put(m.transferId(), m.reason());
+      return this;
+    }
     Tracked t = take(m.transferId(), "failed");
     if (t != null) {
       sink.failed(t.requestId, m.reason(), t.state == State.AWAITING_RELEASE);
