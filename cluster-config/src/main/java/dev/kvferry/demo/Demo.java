@@ -50,8 +50,11 @@ public final class Demo implements AutoCloseable {
    * moment is not mistaken for a dead node.
    */
   private static final List<String> CHILD_JVM_ARGS = List.of("-Xmx512m", "-XX:+UseSerialGC");
-  private static final Map<String, String> PATIENT_CLUSTER =
-      Map.of("pekko.cluster.failure-detector.acceptable-heartbeat-pause", "20s");
+  private static final Map<String, String> PATIENT_CLUSTER = Map.of(
+      "pekko.cluster.failure-detector.acceptable-heartbeat-pause", "20s",
+      // Pekko gives its logger 5 s to start; a JVM starting beside three others on a busy
+      // two-core host has been seen to miss that and exit.
+      "pekko.logger-startup-timeout", "30s");
 
   private final DemoOptions options;
   private final PrintStream out;
