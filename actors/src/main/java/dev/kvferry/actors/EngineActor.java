@@ -16,6 +16,7 @@ import dev.kvferry.rdma.RegionDescriptor;
 import dev.kvferry.rdma.TransferBatch;
 import dev.kvferry.rdma.TransferStatus;
 import dev.kvferry.rdma.Transport;
+import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
@@ -148,13 +149,13 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   private final ActorRef<HandshakeActor.Result> readHandshakeAdapter;
   private final Map<String, ReadJob> reads = new HashMap<>();
   private final Map<String, List<ReqMeta>> readsAwaitingPeer = new HashMap<>();
-  /** Messages to peers not listed yet, flushed when they appear (or dropped at their deadline). */
-  private final List<Outgoing> awaitingPeer = new ArrayList<>();
+  /** Messages to peers not listed yet, flushed when they appear (or dropped after the transfer timeout). */
+  private final ArrayDeque<Outgoing> awaitingPeer = new ArrayDeque<>();
   private final Map<Role, EngineDirectory> listings = new HashMap<>();
   private EngineDirectory directory = EngineDirectory.EMPTY;
   private final TransferPlanner planner = new TransferPlanner(); // not thread-safe: one per actor
 
-  private record Outgoing(String engineId, int tpRank, Command message) {}
+  private record Outgoing(String engineId, int tpRank, Command message, long heldSinceNanos) {}
 
   public static Behavior<Command> create(Setup setup) {
     return Behaviors.setup(ctx -> new EngineActor(ctx, setup));
@@ -400,14 +401,29 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   // ---- membership ----
 
   private void sendTo(String engineId, int tpRank, Command message) {
-    var entry = directory.find(engineId, tpRank);
+    send(new Outgoing(engineId, tpRank, message, System.nanoTime()));
+  }
+
+  private void send(Outgoing o) {
+    var entry = directory.find(o.engineId(), o.tpRank());
     if (entry.isPresent()) {
-      entry.get().ref().tell(message);
-    } else {
-      // Not listed yet (it may have just joined); the tracker's deadline bounds the wait.
-      getContext().getLog().debug("{} not listed yet; holding {}", engineId, message);
-      awaitingPeer.add(new Outgoing(engineId, tpRank, message));
+      entry.get().ref().tell(o.message());
+      return;
     }
+    // Not listed yet (it may have just joined). Held no longer than a transfer may take, and
+    // never more than the terminal-id capacity: a peer naming engines that never come (bad
+    // kv_transfer_params, a typo) must not grow this list without bound.
+    if (System.nanoTime() - o.heldSinceNanos() > setup.settings().transferTimeout().toNanos()) {
+      getContext().getLog().warn("{} never joined; dropping {}", o.engineId(), o.message());
+      return;
+    }
+    if (awaitingPeer.size() >= setup.settings().terminalIdCapacity()) {
+      Outgoing oldest = awaitingPeer.poll();
+      getContext().getLog().warn("too many messages held for engines not listed; dropping {} for {}",
+          oldest.message(), oldest.engineId());
+    }
+    getContext().getLog().debug("{} not listed yet; holding {}", o.engineId(), o.message());
+    awaitingPeer.add(o);
   }
 
   private Behavior<Command> onListingChanged(ListingChanged m) {
@@ -426,7 +442,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     tracker.tell(new RequestTrackerActor.DirectoryChanged(merged));
     List<Outgoing> held = new ArrayList<>(awaitingPeer);
     awaitingPeer.clear();
-    held.forEach(o -> sendTo(o.engineId(), o.tpRank(), o.message()));
+    held.forEach(this::send);
     return this;
   }
 }

@@ -174,8 +174,10 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
       finish(m.key(), new Ready(m.key().engineId(), m.key().tpRank(), peer));
     } catch (HandshakeException e) {
       // Bad or incompatible metadata will not improve by asking again.
-      getContext().getLog().warn("handshake with {} failed: {}", m.key(), e.getMessage());
-      finish(m.key(), new Failed(m.key().engineId(), m.key().tpRank(), e.getMessage()));
+      // The reason reaches the requests' failures: it must say whose metadata was bad.
+      String reason = "handshake with " + m.key() + " failed: " + e.getMessage();
+      getContext().getLog().warn(reason);
+      finish(m.key(), new Failed(m.key().engineId(), m.key().tpRank(), reason));
     }
     return this;
   }

@@ -6,6 +6,7 @@ import dev.kvferry.actors.engine.TerminalIds;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
@@ -92,8 +93,11 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   private final TerminalIds terminal;
   /** P, READ: releases that overtook their ExpectRelease (D can be faster than P's next step). */
   private final TerminalIds earlyReleases;
-  /** D: failures that overtook their ExpectReceive (P aborted before D scheduled the request). */
-  private final java.util.LinkedHashMap<String, String> earlyFailures;
+  /**
+   * D: failures that overtook their ExpectReceive (P aborted before D's scheduler announced its
+   * blocks), by transfer id, with the reason; bounded like the terminal ids.
+   */
+  private final Map<String, String> earlyFailures;
   private EngineDirectory directory = EngineDirectory.EMPTY;
 
   public static Behavior<Command> create(
@@ -119,7 +123,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     this.earlyReleases = new TerminalIds(settings.terminalIdCapacity());
     int capacity = settings.terminalIdCapacity();
     this.earlyFailures =
-        new java.util.LinkedHashMap<>() {
+        new LinkedHashMap<>(16, 0.75f, false) {
           @Override
           protected boolean removeEldestEntry(Map.Entry<String, String> eldest) {
             return size() > capacity;
@@ -155,14 +159,15 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onExpectReceive(ExpectReceive m) {
+    if (refuseDuplicate(m.requestId(), m.transferId(), false)) {
+      return this;
+    }
     String failedEarly = earlyFailures.remove(m.transferId());
     if (failedEarly != null) {
+      // P gave up before we announced our blocks: fail now instead of at the transfer timeout.
       terminal.add(m.transferId());
       sink.failed(m.requestId(), failedEarly, false);
       sink.observer().transferEnded(TransferObserver.Outcome.FAILED, 0, -1);
-      return this;
-    }
-    if (refuseDuplicate(m.requestId(), m.transferId(), false)) {
       return this;
     }
     active.put(

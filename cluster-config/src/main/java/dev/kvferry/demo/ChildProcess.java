@@ -15,6 +15,7 @@ public final class ChildProcess implements AutoCloseable {
   private final String name;
   private final Process process;
   private final Path log;
+  private volatile boolean stoppedByUs;
 
   private ChildProcess(String name, Process process, Path log) {
     this.name = name;
@@ -65,9 +66,15 @@ public final class ChildProcess implements AutoCloseable {
     return process.isAlive();
   }
 
-  /** SIGKILL, no goodbye: for fault tests. */
-  public void kill() {
-    process.destroyForcibly();
+  /** SIGKILL ({@code kill -9}), no goodbye: for fault tests. Returns once the process is gone. */
+  public void kill() throws InterruptedException {
+    stoppedByUs = true;
+    process.destroyForcibly().waitFor();
+  }
+
+  /** Whether the process ended without being killed or closed by us. */
+  public boolean exitedUnexpectedly() {
+    return !stoppedByUs && !process.isAlive();
   }
 
   /**
@@ -107,6 +114,7 @@ public final class ChildProcess implements AutoCloseable {
 
   @Override
   public void close() {
+    stoppedByUs = true;
     if (!process.isAlive()) {
       return;
     }

@@ -49,22 +49,41 @@ public final class Demo implements AutoCloseable {
    * Four JVMs share the host's cores with the workload: be patient with heartbeats so a busy
    * moment is not mistaken for a dead node.
    */
-  private static final List<String> CHILD_JVM_ARGS = List.of(
-      "-Xmx512m", "-XX:+UseSerialGC",
-      "-Dpekko.cluster.failure-detector.acceptable-heartbeat-pause=20s");
+  private static final List<String> CHILD_JVM_ARGS = List.of("-Xmx512m", "-XX:+UseSerialGC");
+  private static final Map<String, String> PATIENT_CLUSTER = Map.of(
+      "pekko.cluster.failure-detector.acceptable-heartbeat-pause", "20s",
+      // Pekko gives its logger 5 s to start; a JVM starting beside three others on a busy
+      // two-core host has been seen to miss that and exit.
+      "pekko.logger-startup-timeout", "30s");
 
   private final DemoOptions options;
   private final PrintStream out;
   private final Path logDir;
   private final int routerPort;
+  private final Map<String, String> clusterSettings;
   private final List<ChildProcess> children = new ArrayList<>();
+  private final Map<String, Integer> managementPorts = new java.util.HashMap<>();
   private ActorSystem<Void> client;
+  private ActorRef<RouterActor.Command> routerRef;
 
   public Demo(DemoOptions options, PrintStream out) throws IOException {
+    this(options, out, Map.of());
+  }
+
+  /**
+   * A demo whose processes all run with {@code clusterSettings} (config paths, as {@code -D} flags
+   * in the child JVMs and as config in this process) over the demo's patient failure detector.
+   * Fault tests pass a short failure detector and long connector timeouts here.
+   */
+  public Demo(DemoOptions options, PrintStream out, Map<String, String> clusterSettings)
+      throws IOException {
     this.options = options;
     this.out = out;
     this.logDir = Files.createTempDirectory("kvferry-demo-");
     this.routerPort = freePort();
+    Map<String, String> merged = new java.util.TreeMap<>(PATIENT_CLUSTER);
+    merged.putAll(clusterSettings);
+    this.clusterSettings = Map.copyOf(merged);
   }
 
   public Path logDir() {
@@ -73,44 +92,118 @@ public final class Demo implements AutoCloseable {
 
   /** Runs every requested mode; one report per mode. */
   public List<ModeReport> run() throws Exception {
-    String seed = "127.0.0.1:" + routerPort;
-    ChildProcess router =
-        start("router", List.of("router", "--port", Integer.toString(routerPort),
-            "--management-port", Integer.toString(freePort()), "--seed-nodes", seed));
-    // One P and one D node, each hosting one engine per mode: JVM start-up dominates a short run.
-    String modes = String.join(",", options.modes());
-    ChildProcess prefill = start("prefill", nodeArgs("prefill", "prefill", modes, seed, options.numBlocksP()));
-    ChildProcess decode = start("decode", nodeArgs("decode", "decode", modes, seed, options.numBlocksD()));
-    // The client joins through the router: start it once the router listens.
-    router.awaitLog("kvferry router up", JOIN_TIMEOUT);
-    client = startClient(seed);
-    ActorRef<RouterActor.Command> routerRef =
-        awaitOne(RouterActor.SERVICE_KEY, ref -> true, "the router", router);
+    startCluster();
     List<ModeReport> reports = new ArrayList<>();
     for (String mode : options.modes()) {
-      String suffix = options.modes().size() > 1 ? "-" + mode : "";
-      ActorRef<SimEngineActor.Command> pSim = awaitSim(Role.PREFILL, "prefill" + suffix, prefill);
-      ActorRef<SimEngineActor.Command> dSim = awaitSim(Role.DECODE, "decode" + suffix, decode);
+      ActorRef<SimEngineActor.Command> pSim = awaitSim(Role.PREFILL, engineId("prefill", mode));
+      ActorRef<SimEngineActor.Command> dSim = awaitSim(Role.DECODE, engineId("decode", mode));
       reports.add(runWorkload(mode, routerRef, pSim, dSim));
     }
     return reports;
   }
 
-  private ActorRef<SimEngineActor.Command> awaitSim(Role role, String engineId, ChildProcess node)
-      throws Exception {
+  // ---- hooks for tests that drive the demo's cluster themselves ----
+
+  /**
+   * Starts the demo's cluster without running a workload: the router, a node "prefill" and a node
+   * "decode" (one engine per mode each), and this process as a client member; returns once the
+   * router is listed.
+   */
+  public void startCluster() throws Exception {
+    String seed = seed();
+    ChildProcess router =
+        start("router", List.of("router", "--port", Integer.toString(routerPort),
+            "--management-port", Integer.toString(managementPort("router")), "--seed-nodes", seed));
+    // One P and one D node, each hosting one engine per mode: JVM start-up dominates a short run.
+    startNode("prefill", Role.PREFILL);
+    startNode("decode", Role.DECODE);
+    // The client joins through the router: start it once the router listens.
+    router.awaitLog("kvferry router up", JOIN_TIMEOUT);
+    client = startClient(seed);
+    routerRef = awaitOne(RouterActor.SERVICE_KEY, ref -> true, "the router", router);
+  }
+
+  /**
+   * Starts one more engine node (a JVM named {@code name}, its node id {@code name}) with the
+   * demo's geometry, transport and modes; its engines are {@link #engineId}{@code (name, mode)}.
+   */
+  public ChildProcess startNode(String name, Role role) throws IOException {
+    int numBlocks = role == Role.PREFILL ? options.numBlocksP() : options.numBlocksD();
+    return start(name, nodeArgs(role.clusterRole(), name, String.join(",", options.modes()), seed(),
+        numBlocks, managementPort(name)));
+  }
+
+  /** The engine id node {@code node} gives its engine of {@code mode}. */
+  public String engineId(String node, String mode) {
+    return options.modes().size() > 1 ? node + "-" + mode : node;
+  }
+
+  /** The child process started under {@code name}. */
+  public ChildProcess process(String name) {
+    return children.stream().filter(c -> c.name().equals(name)).findFirst()
+        .orElseThrow(() -> new IllegalArgumentException("no process named " + name));
+  }
+
+  /** Where process {@code name} serves Pekko Management and kvferry's routes. */
+  public java.net.URI managementUri(String name) {
+    Integer port = managementPorts.get(name);
+    if (port == null) {
+      throw new IllegalArgumentException("no process named " + name);
+    }
+    return java.net.URI.create("http://127.0.0.1:" + port + "/");
+  }
+
+  /** This process's actor system, a member of the demo's cluster with role "client". */
+  public ActorSystem<Void> client() {
+    return client;
+  }
+
+  public ActorRef<RouterActor.Command> router() {
+    return routerRef;
+  }
+
+  /** Waits until the simulated engine {@code engineId} of {@code role} is listed. */
+  public ActorRef<SimEngineActor.Command> awaitSim(Role role, String engineId) throws Exception {
     return awaitOne(SimEngineActor.serviceKey(role),
         r -> EngineIdentity.fromActorName(r.path().name())
             .map(id -> id.engineId().equals(engineId)).orElse(false),
-        engineId, node);
+        engineId, null);
   }
 
-  private List<String> nodeArgs(String role, String id, String mode, String seed, int numBlocks)
-      throws IOException {
+  /** Block counts of one simulated engine. */
+  public SimEngineActor.Stats stats(ActorRef<SimEngineActor.Command> sim) throws Exception {
+    return AskPattern.ask(sim, SimEngineActor.GetStats::new, Duration.ofSeconds(5), client.scheduler())
+        .toCompletableFuture().get();
+  }
+
+  /** Routes one request through the router; the reply comes when it ended on both sides. */
+  public CompletionStage<RouterActor.Routed> route(RequestSpec spec, TransferMode mode,
+      Duration timeout) {
+    return AskPattern.ask(routerRef,
+        (ActorRef<RouterActor.Routed> to) -> new RouterActor.Route(spec, mode, to),
+        timeout, client.scheduler());
+  }
+
+  private String seed() {
+    return "127.0.0.1:" + routerPort;
+  }
+
+  private int managementPort(String name) throws IOException {
+    Integer port = managementPorts.get(name);
+    if (port == null) {
+      port = freePort();
+      managementPorts.put(name, port);
+    }
+    return port;
+  }
+
+  private List<String> nodeArgs(String role, String id, String mode, String seed, int numBlocks,
+      int managementPort) throws IOException {
     List<String> a = new ArrayList<>(List.of(
         "node", "--role", role, "--engine-id", id, "--mode", mode,
         "--transport", options.transport(),
         "--port", Integer.toString(freePort()),
-        "--management-port", Integer.toString(freePort()),
+        "--management-port", Integer.toString(managementPort),
         "--seed-nodes", seed));
     a.addAll(options.geometryFlags(numBlocks));
     return a;
@@ -250,22 +343,24 @@ public final class Demo implements AutoCloseable {
   }
 
   private ChildProcess start(String name, List<String> args) throws IOException {
-    ChildProcess c = ChildProcess.start(name, logDir, CHILD_JVM_ARGS, args);
+    List<String> jvmArgs = new ArrayList<>(CHILD_JVM_ARGS);
+    clusterSettings.forEach((k, v) -> jvmArgs.add("-D" + k + "=" + v));
+    ChildProcess c = ChildProcess.start(name, logDir, jvmArgs, args);
     children.add(c);
     return c;
   }
 
   private ActorSystem<Void> startClient(String seed) throws IOException {
-    Config config =
-        KvferryConfig.load(Map.of(
-                "pekko.remote.artery.canonical.port", freePort(),
-                "pekko.cluster.seed-nodes", List.of("pekko://kvferry@" + seed),
-                "pekko.cluster.roles", List.of("client"),
-                "pekko.loglevel", "WARNING",
-                "pekko.cluster.failure-detector.acceptable-heartbeat-pause", "20s",
-                // The demo bounds the wait itself (and says which process to look at).
-                "pekko.cluster.shutdown-after-unsuccessful-join-seed-nodes", "off",
-                "pekko.coordinated-shutdown.exit-jvm", "off"));
+    Map<String, Object> settings = new java.util.HashMap<>(clusterSettings);
+    settings.putAll(Map.of(
+        "pekko.remote.artery.canonical.port", freePort(),
+        "pekko.cluster.seed-nodes", List.of("pekko://kvferry@" + seed),
+        "pekko.cluster.roles", List.of("client"),
+        "pekko.loglevel", "WARNING",
+        // The demo bounds the wait itself (and says which process to look at).
+        "pekko.cluster.shutdown-after-unsuccessful-join-seed-nodes", "off",
+        "pekko.coordinated-shutdown.exit-jvm", "off"));
+    Config config = KvferryConfig.load(settings);
     return ActorSystem.create(Behaviors.empty(), "kvferry", config);
   }
 
@@ -275,9 +370,11 @@ public final class Demo implements AutoCloseable {
       ChildProcess process) throws Exception {
     long deadline = System.nanoTime() + JOIN_TIMEOUT.toNanos();
     while (System.nanoTime() < deadline) {
-      if (!process.isAlive()) {
-        throw new IllegalStateException(what + " exited during startup; its log ("
-            + process.log() + ") ends with:\n" + process.tail(20));
+      for (ChildProcess c : process != null ? List.of(process) : children) {
+        if (!c.isAlive() && c.exitedUnexpectedly()) {
+          throw new IllegalStateException(c.name() + " exited while waiting for " + what
+              + "; its log (" + c.log() + ") ends with:\n" + c.tail(20));
+        }
       }
       Set<ActorRef<T>> found = find(key);
       for (ActorRef<T> r : found) {
@@ -288,8 +385,8 @@ public final class Demo implements AutoCloseable {
       TimeUnit.MILLISECONDS.sleep(200);
     }
     throw new IllegalStateException(what + " did not join the cluster within "
-        + JOIN_TIMEOUT.toSeconds() + " s; its log (" + process.log() + ") ends with:\n"
-        + process.tail(20));
+        + JOIN_TIMEOUT.toSeconds() + " s; logs in " + logDir
+        + (process == null ? "" : "; " + process.name() + "'s ends with:\n" + process.tail(20)));
   }
 
   private <T> Set<ActorRef<T>> find(ServiceKey<T> key) throws Exception {

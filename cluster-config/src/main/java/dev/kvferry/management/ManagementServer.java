@@ -2,6 +2,7 @@ package dev.kvferry.management;
 
 import java.net.URI;
 import java.time.Duration;
+import java.util.Optional;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
@@ -29,10 +30,11 @@ public final class ManagementServer {
         management.settings().getHttpEffectiveBindHostname()
             + ":"
             + management.settings().getHttpEffectiveBindPort();
+    Optional<BasicAuth> auth = BasicAuth.fromConfig(system.settings().config());
     try {
       return URI.create(
           management
-              .start()
+              .start(settings -> auth.map(a -> settings.withAuth(a::check)).orElse(settings))
               .toCompletableFuture()
               .get(BIND_TIMEOUT.toMillis(), TimeUnit.MILLISECONDS)
               .toString());

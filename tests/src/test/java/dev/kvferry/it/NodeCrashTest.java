@@ -1,0 +1,301 @@
+package dev.kvferry.it;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import dev.kvferry.actors.connector.KvTransferParams;
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.TransferMode;
+import dev.kvferry.demo.Demo;
+import dev.kvferry.demo.DemoOptions;
+import dev.kvferry.router.RouterActor;
+import dev.kvferry.sim.RequestSpec;
+import dev.kvferry.sim.SimEngineActor;
+import dev.kvferry.sim.SimEngineActor.Outcome;
+import java.io.PrintStream;
+import java.io.OutputStream;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+import org.apache.pekko.actor.testkit.typed.javadsl.ActorTestKit;
+import org.apache.pekko.actor.testkit.typed.javadsl.TestProbe;
+import org.apache.pekko.cluster.MemberStatus;
+import org.apache.pekko.cluster.typed.Cluster;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.MethodOrderer;
+import org.junit.jupiter.api.Order;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.TestInstance;
+import org.junit.jupiter.api.TestMethodOrder;
+
+/**
+ * {@code kill -9} of engine nodes in a real cluster: a router, two prefill and two decode nodes
+ * (each hosting a WRITE and a READ engine) as separate JVMs on loopback, this JVM a client member.
+ * Requests are parked mid-transfer on purpose (P prefilled and waiting for D's blocks, P keeping
+ * blocks for a D that has not read them, D waiting for P's writes) and routed traffic runs while a
+ * node dies. Every connector timeout is set to ten minutes, so whatever frees a block within the
+ * test's deadlines was the cluster noticing the death, not a timer.
+ *
+ * <p>The two scenarios share one cluster (JVM start-up dominates on two cores) and run in order:
+ * the decode node "decode" dies first, then the prefill node "prefill".
+ */
+@TestInstance(TestInstance.Lifecycle.PER_CLASS)
+@TestMethodOrder(MethodOrderer.OrderAnnotation.class)
+class NodeCrashTest {
+
+  /**
+   * Downing in seconds: unreachable after ~6 s of silence (kvferry's default; shorter pauses made
+   * this loaded two-core host flag healthy nodes), downed 3 s later.
+   */
+  private static final Map<String, String> FAST_FAILURE_DETECTION = Map.of(
+      "pekko.cluster.failure-detector.acceptable-heartbeat-pause", "6s",
+      "pekko.cluster.split-brain-resolver.stable-after", "3s",
+      "kvferry.connector.defer-timeout", "10m",
+      "kvferry.connector.transfer-timeout", "10m",
+      "kvferry.connector.read-abort-timeout", "10m");
+  /** Far below every connector timeout above. */
+  private static final Duration FREED_WITHIN = Duration.ofSeconds(60);
+  private static final Duration ROUTE_TIMEOUT = Duration.ofSeconds(90);
+
+  private Demo demo;
+  private ActorTestKit kit;
+  private final HttpClient http = HttpClient.newHttpClient();
+  private final ObjectMapper json = new ObjectMapper();
+  private int nextRequest;
+
+  @BeforeAll
+  void startCluster() throws Exception {
+    DemoOptions options = new DemoOptions("cma", List.of("write", "read"), 3, 2, 16, 4, 2, false,
+        24, 256, 256, 1, 1, 120, 0, 0, 1, 5, false);
+    demo = new Demo(options, new PrintStream(OutputStream.nullOutputStream()), FAST_FAILURE_DETECTION);
+    demo.startCluster();
+    demo.startNode("prefill-b", Role.PREFILL);
+    demo.startNode("decode-b", Role.DECODE);
+    kit = ActorTestKit.create(demo.client());
+    for (String node : List.of("prefill", "prefill-b", "decode", "decode-b")) {
+      Role role = node.startsWith("prefill") ? Role.PREFILL : Role.DECODE;
+      for (String mode : List.of("write", "read")) {
+        demo.awaitSim(role, demo.engineId(node, mode));
+      }
+    }
+    // Every pair works before anything dies (and every handshake is cached).
+    List<RouterActor.Routed> warmUp = routeAll(16, "warm");
+    for (RouterActor.Routed r : warmUp) {
+      assertEquals(Outcome.Status.DONE, r.status(), r.requestId() + ": " + r.detail());
+    }
+  }
+
+  @AfterAll
+  void stopCluster() {
+    if (demo != null) {
+      System.out.println("NodeCrashTest logs: " + demo.logDir());
+      demo.close();
+    }
+  }
+
+  @Test
+  @Order(1)
+  void killingDecodeMidTransferFreesEveryBlockOfItsRequestsAndTheRouterStopsChoosingIt()
+      throws Exception {
+    // Parked on both prefill nodes, for the decode node about to die: WRITE requests prefilled
+    // and waiting for D's block ids, READ requests whose blocks wait for D to read them.
+    List<TestProbe<Outcome>> parked = new ArrayList<>();
+    for (String p : List.of("prefill", "prefill-b")) {
+      for (String mode : List.of("write", "read")) {
+        for (int i = 0; i < 3; i++) {
+          TestProbe<Outcome> probe = kit.createTestProbe();
+          String id = "parked-" + (nextRequest++);
+          demo.awaitSim(Role.PREFILL, demo.engineId(p, mode))
+              .tell(new SimEngineActor.Submit(spec(id, 40),
+                  KvTransferParams.forPrefill("tx-" + id, demo.engineId("decode", mode), 0),
+                  probe.ref()));
+          parked.add(probe);
+        }
+      }
+    }
+    for (TestProbe<Outcome> probe : parked) {
+      Outcome o = probe.expectMessageClass(Outcome.class, ROUTE_TIMEOUT);
+      assertEquals(Outcome.Status.DONE, o.status(), "prefill of " + o.requestId() + ": " + o.detail());
+    }
+    for (String p : List.of("prefill", "prefill-b")) {
+      for (String mode : List.of("write", "read")) {
+        String engine = demo.engineId(p, mode);
+        kit.createTestProbe().awaitAssert(FREED_WITHIN, Duration.ofMillis(200), () -> {
+          SimEngineActor.Stats s = stats(Role.PREFILL, engine);
+          assertEquals(s.numBlocks() - 3 * 10, s.freeBlocks(), "blocks kept for D on " + engine);
+          return null;
+        });
+      }
+    }
+    // Routed traffic in flight across both decode nodes while one dies.
+    List<CompletableFuture<RouterActor.Routed>> inFlight = startRoutes(24, "busy-d");
+
+    long killedAt = System.nanoTime();
+    demo.process("decode").kill();
+
+    for (String p : List.of("prefill", "prefill-b")) {
+      for (String mode : List.of("write", "read")) {
+        awaitAllFree(Role.PREFILL, demo.engineId(p, mode));
+      }
+    }
+    for (String mode : List.of("write", "read")) {
+      awaitAllFree(Role.DECODE, demo.engineId("decode-b", mode));
+    }
+    System.out.printf("decode killed: every prefill block free %.1f s later%n",
+        (System.nanoTime() - killedAt) / 1e9);
+
+    for (CompletableFuture<RouterActor.Routed> f : inFlight) {
+      RouterActor.Routed r = f.get(ROUTE_TIMEOUT.toSeconds(), TimeUnit.SECONDS);
+      assertTrue(r.status() == Outcome.Status.DONE
+              || (r.status() == Outcome.Status.FAILED && r.detail().contains("decode-")
+                  && r.decodeEngineId().startsWith("decode-") && !r.decodeEngineId().startsWith("decode-b")),
+          "a request either finished or failed because its decode node died: " + r);
+    }
+    awaitMembers(Role.DECODE, 1);
+
+    for (RouterActor.Routed r : routeAll(12, "after-d")) {
+      assertEquals(Outcome.Status.DONE, r.status(), r.requestId() + ": " + r.detail());
+      assertTrue(r.decodeEngineId().startsWith("decode-b-"), "routed to " + r.decodeEngineId());
+    }
+    assertNoTransfersLeft("prefill", "prefill-b", "decode-b");
+    for (String p : List.of("prefill", "prefill-b")) {
+      for (String mode : List.of("write", "read")) {
+        awaitAllFree(Role.PREFILL, demo.engineId(p, mode));
+      }
+    }
+  }
+
+  @Test
+  @Order(2)
+  void killingPrefillMidTransferFailsItsRequestsOnDecodeNamingItAndDecodeKeepsServing()
+      throws Exception {
+    // Parked on the surviving decode node: blocks allocated and announced to the prefill node
+    // about to die, waiting for its writes.
+    List<TestProbe<Outcome>> parked = new ArrayList<>();
+    for (int i = 0; i < 4; i++) {
+      TestProbe<Outcome> probe = kit.createTestProbe();
+      String id = "parked-" + (nextRequest++);
+      demo.awaitSim(Role.DECODE, demo.engineId("decode-b", "write"))
+          .tell(new SimEngineActor.Submit(spec(id, 40),
+              KvTransferParams.forDecode("tx-" + id, demo.engineId("prefill", "write"), 0),
+              probe.ref()));
+      parked.add(probe);
+    }
+    kit.createTestProbe().awaitAssert(FREED_WITHIN, Duration.ofMillis(200), () -> {
+      SimEngineActor.Stats s = stats(Role.DECODE, demo.engineId("decode-b", "write"));
+      assertEquals(s.numBlocks() - 4 * 10, s.freeBlocks(), "blocks allocated for P's writes");
+      return null;
+    });
+    JsonNode before = transfers("decode-b");
+    assertEquals(4, before.path("counts").path("receiving").asInt(), before.toString());
+
+    List<CompletableFuture<RouterActor.Routed>> inFlight = startRoutes(16, "busy-p");
+    demo.process("prefill").kill();
+
+    for (TestProbe<Outcome> probe : parked) {
+      Outcome o = probe.expectMessageClass(Outcome.class, FREED_WITHIN);
+      assertEquals(Outcome.Status.FAILED, o.status(), o.toString());
+      assertTrue(o.detail().contains("prefill engine " + demo.engineId("prefill", "write")),
+          "the error names the prefill engine that died: " + o.detail());
+    }
+    for (String mode : List.of("write", "read")) {
+      awaitAllFree(Role.DECODE, demo.engineId("decode-b", mode));
+      awaitAllFree(Role.PREFILL, demo.engineId("prefill-b", mode));
+    }
+    for (CompletableFuture<RouterActor.Routed> f : inFlight) {
+      RouterActor.Routed r = f.get(ROUTE_TIMEOUT.toSeconds(), TimeUnit.SECONDS);
+      assertTrue(r.status() == Outcome.Status.DONE
+              || (r.status() == Outcome.Status.FAILED
+                  && r.prefillEngineId().startsWith("prefill-") && !r.prefillEngineId().startsWith("prefill-b")),
+          "a request either finished or failed because its prefill node died: " + r);
+    }
+    awaitMembers(Role.PREFILL, 1);
+    for (RouterActor.Routed r : routeAll(12, "after-p")) {
+      assertEquals(Outcome.Status.DONE, r.status(), r.requestId() + ": " + r.detail());
+      assertEquals("decode-b-" + r.mode().configName(), r.decodeEngineId());
+    }
+    assertNoTransfersLeft("prefill-b", "decode-b");
+  }
+
+  // ---- helpers ----
+
+  private RequestSpec spec(String id, int promptTokens) {
+    return new RequestSpec(id, promptTokens, 0, RequestSpec.Abort.NONE);
+  }
+
+  /** {@code n} requests, alternating modes, prompts of 1 to 120 tokens, all sent at once. */
+  private List<CompletableFuture<RouterActor.Routed>> startRoutes(int n, String prefix) {
+    List<CompletableFuture<RouterActor.Routed>> out = new ArrayList<>();
+    for (int i = 0; i < n; i++) {
+      TransferMode mode = i % 2 == 0 ? TransferMode.WRITE : TransferMode.READ;
+      int prompt = 1 + (i * 37) % 120;
+      out.add(demo.route(spec(prefix + "-" + (nextRequest++), prompt), mode, ROUTE_TIMEOUT)
+          .toCompletableFuture());
+    }
+    return out;
+  }
+
+  private List<RouterActor.Routed> routeAll(int n, String prefix) throws Exception {
+    List<RouterActor.Routed> out = new ArrayList<>();
+    for (CompletableFuture<RouterActor.Routed> f : startRoutes(n, prefix)) {
+      out.add(f.get(ROUTE_TIMEOUT.toSeconds(), TimeUnit.SECONDS));
+    }
+    return out;
+  }
+
+  private SimEngineActor.Stats stats(Role role, String engineId) throws Exception {
+    return demo.stats(demo.awaitSim(role, engineId));
+  }
+
+  private void awaitAllFree(Role role, String engineId) {
+    kit.createTestProbe().awaitAssert(FREED_WITHIN, Duration.ofMillis(200), () -> {
+      SimEngineActor.Stats s = stats(role, engineId);
+      assertEquals(s.numBlocks(), s.freeBlocks(), engineId + ": every block back in the allocator");
+      assertEquals(0, s.requestsInFlight(), engineId + ": no request in flight");
+      return null;
+    });
+  }
+
+  /** Waits until the cluster has downed and removed the dead node: {@code n} members of role. */
+  private void awaitMembers(Role role, int n) {
+    Cluster cluster = Cluster.get(demo.client());
+    kit.createTestProbe().awaitAssert(FREED_WITHIN, Duration.ofMillis(200), () -> {
+      long members = java.util.stream.StreamSupport.stream(
+              cluster.state().getMembers().spliterator(), false)
+          .filter(m -> m.hasRole(role.clusterRole()) && m.status() == MemberStatus.up())
+          .count();
+      assertEquals(n, members, role + " members up");
+      assertTrue(cluster.state().getUnreachable().isEmpty(), "unreachable members left");
+      return null;
+    });
+  }
+
+  private JsonNode transfers(String node) throws Exception {
+    HttpResponse<String> r = http.send(
+        HttpRequest.newBuilder(demo.managementUri(node).resolve("kvferry/transfers")).build(),
+        HttpResponse.BodyHandlers.ofString());
+    assertEquals(200, r.statusCode(), node + ": " + r.body());
+    return json.readTree(r.body());
+  }
+
+  private void assertNoTransfersLeft(String... nodes) throws Exception {
+    for (String node : nodes) {
+      kit.createTestProbe().awaitAssert(FREED_WITHIN, Duration.ofMillis(200), () -> {
+        JsonNode t = transfers(node);
+        assertEquals(0, t.path("transfers").size(), node + " /kvferry/transfers: " + t);
+        assertFalse(t.path("unanswered").size() > 0, node + " /kvferry/transfers: " + t);
+        return null;
+      });
+    }
+  }
+}
