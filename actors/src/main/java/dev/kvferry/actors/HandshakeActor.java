@@ -42,7 +42,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   private record RetryDue(PeerKey key, int attempt) implements Command {}
 
   /** The outcome of a fetch. */
-  public sealed interface Result {
+  public sealed interface Result extends LocalOnly {
     String engineId();
 
     int tpRank();

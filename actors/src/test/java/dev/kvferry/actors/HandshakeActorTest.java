@@ -1,0 +1,116 @@
+package dev.kvferry.actors;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertInstanceOf;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.TransferMode;
+import dev.kvferry.actors.engine.AgentMetadata;
+import dev.kvferry.actors.engine.ConnectorSettings;
+import dev.kvferry.actors.engine.EngineDirectory;
+import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.rdma.RegionDescriptor;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.atomic.AtomicInteger;
+import org.apache.pekko.actor.testkit.typed.javadsl.TestProbe;
+import org.apache.pekko.actor.typed.ActorRef;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+
+/** The HandshakeActor on its own: deduplication, caching, retries, failure to every waiter. */
+class HandshakeActorTest {
+
+  private final PeerFixture fx = new PeerFixture();
+  private final EngineIdentity self =
+      new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.WRITE);
+  private final EngineIdentity peer =
+      new EngineIdentity(Role.DECODE, "decode-0", 0, 1, 0, 1, TransferMode.WRITE);
+
+  @AfterEach
+  void stop() {
+    fx.close();
+  }
+
+  private ActorRef<HandshakeActor.Command> handshake(ConnectorSettings settings) {
+    List<RegionDescriptor> layers = new ArrayList<>();
+    fx.localLayers.forEach(r -> layers.add(fx.transport.describe(r)));
+    AgentMetadata local = new AgentMetadata(self.engineId(), 0, 0, 1, fx.transport.name(),
+        PeerFixture.GEOMETRY, layers);
+    return fx.kit.spawn(HandshakeActor.create(local, settings));
+  }
+
+  @Test
+  void oneFetchServesAHundredConcurrentWaitersAndIsCached() {
+    AtomicInteger asked = new AtomicInteger();
+    ActorRef<EngineActor.Command> peerRef = fx.startPeer(peer, p -> {
+      asked.incrementAndGet();
+      return fx.peerMetadata(p);
+    });
+    ActorRef<HandshakeActor.Command> h = handshake(ConnectorSettings.DEFAULTS);
+    h.tell(new HandshakeActor.DirectoryChanged(EngineDirectory.of(List.of(peerRef))));
+    List<TestProbe<HandshakeActor.Result>> waiters = new ArrayList<>();
+    for (int i = 0; i < 100; i++) {
+      TestProbe<HandshakeActor.Result> w = fx.kit.createTestProbe();
+      waiters.add(w);
+      h.tell(new HandshakeActor.Fetch("decode-0", 0, w.ref()));
+    }
+    for (TestProbe<HandshakeActor.Result> w : waiters) {
+      HandshakeActor.Result r = w.receiveMessage(Duration.ofSeconds(5));
+      assertInstanceOf(HandshakeActor.Ready.class, r);
+    }
+    TestProbe<HandshakeActor.Result> late = fx.kit.createTestProbe();
+    h.tell(new HandshakeActor.Fetch("decode-0", 0, late.ref()));
+    assertInstanceOf(HandshakeActor.Ready.class, late.receiveMessage(Duration.ofSeconds(5)));
+    assertEquals(1, asked.get(), "the peer was asked more than once");
+  }
+
+  @Test
+  void aPeerThatNeverAnswersFailsEveryWaiterAfterTheLastAttemptNamingIt() {
+    AtomicInteger asked = new AtomicInteger();
+    ActorRef<EngineActor.Command> peerRef = fx.startPeer(peer, p -> {
+      asked.incrementAndGet();
+      return null; // never answers
+    });
+    ConnectorSettings s = ConnectorSettings.DEFAULTS.withHandshake(
+        Duration.ofMillis(200), 3, Duration.ofMillis(50));
+    ActorRef<HandshakeActor.Command> h = handshake(s);
+    h.tell(new HandshakeActor.DirectoryChanged(EngineDirectory.of(List.of(peerRef))));
+    List<TestProbe<HandshakeActor.Result>> waiters = new ArrayList<>();
+    for (int i = 0; i < 10; i++) {
+      TestProbe<HandshakeActor.Result> w = fx.kit.createTestProbe();
+      waiters.add(w);
+      h.tell(new HandshakeActor.Fetch("decode-0", 0, w.ref()));
+    }
+    for (TestProbe<HandshakeActor.Result> w : waiters) {
+      HandshakeActor.Failed f =
+          assertInstanceOf(HandshakeActor.Failed.class, w.receiveMessage(Duration.ofSeconds(5)));
+      assertTrue(f.reason().contains("decode-0") && f.reason().contains("3 attempts"), f.reason());
+    }
+    assertEquals(3, asked.get(), "one request per attempt, however many waiters");
+  }
+
+  @Test
+  void anEngineThatIsNotListedFailsAfterTheAttemptsSayingSo() {
+    ConnectorSettings s = ConnectorSettings.DEFAULTS.withHandshake(
+        Duration.ofMillis(100), 2, Duration.ofMillis(20));
+    ActorRef<HandshakeActor.Command> h = handshake(s);
+    TestProbe<HandshakeActor.Result> w = fx.kit.createTestProbe();
+    h.tell(new HandshakeActor.Fetch("nobody", 0, w.ref()));
+    HandshakeActor.Failed f =
+        assertInstanceOf(HandshakeActor.Failed.class, w.receiveMessage(Duration.ofSeconds(5)));
+    assertTrue(f.reason().contains("nobody") && f.reason().contains("not a member"), f.reason());
+  }
+
+  @Test
+  void servesItsOwnMetadataToPeers() {
+    ActorRef<HandshakeActor.Command> h = handshake(ConnectorSettings.DEFAULTS);
+    TestProbe<EngineActor.MetadataReply> p = fx.kit.createTestProbe();
+    h.tell(new HandshakeActor.Serve(new EngineActor.GetMetadata(p.ref())));
+    EngineActor.MetadataReply reply = p.receiveMessage(Duration.ofSeconds(5));
+    assertEquals("prefill-0", reply.engineId());
+    assertTrue(reply.blob().length > 0);
+  }
+}

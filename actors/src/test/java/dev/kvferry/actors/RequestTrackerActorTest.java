@@ -1,0 +1,90 @@
+package dev.kvferry.actors;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvferry.actors.connector.Finished;
+import dev.kvferry.actors.engine.ConnectorSettings;
+import java.time.Duration;
+import java.util.Set;
+import org.apache.pekko.actor.testkit.typed.javadsl.ActorTestKit;
+import org.apache.pekko.actor.testkit.typed.javadsl.TestProbe;
+import org.apache.pekko.actor.typed.ActorRef;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+
+/** The RequestTrackerActor on its own: deadlines, each ending reported once, late messages. */
+class RequestTrackerActorTest {
+
+  private final ActorTestKit kit = ActorTestKit.create();
+  private final FinishedSink sink = new FinishedSink();
+
+  @AfterEach
+  void stop() {
+    kit.shutdownTestKit();
+  }
+
+  private ActorRef<RequestTrackerActor.Command> tracker(ConnectorSettings s) {
+    return kit.spawn(RequestTrackerActor.create("test/tp0", s, sink));
+  }
+
+  /** Drains the sink until {@code expected} holds, then checks nothing more arrives. */
+  private Finished awaitExactly(java.util.function.Predicate<Finished> expected) {
+    Finished[] seen = new Finished[1];
+    TestProbe<Object> p = kit.createTestProbe();
+    p.awaitAssert(Duration.ofSeconds(5), Duration.ofMillis(10), () -> {
+      Finished f = sink.drain();
+      if (!f.isEmpty()) {
+        seen[0] = f;
+      }
+      assertTrue(seen[0] != null && expected.test(seen[0]), "so far: " + seen[0]);
+      return null;
+    });
+    return seen[0];
+  }
+
+  @Test
+  void prefillFreesBlocksAtTheReadAbortDeadlineWhenDecodeNeverComes() {
+    ActorRef<RequestTrackerActor.Command> t = tracker(ConnectorSettings.DEFAULTS);
+    t.tell(new RequestTrackerActor.ExpectRelease("r1", "tx1", System.currentTimeMillis() + 200, "d"));
+    assertEquals(Set.of("r1"), awaitExactly(f -> f.doneSending().contains("r1")).doneSending());
+    // The release that comes after the deadline is late: ignored, nothing reported twice.
+    t.tell(new RequestTrackerActor.Released("tx1"));
+    kit.createTestProbe().expectNoMessage(Duration.ofMillis(200));
+    assertTrue(sink.drain().isEmpty());
+  }
+
+  @Test
+  void eachEndingIsReportedOnceAndLateOrDuplicateMessagesAreIgnored() {
+    ActorRef<RequestTrackerActor.Command> t = tracker(ConnectorSettings.DEFAULTS);
+    t.tell(new RequestTrackerActor.ExpectReceive("r1", "tx1", "prefill-0"));
+    t.tell(new RequestTrackerActor.ReceiveSucceeded("tx1", 100));
+    t.tell(new RequestTrackerActor.ReceiveSucceeded("tx1", 100)); // duplicate
+    t.tell(new RequestTrackerActor.TransferFailed("tx1", "late failure")); // late
+    Finished f = awaitExactly(x -> x.doneReceiving().contains("r1"));
+    assertEquals(Set.of("r1"), f.doneReceiving());
+    assertTrue(f.failed().isEmpty(), f.toString());
+    kit.createTestProbe().expectNoMessage(Duration.ofMillis(200));
+    assertTrue(sink.drain().isEmpty(), "reported twice");
+  }
+
+  @Test
+  void aDuplicateTransferIdIsRefusedWithoutDisturbingTheFirst() {
+    ActorRef<RequestTrackerActor.Command> t = tracker(ConnectorSettings.DEFAULTS);
+    t.tell(new RequestTrackerActor.ExpectReceive("r1", "tx1", "prefill-0"));
+    t.tell(new RequestTrackerActor.ExpectReceive("r2", "tx1", "prefill-0"));
+    Finished f = awaitExactly(x -> x.failed().containsKey("r2"));
+    assertTrue(f.failed().get("r2").contains("duplicate transfer id tx1"), f.toString());
+    t.tell(new RequestTrackerActor.ReceiveSucceeded("tx1", 1));
+    assertEquals(Set.of("r1"), awaitExactly(x -> x.doneReceiving().contains("r1")).doneReceiving());
+  }
+
+  @Test
+  void aReceiveThatOutlivesTheTransferTimeoutFailsNamingThePeer() {
+    ActorRef<RequestTrackerActor.Command> t =
+        tracker(ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(200)));
+    t.tell(new RequestTrackerActor.ExpectReceive("r1", "tx1", "prefill-7"));
+    Finished f = awaitExactly(x -> x.failed().containsKey("r1"));
+    assertTrue(f.failed().get("r1").contains("prefill-7"), f.toString());
+  }
+}

@@ -1,0 +1,108 @@
+package dev.kvferry.actors;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvferry.actors.connector.ConnectorMetadata;
+import dev.kvferry.actors.connector.ConnectorWorker;
+import dev.kvferry.actors.connector.Finished;
+import dev.kvferry.actors.connector.HostLayerEvent;
+import dev.kvferry.actors.connector.ReqMeta;
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.TransferMode;
+import dev.kvferry.actors.engine.ConnectorSettings;
+import dev.kvferry.actors.engine.EngineIdentity;
+import java.nio.ByteBuffer;
+import java.time.Duration;
+import java.util.List;
+import java.util.Set;
+import org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * P's WriterActor through its worker, against a hand-played decode peer: the write waits for the
+ * peer's blocks, its metadata and the layer's event; the count is sealed after the pass; a write
+ * whose blocks never come fails at the defer timeout; late messages change nothing.
+ */
+class WriterActorTest {
+
+  private final PeerFixture fx = new PeerFixture();
+  private final EngineIdentity decode =
+      new EngineIdentity(Role.DECODE, "decode-0", 0, 1, 0, 1, TransferMode.WRITE);
+
+  @AfterEach
+  void stop() {
+    fx.close();
+  }
+
+  private ConnectorWorker prefill(ConnectorSettings s) {
+    fx.startPeer(decode, fx::peerMetadata);
+    fx.awaitListed(Role.DECODE, "decode-0");
+    return fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0", s);
+  }
+
+  private <T> T fishPeer(Class<T> type) {
+    return type.cast(fx.peerInbox.fishForMessage(Duration.ofSeconds(10),
+        m -> type.isInstance(m) ? FishingOutcomes.complete() : FishingOutcomes.continueAndIgnore())
+        .get(0));
+  }
+
+  private ByteBuffer block(List<dev.kvferry.rdma.MemoryRegion> layers, int layer, int block) {
+    return layers.get(layer).buffer(block * PeerFixture.GEOMETRY.blockBytes(),
+        (int) PeerFixture.GEOMETRY.blockBytes());
+  }
+
+  @Test
+  void sealedCountWithFewerHooksThanLayersCompletesTheTransfer() {
+    ConnectorWorker p = prefill(ConnectorSettings.DEFAULTS);
+    ReqMeta r = new ReqMeta("r1", "tx1", new int[] {1, 2}, null, "decode-0", 0);
+    p.engineRef().tell(new EngineActor.RemoteBlocks("tx1", "r1", new int[] {3, 4}, "decode-0", 0));
+    // A hybrid model: the pass fires the save hook for layer 0 only, then seals.
+    ConnectorMetadata meta = new ConnectorMetadata(List.of(r), List.of(), List.of());
+    p.saveKvLayer(meta, 0, HostLayerEvent.completed());
+    p.waitForSave();
+
+    EngineActor.WriteDone done = fishPeer(EngineActor.WriteDone.class);
+    assertEquals("tx1", done.transferId());
+    assertEquals(Set.of("r1"), fx.awaitFinished(p, f -> f.doneSending().contains("r1")).doneSending());
+    assertEquals(block(fx.localLayers, 0, 1), block(fx.peerLayers, 0, 3));
+    assertEquals(block(fx.localLayers, 0, 2), block(fx.peerLayers, 0, 4));
+    assertEquals(0, block(fx.peerLayers, 1, 3).get(0), "layer 1 was not saved, so not written");
+
+    // Late and duplicate messages for the finished transfer change nothing.
+    p.engineRef().tell(new EngineActor.RemoteBlocks("tx1", "r1", new int[] {5, 6}, "decode-0", 0));
+    fx.peerInbox.expectNoMessage(Duration.ofMillis(300));
+    assertTrue(p.getFinished().isEmpty());
+  }
+
+  @Test
+  void aLayerWaitsForItsEventBeforeItIsWritten() {
+    ConnectorWorker p = prefill(ConnectorSettings.DEFAULTS);
+    ReqMeta r = new ReqMeta("r2", "tx2", new int[] {7}, null, "decode-0", 0);
+    p.engineRef().tell(new EngineActor.RemoteBlocks("tx2", "r2", new int[] {9}, "decode-0", 0));
+    ConnectorMetadata meta = new ConnectorMetadata(List.of(r), List.of(), List.of());
+    HostLayerEvent e0 = new HostLayerEvent();
+    HostLayerEvent e1 = new HostLayerEvent();
+    p.saveKvLayer(meta, 0, e0);
+    p.saveKvLayer(meta, 1, e1);
+    p.waitForSave();
+    e0.fire();
+    fx.peerInbox.expectNoMessage(Duration.ofMillis(300)); // layer 1's event has not fired
+    e1.fire();
+    assertEquals("tx2", fishPeer(EngineActor.WriteDone.class).transferId());
+    assertEquals(block(fx.localLayers, 1, 7), block(fx.peerLayers, 1, 9));
+  }
+
+  @Test
+  void aWriteWhoseRemoteBlocksNeverComeFailsAtTheDeferTimeoutAndFreesPrefill() {
+    ConnectorWorker p = prefill(ConnectorSettings.DEFAULTS.withDeferTimeout(Duration.ofMillis(300)));
+    ReqMeta r = new ReqMeta("r3", "tx3", new int[] {1}, null, "decode-0", 0);
+    PeerFixture.saveAllLayers(p, r);
+    EngineActor.TransferFailed failed = fishPeer(EngineActor.TransferFailed.class);
+    assertTrue(failed.reason().contains("remote blocks"), failed.reason());
+    Finished f = fx.awaitFinished(p, x -> x.doneSending().contains("r3"));
+    assertTrue(f.failed().get("r3").contains("300 ms"), f.toString());
+    assertTrue(fx.peerUntouched());
+  }
+}
