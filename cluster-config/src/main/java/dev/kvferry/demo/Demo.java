@@ -79,8 +79,10 @@ public final class Demo implements AutoCloseable {
             "--management-port", Integer.toString(freePort()), "--seed-nodes", seed));
     // One P and one D node, each hosting one engine per mode: JVM start-up dominates a short run.
     String modes = String.join(",", options.modes());
-    ChildProcess prefill = start("prefill", nodeArgs("prefill", "prefill", modes, seed, options.numBlocksP()));
-    ChildProcess decode = start("decode", nodeArgs("decode", "decode", modes, seed, options.numBlocksD()));
+    ChildProcess prefill = start("prefill", nodeArgs("prefill", "prefill", modes, seed,
+        options.numBlocksP(), options.tpP(), options.blockSizeP()));
+    ChildProcess decode = start("decode", nodeArgs("decode", "decode", modes, seed,
+        options.numBlocksD(), options.tpD(), options.blockSizeD()));
     // The client joins through the router: start it once the router listens.
     router.awaitLog("kvferry router up", JOIN_TIMEOUT);
     client = startClient(seed);
@@ -104,15 +106,15 @@ public final class Demo implements AutoCloseable {
         engineId, node);
   }
 
-  private List<String> nodeArgs(String role, String id, String mode, String seed, int numBlocks)
-      throws IOException {
+  private List<String> nodeArgs(String role, String id, String mode, String seed, int numBlocks,
+      int tp, int blockSize) throws IOException {
     List<String> a = new ArrayList<>(List.of(
         "node", "--role", role, "--engine-id", id, "--mode", mode,
         "--transport", options.transport(),
         "--port", Integer.toString(freePort()),
         "--management-port", Integer.toString(freePort()),
         "--seed-nodes", seed));
-    a.addAll(options.geometryFlags(numBlocks));
+    a.addAll(options.geometryFlags(numBlocks, tp, blockSize));
     return a;
   }
 
@@ -127,9 +129,12 @@ public final class Demo implements AutoCloseable {
     for (int i = 0; i < options.requests(); i++) {
       int prompt = options.promptMin() + r.nextInt(options.promptMax() - options.promptMin() + 1);
       int cached = 0;
-      if (r.nextDouble() < options.prefixHitRate() && prompt > options.blockSize()) {
-        int blocks = (prompt - 1) / options.blockSize();
-        cached = r.nextInt(blocks + 1) * options.blockSize();
+      // D's prefix hits are in D's blocks; across block sizes the planner cannot place them.
+      int blockSize = options.blockSizeD();
+      boolean hit = r.nextDouble() < options.prefixHitRate();
+      if (hit && prompt > blockSize && options.blockSizeP() == blockSize) {
+        int blocks = (prompt - 1) / blockSize;
+        cached = r.nextInt(blocks + 1) * blockSize;
       }
       RequestSpec.Abort abort =
           r.nextDouble() < options.abortRate() ? kinds[r.nextInt(kinds.length)] : RequestSpec.Abort.NONE;
