@@ -20,6 +20,7 @@ import dev.kvferry.rdma.Transport;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.HashSet;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.OptionalInt;
@@ -198,10 +199,13 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   private record AwaitingTpSize(String engineId, IntConsumer action) {}
 
   private final List<AwaitingTpSize> awaitingTpSize = new ArrayList<>();
-  /** D, WRITE: the P workers whose WriteDone is still due, by transfer id. */
-  private final Map<String, Set<Integer>> writeDonesDue = new HashMap<>();
+  /**
+   * D, WRITE: the P workers whose WriteDone is still due, by transfer id. Bounded like the
+   * terminal ids: an entry whose transfer timed out is dropped eventually.
+   */
+  private final Map<String, Set<Integer>> writeDonesDue;
   /** P, READ, D with another TP size: the D workers that released so far, by transfer id. */
-  private final Map<String, Set<Integer>> releasesSeen = new HashMap<>();
+  private final Map<String, Set<Integer>> releasesSeen;
 
   public static Behavior<Command> create(Setup setup) {
     return Behaviors.setup(ctx -> new EngineActor(ctx, setup));
@@ -211,6 +215,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     super(ctx);
     this.setup = setup;
     this.self = setup.identity();
+    this.writeDonesDue = bounded(setup.settings().terminalIdCapacity());
+    this.releasesSeen = bounded(setup.settings().terminalIdCapacity());
     // Transports make blocking native calls: keep them off the actors' dispatcher.
     this.io = ctx.getSystem().dispatchers().lookup(DispatcherSelector.blocking());
     List<RegionDescriptor> descriptors = new ArrayList<>();
@@ -377,6 +383,15 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     }
     releasesSeen.remove(m.transferId());
     return true;
+  }
+
+  private static Map<String, Set<Integer>> bounded(int capacity) {
+    return new LinkedHashMap<>() {
+      @Override
+      protected boolean removeEldestEntry(Map.Entry<String, Set<Integer>> eldest) {
+        return size() > capacity;
+      }
+    };
   }
 
   private boolean mla() {
