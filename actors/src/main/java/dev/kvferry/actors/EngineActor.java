@@ -10,6 +10,7 @@ import dev.kvferry.actors.engine.EngineDirectory;
 import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.actors.plan.InvalidBlockIdsException;
 import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.actors.plan.TensorParallelSplit;
 import dev.kvferry.actors.plan.TransferPlanner;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionDescriptor;
@@ -18,12 +19,16 @@ import dev.kvferry.rdma.TransferStatus;
 import dev.kvferry.rdma.Transport;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
-import java.util.Arrays;
 import java.util.HashMap;
+import java.util.HashSet;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.OptionalInt;
+import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
+import java.util.function.IntConsumer;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
 import org.apache.pekko.actor.typed.DispatcherSelector;
@@ -77,22 +82,52 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
 
   // ---- between engines, over the network ----
 
-  /** D to P, WRITE: D's blocks for a transfer (the seed's "remote_blocks" notification). */
+  /**
+   * D to P, WRITE: D's blocks for a transfer (the seed's "remote_blocks" notification), from D's
+   * worker {@code decodeTpRank} (-1: the worker of the receiver's own rank).
+   */
   public record RemoteBlocks(
-      String transferId, String requestId, int[] blockIds, String decodeEngineId, int decodeDpRank)
-      implements Command, CborSerializable {}
+      String transferId,
+      String requestId,
+      int[] blockIds,
+      String decodeEngineId,
+      int decodeDpRank,
+      int decodeTpRank)
+      implements Command, CborSerializable {
+    public RemoteBlocks(
+        String transferId, String requestId, int[] blockIds, String decodeEngineId,
+        int decodeDpRank) {
+      this(transferId, requestId, blockIds, decodeEngineId, decodeDpRank, -1);
+    }
+  }
 
-  /** P to D, WRITE: every layer of a transfer has been written. */
-  public record WriteDone(String transferId, String producerEngineId)
-      implements Command, CborSerializable {}
+  /**
+   * P to D, WRITE: every layer of a transfer has been written by P's worker {@code
+   * producerTpRank} (-1: the worker of the receiver's own rank).
+   */
+  public record WriteDone(String transferId, String producerEngineId, int producerTpRank)
+      implements Command, CborSerializable {
+    public WriteDone(String transferId, String producerEngineId) {
+      this(transferId, producerEngineId, -1);
+    }
+  }
 
   /** Either way: a transfer failed on the sender's side, with the reason. */
   public record TransferFailed(String transferId, String engineId, String reason)
       implements Command, CborSerializable {}
 
-  /** D to P, READ: D is done with a transfer's blocks (read, failed or aborted); P may free them. */
-  public record Release(String transferId, String decodeEngineId)
-      implements Command, CborSerializable {}
+  /**
+   * D to P, READ: D's worker {@code decodeTpRank} of {@code decodeTpSize} is done with a
+   * transfer's blocks (read, failed or aborted); P frees them once every D worker that reads from
+   * it has released them (-1: same TP size, one release).
+   */
+  public record Release(
+      String transferId, String decodeEngineId, int decodeTpRank, int decodeTpSize)
+      implements Command, CborSerializable {
+    public Release(String transferId, String decodeEngineId) {
+      this(transferId, decodeEngineId, -1, -1);
+    }
+  }
 
   /** Handshake: send me your metadata. */
   public record GetMetadata(ActorRef<MetadataReply> replyTo) implements Command, CborSerializable {}
@@ -106,7 +141,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
 
   private record ReadPeerReady(ReqMeta request, HandshakeActor.Result result) implements Command, LocalOnly {}
 
-  private record LayerRead(String transferId, int layer, TransferStatus status) implements Command, LocalOnly {}
+  private record LayerRead(String transferId, int prefillTpRank, int layer, TransferStatus status)
+      implements Command, LocalOnly {}
 
   /** Everything needed to start a worker. */
   public record Setup(
@@ -131,12 +167,15 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
 
   private static final class ReadJob {
     final ReqMeta request;
+    /** P's workers this worker reads from (one, unless the TP sizes differ). */
+    final int[] sources;
     int remaining;
     long bytes;
 
-    ReadJob(ReqMeta request, int layers) {
+    ReadJob(ReqMeta request, int[] sources, int layers) {
       this.request = request;
-      this.remaining = layers;
+      this.sources = sources;
+      this.remaining = layers * sources.length;
     }
   }
 
@@ -157,6 +196,18 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
 
   private record Outgoing(String engineId, int tpRank, Command message, long heldSinceNanos) {}
 
+  /** Work that needs a peer engine's TP size, held until one of its workers is listed. */
+  private record AwaitingTpSize(String engineId, IntConsumer action) {}
+
+  private final List<AwaitingTpSize> awaitingTpSize = new ArrayList<>();
+  /**
+   * D, WRITE: the P workers whose WriteDone is still due, by transfer id. Bounded like the
+   * terminal ids: an entry whose transfer timed out is dropped eventually.
+   */
+  private final Map<String, Set<Integer>> writeDonesDue;
+  /** P, READ, D with another TP size: the D workers that released so far, by transfer id. */
+  private final Map<String, Set<Integer>> releasesSeen;
+
   public static Behavior<Command> create(Setup setup) {
     return Behaviors.setup(ctx -> new EngineActor(ctx, setup));
   }
@@ -165,6 +216,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     super(ctx);
     this.setup = setup;
     this.self = setup.identity();
+    this.writeDonesDue = bounded(setup.settings().terminalIdCapacity());
+    this.releasesSeen = bounded(setup.settings().terminalIdCapacity());
     // Transports make blocking native calls: keep them off the actors' dispatcher.
     this.io = ctx.getSystem().dispatchers().lookup(DispatcherSelector.blocking());
     List<RegionDescriptor> descriptors = new ArrayList<>();
@@ -222,15 +275,11 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
               writer.tell(new WriterActor.RemoteBlocksArrived(m));
               return this;
             })
-        .onMessage(
-            WriteDone.class,
-            m -> {
-              tracker.tell(new RequestTrackerActor.ReceiveSucceeded(m.transferId(), 0));
-              return this;
-            })
+        .onMessage(WriteDone.class, this::onWriteDone)
         .onMessage(
             TransferFailed.class,
             m -> {
+              writeDonesDue.remove(m.transferId());
               tracker.tell(
                   new RequestTrackerActor.TransferFailed(
                       m.transferId(), "engine " + m.engineId() + ": " + m.reason()));
@@ -239,7 +288,9 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         .onMessage(
             Release.class,
             m -> {
-              tracker.tell(new RequestTrackerActor.Released(m.transferId()));
+              if (allReleased(m)) {
+                tracker.tell(new RequestTrackerActor.Released(m.transferId()));
+              }
               // WRITE mode: D gave up before P wrote (aborted); pending writes must not land.
               writer.tell(
                   new WriterActor.Abandon(
@@ -281,12 +332,94 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     ReqMeta r = m.request();
     tracker.tell(
         new RequestTrackerActor.ExpectReceive(r.requestId(), r.transferId(), r.remoteEngineId()));
-    sendTo(
+    withTpSizeOf(
         r.remoteEngineId(),
-        self.tpRank(),
-        new RemoteBlocks(
-            r.transferId(), r.requestId(), r.localBlockIds(), self.engineId(), self.dpRank()));
+        prefillTp -> {
+          // Every P worker whose heads overlap ours writes its slice, and says when it is done.
+          int[] sources = sourcesFor(prefillTp);
+          Set<Integer> due = new HashSet<>();
+          for (int source : sources) {
+            due.add(source);
+          }
+          writeDonesDue.put(r.transferId(), due);
+          for (int source : sources) {
+            sendTo(
+                r.remoteEngineId(),
+                source,
+                new RemoteBlocks(
+                    r.transferId(), r.requestId(), r.localBlockIds(), self.engineId(),
+                    self.dpRank(), self.tpRank()));
+          }
+        });
     return this;
+  }
+
+  private Behavior<Command> onWriteDone(WriteDone m) {
+    Set<Integer> due = writeDonesDue.get(m.transferId());
+    if (due != null) {
+      due.remove(m.producerTpRank() < 0 ? self.tpRank() : m.producerTpRank());
+      if (!due.isEmpty()) {
+        return this; // other P workers still write their heads
+      }
+      writeDonesDue.remove(m.transferId());
+    }
+    tracker.tell(new RequestTrackerActor.ReceiveSucceeded(m.transferId(), 0));
+    return this;
+  }
+
+  /** P: whether every D worker that reads from this worker has now released the transfer. */
+  private boolean allReleased(Release m) {
+    if (m.decodeTpSize() < 1 || m.decodeTpSize() == self.tpSize()) {
+      return true;
+    }
+    int need = TensorParallelSplit.targetsOf(self.tpRank(), self.tpSize(), m.decodeTpSize(), mla())
+        .length;
+    if (need <= 1) {
+      return true;
+    }
+    Set<Integer> seen = releasesSeen.computeIfAbsent(m.transferId(), k -> new HashSet<>());
+    seen.add(m.decodeTpRank());
+    if (seen.size() < need) {
+      return false;
+    }
+    releasesSeen.remove(m.transferId());
+    return true;
+  }
+
+  private static Map<String, Set<Integer>> bounded(int capacity) {
+    return new LinkedHashMap<>() {
+      @Override
+      protected boolean removeEldestEntry(Map.Entry<String, Set<Integer>> eldest) {
+        return size() > capacity;
+      }
+    };
+  }
+
+  private boolean mla() {
+    return setup.geometry().layout() == KvCacheGeometry.Layout.MLA;
+  }
+
+  /** The P workers this D worker receives from, given P's TP size. */
+  private int[] sourcesFor(int prefillTp) {
+    return prefillTp == self.tpSize()
+        ? new int[] {self.tpRank()}
+        : TensorParallelSplit.sourcesOf(self.tpRank(), self.tpSize(), prefillTp, mla());
+  }
+
+  private Release release(String transferId) {
+    return new Release(transferId, self.engineId(), self.tpRank(), self.tpSize());
+  }
+
+  /** Runs {@code action} with the TP size of {@code engineId} now if it is listed, else later. */
+  private void withTpSizeOf(String engineId, IntConsumer action) {
+    OptionalInt tp = PeerPlanning.tpSizeOf(directory, engineId);
+    if (tp.isPresent()) {
+      action.accept(tp.getAsInt());
+    } else {
+      // Not listed yet (it may have just joined); the tracker's deadline bounds the wait.
+      getContext().getLog().debug("{} not listed yet; holding work that needs its TP size", engineId);
+      awaitingTpSize.add(new AwaitingTpSize(engineId, action));
+    }
   }
 
   // ---- READ ----
@@ -296,59 +429,85 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
       tracker.tell(
           new RequestTrackerActor.ExpectRelease(
               s.requestId(), s.transferId(), s.deadlineEpochMs(), s.consumerEngineId()));
+      if (mla()) {
+        // MLA, D with fewer workers: some P workers have no reader; they free at once.
+        withTpSizeOf(
+            s.consumerEngineId(),
+            decodeTp -> {
+              if (TensorParallelSplit.targetsOf(self.tpRank(), self.tpSize(), decodeTp, true)
+                  .length == 0) {
+                tracker.tell(new RequestTrackerActor.Released(s.transferId()));
+              }
+            });
+      }
     }
     for (ReqMeta r : m.metadata().reqsToRecv()) {
       if (r.localBlockIds().length == 0) {
         // Aborted before it was scheduled (or nothing to load): still tell P to free its blocks.
-        sendTo(r.remoteEngineId(), self.tpRank(), new Release(r.transferId(), self.engineId()));
+        withTpSizeOf(
+            r.remoteEngineId(),
+            prefillTp -> {
+              for (int source : sourcesFor(prefillTp)) {
+                sendTo(r.remoteEngineId(), source, release(r.transferId()));
+              }
+            });
         continue;
       }
       tracker.tell(
           new RequestTrackerActor.ExpectReceive(r.requestId(), r.transferId(), r.remoteEngineId()));
-      readsAwaitingPeer.computeIfAbsent(r.remoteEngineId(), k -> new ArrayList<>()).add(r);
-      handshake.tell(
-          new HandshakeActor.Fetch(r.remoteEngineId(), self.tpRank(), readHandshakeAdapter));
+      withTpSizeOf(
+          r.remoteEngineId(),
+          prefillTp -> {
+            int[] sources = sourcesFor(prefillTp);
+            reads.put(r.transferId(), new ReadJob(r, sources, setup.layerRegions().size()));
+            for (int source : sources) {
+              readsAwaitingPeer
+                  .computeIfAbsent(r.remoteEngineId() + "/tp" + source, k -> new ArrayList<>())
+                  .add(r);
+              handshake.tell(
+                  new HandshakeActor.Fetch(r.remoteEngineId(), source, readHandshakeAdapter));
+            }
+          });
     }
     return this;
   }
 
   private Behavior<Command> onReadPeerReady(ReadPeerReady m) {
-    List<ReqMeta> waiting = readsAwaitingPeer.remove(m.result().engineId());
+    HandshakeActor.Result result = m.result();
+    List<ReqMeta> waiting =
+        readsAwaitingPeer.remove(result.engineId() + "/tp" + result.tpRank());
     if (waiting == null) {
       return this;
     }
     for (ReqMeta r : waiting) {
-      if (m.result() instanceof HandshakeActor.Failed f) {
-        failRead(r, f.reason());
-      } else if (m.result() instanceof HandshakeActor.Ready ready) {
-        startReads(r, ready.metadata());
+      ReadJob job = reads.get(r.transferId());
+      if (job == null) {
+        continue; // failed already through another P worker
+      }
+      if (result instanceof HandshakeActor.Failed f) {
+        failRead(job, f.reason());
+      } else if (result instanceof HandshakeActor.Ready ready) {
+        startReads(job, ready.metadata());
       }
     }
     return this;
   }
 
-  private void startReads(ReqMeta r, AgentMetadata peer) {
+  private void startReads(ReadJob job, AgentMetadata peer) {
+    ReqMeta r = job.request;
     TransferBatch plan;
     try {
       // A prefix-cache hit on D leaves fewer local blocks: read the tail of P's list.
-      int[] remote = r.remoteBlockIds();
-      int[] local = r.localBlockIds();
-      if (local.length > remote.length) {
-        throw new InvalidBlockIdsException(
-            "decode has " + local.length + " blocks to fill but prefill sent only "
-                + remote.length);
-      }
-      if (local.length < remote.length) {
-        remote = Arrays.copyOfRange(remote, remote.length - local.length, remote.length);
-      }
-      plan = planner.plan(setup.geometry(), peer.geometry().numBlocks(), local, remote);
+      plan =
+          PeerPlanning.plan(
+              planner, setup.geometry(), self.tpRank(), self.tpSize(), peer, r.localBlockIds(),
+              r.remoteBlockIds(), true);
     } catch (InvalidBlockIdsException e) {
-      failRead(r, "request " + r.requestId() + ": " + e.getMessage());
+      failRead(job, "request " + r.requestId() + ": " + e.getMessage());
       return;
     }
     List<MemoryRegion> regions = setup.layerRegions();
-    ReadJob job = new ReadJob(r, regions.size());
-    reads.put(r.transferId(), job);
+    int source = peer.tpRank();
     for (int layer = 0; layer < regions.size(); layer++) {
       MemoryRegion local = regions.get(layer);
       RegionDescriptor remote = peer.layers().get(layer);
@@ -362,6 +521,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
               (status, error) ->
                   new LayerRead(
                       r.transferId(),
+                      source,
                       l,
                       error != null ? TransferStatus.failed("read raised " + error) : status));
     }
@@ -373,10 +533,12 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
       return this;
     }
     if (!m.status().succeeded()) {
-      reads.remove(m.transferId());
+      String from =
+          job.request.remoteEngineId()
+              + (m.prefillTpRank() == self.tpRank() ? "" : "/tp" + m.prefillTpRank());
       failRead(
-          job.request,
-          "reading layer " + m.layer() + " from " + job.request.remoteEngineId() + " failed: "
+          job,
+          "reading layer " + m.layer() + " from " + from + " failed: "
               + m.status().failureMessage());
       return this;
     }
@@ -384,18 +546,21 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     if (--job.remaining == 0) {
       reads.remove(m.transferId());
       tracker.tell(new RequestTrackerActor.ReceiveSucceeded(m.transferId(), job.bytes));
-      sendTo(
-          job.request.remoteEngineId(),
-          self.tpRank(),
-          new Release(m.transferId(), self.engineId()));
+      for (int source : job.sources) {
+        sendTo(job.request.remoteEngineId(), source, release(m.transferId()));
+      }
     }
     return this;
   }
 
-  private void failRead(ReqMeta r, String reason) {
+  private void failRead(ReadJob job, String reason) {
+    ReqMeta r = job.request;
+    reads.remove(r.transferId());
     tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(), reason));
     // P keeps the blocks for us until released: let them go now rather than at its deadline.
-    sendTo(r.remoteEngineId(), self.tpRank(), new Release(r.transferId(), self.engineId()));
+    for (int source : job.sources) {
+      sendTo(r.remoteEngineId(), source, release(r.transferId()));
+    }
   }
 
   // ---- membership ----
@@ -440,6 +605,9 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     handshake.tell(new HandshakeActor.DirectoryChanged(merged));
     writer.tell(new WriterActor.DirectoryChanged(merged));
     tracker.tell(new RequestTrackerActor.DirectoryChanged(merged));
+    List<AwaitingTpSize> needTp = new ArrayList<>(awaitingTpSize);
+    awaitingTpSize.clear();
+    needTp.forEach(a -> withTpSizeOf(a.engineId(), a.action()));
     List<Outgoing> held = new ArrayList<>(awaitingPeer);
     awaitingPeer.clear();
     held.forEach(this::send);

@@ -10,6 +10,7 @@ import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.actors.engine.TerminalIds;
 import dev.kvferry.actors.plan.InvalidBlockIdsException;
 import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.actors.plan.TensorParallelSplit;
 import dev.kvferry.actors.plan.TransferPlanner;
 import dev.kvferry.rdma.CudaTransport;
 import dev.kvferry.rdma.MemoryRegion;
@@ -17,12 +18,12 @@ import dev.kvferry.rdma.TransferBatch;
 import dev.kvferry.rdma.TransferStatus;
 import dev.kvferry.rdma.Transport;
 import dev.kvferry.rdma.cuda.CudaEvent;
-import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
+import java.util.OptionalInt;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
 import org.apache.pekko.actor.typed.ActorRef;
@@ -65,10 +66,26 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
 
   private record PeerReady(String transferId, HandshakeActor.Result result) implements Command {}
 
-  private record LayerWritten(String transferId, int layer, TransferStatus status)
+  private record LayerWritten(String transferId, int decodeTpRank, int layer, TransferStatus status)
       implements Command {}
 
   private record DeferExpired(String transferId) implements Command {}
+
+  /** One D worker this P worker writes a request's KV into. */
+  private static final class Target {
+    final int tpRank;
+    int[] remoteBlockIds;
+    AgentMetadata peer;
+    ActorRef<EngineActor.Command> decodeRef;
+    TransferBatch plan;
+    /** How many of the job's fired layers have been issued to this target. */
+    int issued;
+    boolean handshakeRequested;
+
+    Target(int tpRank) {
+      this.tpRank = tpRank;
+    }
+  }
 
   /** Everything known about one request's writes. */
   private static final class WriteJob {
@@ -76,18 +93,22 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     String requestId;
     String decodeEngineId;
     int[] localBlockIds;
-    int[] remoteBlockIds;
-    AgentMetadata peer;
-    ActorRef<EngineActor.Command> decodeRef;
-    TransferBatch plan;
-    final ArrayDeque<Integer> readyLayers = new ArrayDeque<>();
+    /**
+     * D's workers to write into, once D's TP size is known: with equal TP sizes the worker of our
+     * rank; otherwise those whose heads overlap ours (MLA: maybe none).
+     */
+    int[] targetRanks;
+    /** By D TP rank; remote blocks may come before the targets are known. */
+    final Map<Integer, Target> targets = new HashMap<>();
+    /** Layers whose compute event fired, in firing order; each target issues them in turn. */
+    final List<Integer> firedLayers = new ArrayList<>();
     /** Layers whose copies wait for their compute event on the GPU, not here. */
     final Map<Integer, CudaEvent> gpuEvents = new HashMap<>();
     int inFlight;
     int completed;
     int expected = -1;
     long bytes;
-    boolean handshakeRequested;
+    boolean probeRequested;
 
     WriteJob(String transferId) {
       this.transferId = transferId;
@@ -95,6 +116,22 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
 
     boolean saved() {
       return localBlockIds != null;
+    }
+
+    Target target(int tpRank) {
+      return targets.computeIfAbsent(tpRank, Target::new);
+    }
+
+    boolean isTarget(int tpRank) {
+      if (targetRanks == null) {
+        return false;
+      }
+      for (int r : targetRanks) {
+        if (r == tpRank) {
+          return true;
+        }
+      }
+      return false;
     }
   }
 
@@ -205,16 +242,13 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       j.decodeEngineId = r.remoteEngineId();
       j.localBlockIds = r.localBlockIds();
     }
-    if (!j.handshakeRequested) {
-      j.handshakeRequested = true;
-      handshake.tell(new HandshakeActor.Fetch(r.remoteEngineId(), self.tpRank(), handshakeAdapter));
-    }
+    learnTargets(j);
     String id = r.transferId();
     int layer = m.layer();
     if (m.event() instanceof CudaLayerEvent gpu && transport instanceof CudaTransport) {
       // The copy stream waits for the event (cudaStreamWaitEvent): ready now, as far as we care.
       j.gpuEvents.put(layer, gpu.event());
-      j.readyLayers.add(layer);
+      j.firedLayers.add(layer);
       issueReady(j);
       return this;
     }
@@ -226,7 +260,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private Behavior<Command> onLayerFired(LayerFired m) {
     WriteJob j = jobs.get(m.transferId());
     if (j != null) {
-      j.readyLayers.add(m.layer());
+      j.firedLayers.add(m.layer());
       issueReady(j);
     }
     return this;
@@ -239,11 +273,13 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       return this;
     }
     WriteJob j = job(b.transferId());
-    if (j.remoteBlockIds != null) {
+    int decodeRank = b.decodeTpRank() < 0 ? self.tpRank() : b.decodeTpRank();
+    Target t = j.target(decodeRank);
+    if (t.remoteBlockIds != null) {
       getContext().getLog().warn("duplicate remote blocks for transfer {} ignored", b.transferId());
       return this;
     }
-    j.remoteBlockIds = b.blockIds();
+    t.remoteBlockIds = b.blockIds();
     if (j.decodeEngineId == null) {
       j.decodeEngineId = b.decodeEngineId();
     }
@@ -257,83 +293,141 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private Behavior<Command> onPeerReady(PeerReady m) {
     HandshakeActor.Result r = m.result();
     for (WriteJob j : new ArrayList<>(jobs.values())) {
-      if (!r.engineId().equals(j.decodeEngineId) || j.peer != null) {
+      if (!r.engineId().equals(j.decodeEngineId)) {
         continue;
       }
       if (r instanceof HandshakeActor.Failed f) {
-        fail(j, f.reason(), j.requestId);
+        if (j.targetRanks == null || j.isTarget(r.tpRank())) {
+          fail(j, f.reason(), j.requestId);
+        }
       } else if (r instanceof HandshakeActor.Ready ready) {
-        j.peer = ready.metadata();
-        issueReady(j);
+        if (j.targetRanks == null) {
+          setTargets(j, ready.metadata().tpSize());
+        }
+        Target t = j.targets.get(r.tpRank());
+        if (t != null && t.peer == null && j.isTarget(r.tpRank())) {
+          t.peer = ready.metadata();
+        }
+        if (jobs.containsKey(j.transferId)) {
+          issueReady(j);
+        }
       }
     }
     return this;
   }
 
-  /** Issues every ready layer of a job once blocks, metadata, plan and D's address are known. */
-  private void issueReady(WriteJob j) {
-    if (!j.saved() || j.remoteBlockIds == null || j.peer == null || j.readyLayers.isEmpty()) {
+  /**
+   * Finds D's TP size: from the directory when D is listed, else from the handshake with D's
+   * worker 0 (which every engine has, and which waits for D to be listed or fails clearly).
+   */
+  private void learnTargets(WriteJob j) {
+    if (j.targetRanks != null || j.decodeEngineId == null) {
       return;
     }
-    if (j.decodeRef == null) {
-      Optional<EngineDirectory.Entry> d = directory.find(j.decodeEngineId, self.tpRank());
-      if (d.isEmpty()) {
-        fail(j, "decode engine " + j.decodeEngineId + " is not a member of the cluster", j.requestId);
-        return;
-      }
-      j.decodeRef = d.get().ref();
-    }
-    if (j.plan == null) {
-      try {
-        j.plan = planFor(j);
-      } catch (InvalidBlockIdsException e) {
-        fail(j, "transfer " + j.transferId + " (request " + j.requestId + "): " + e.getMessage(),
-            j.requestId);
-        return;
-      }
-    }
-    while (!j.readyLayers.isEmpty()) {
-      int layer = j.readyLayers.poll();
-      j.inFlight++;
-      MemoryRegion local = layerRegions.get(layer);
-      var remote = j.peer.layers().get(layer);
-      TransferBatch plan = j.plan;
-      CudaEvent after = j.gpuEvents.remove(layer);
-      CompletableFuture<TransferStatus> done =
-          CompletableFuture.supplyAsync(
-                  () ->
-                      after != null
-                          ? ((CudaTransport) transport).writeAfter(after, local, remote, plan)
-                          : transport.write(local, remote, plan),
-                  io)
-              .thenCompose(TransferStatus::completion);
-      String id = j.transferId;
-      getContext()
-          .pipeToSelf(
-              done,
-              (status, error) ->
-                  new LayerWritten(
-                      id,
-                      layer,
-                      error != null ? TransferStatus.failed("write raised " + error) : status));
+    OptionalInt tp = PeerPlanning.tpSizeOf(directory, j.decodeEngineId);
+    if (tp.isPresent()) {
+      setTargets(j, tp.getAsInt());
+    } else if (!j.probeRequested) {
+      j.probeRequested = true;
+      handshake.tell(new HandshakeActor.Fetch(j.decodeEngineId, 0, handshakeAdapter));
     }
   }
 
+  private void setTargets(WriteJob j, int decodeTpSize) {
+    boolean mla = geometry.layout() == KvCacheGeometry.Layout.MLA;
+    j.targetRanks =
+        decodeTpSize == self.tpSize()
+            ? new int[] {self.tpRank()}
+            : TensorParallelSplit.targetsOf(self.tpRank(), self.tpSize(), decodeTpSize, mla);
+    for (int rank : j.targetRanks) {
+      Target t = j.target(rank);
+      if (!t.handshakeRequested) {
+        t.handshakeRequested = true;
+        handshake.tell(new HandshakeActor.Fetch(j.decodeEngineId, rank, handshakeAdapter));
+      }
+    }
+    for (Integer rank : new ArrayList<>(j.targets.keySet())) {
+      if (!j.isTarget(rank)) {
+        getContext().getLog().warn(
+            "transfer {}: remote blocks from {}/tp{} ignored: its heads do not overlap ours",
+            j.transferId, j.decodeEngineId, rank);
+        j.targets.remove(rank);
+      }
+    }
+    completeIfDone(j); // MLA: a rank with nobody to write to is done once sealed
+  }
+
   /**
-   * The request's plan. When D already had a prefix cached it allocated fewer blocks: P writes the
-   * tail of its blocks into them.
+   * Issues every fired layer of a job to each target whose blocks, metadata, plan and address are
+   * known.
    */
-  private TransferBatch planFor(WriteJob j) throws InvalidBlockIdsException {
-    int[] local = j.localBlockIds;
-    int[] remote = j.remoteBlockIds;
-    if (remote.length > local.length) {
-      throw new InvalidBlockIdsException(
-          "decode sent " + remote.length + " blocks but prefill has only " + local.length);
+  private void issueReady(WriteJob j) {
+    if (!j.saved()) {
+      return;
     }
-    if (remote.length < local.length) {
-      local = java.util.Arrays.copyOfRange(local, local.length - remote.length, local.length);
+    learnTargets(j);
+    if (j.targetRanks == null || j.firedLayers.isEmpty() || !jobs.containsKey(j.transferId)) {
+      return;
     }
-    return planner.plan(geometry, j.peer.geometry().numBlocks(), local, remote);
+    for (int rank : j.targetRanks) {
+      Target t = j.targets.get(rank);
+      if (t == null || t.remoteBlockIds == null || t.peer == null
+          || t.issued == j.firedLayers.size()) {
+        continue;
+      }
+      if (t.decodeRef == null) {
+        Optional<EngineDirectory.Entry> d = directory.find(j.decodeEngineId, rank);
+        if (d.isEmpty()) {
+          fail(j, "decode engine " + j.decodeEngineId + " is not a member of the cluster",
+              j.requestId);
+          return;
+        }
+        t.decodeRef = d.get().ref();
+      }
+      if (t.plan == null) {
+        try {
+          t.plan =
+              PeerPlanning.plan(
+                  planner, geometry, self.tpRank(), self.tpSize(), t.peer, j.localBlockIds,
+                  t.remoteBlockIds, false);
+        } catch (InvalidBlockIdsException e) {
+          fail(j, "transfer " + j.transferId + " (request " + j.requestId + "): " + e.getMessage(),
+              j.requestId);
+          return;
+        }
+      }
+      while (t.issued < j.firedLayers.size()) {
+        int layer = j.firedLayers.get(t.issued++);
+        issue(j, t, layer);
+      }
+    }
+  }
+
+  private void issue(WriteJob j, Target t, int layer) {
+    j.inFlight++;
+    MemoryRegion local = layerRegions.get(layer);
+    var remote = t.peer.layers().get(layer);
+    TransferBatch plan = t.plan;
+    CudaEvent after = j.gpuEvents.get(layer);
+    CompletableFuture<TransferStatus> done =
+        CompletableFuture.supplyAsync(
+                () ->
+                    after != null
+                        ? ((CudaTransport) transport).writeAfter(after, local, remote, plan)
+                        : transport.write(local, remote, plan),
+                io)
+            .thenCompose(TransferStatus::completion);
+    String id = j.transferId;
+    int rank = t.tpRank;
+    getContext()
+        .pipeToSelf(
+            done,
+            (status, error) ->
+                new LayerWritten(
+                    id,
+                    rank,
+                    layer,
+                    error != null ? TransferStatus.failed("write raised " + error) : status));
   }
 
   private Behavior<Command> onLayerWritten(LayerWritten m) {
@@ -344,7 +438,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     j.inFlight--;
     if (!m.status().succeeded()) {
       fail(j, "writing layer " + m.layer() + " of transfer " + j.transferId + " to "
-          + j.decodeEngineId + " failed: " + m.status().failureMessage(), j.requestId);
+          + j.decodeEngineId + (m.decodeTpRank() == self.tpRank() ? "" : "/tp" + m.decodeTpRank())
+          + " failed: " + m.status().failureMessage(), j.requestId);
       return this;
     }
     j.completed++;
@@ -366,13 +461,25 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   }
 
   private void completeIfDone(WriteJob j) {
-    if (j.expected < 0 || j.completed < j.expected || j.inFlight > 0) {
+    if (j.expected < 0
+        || j.targetRanks == null
+        || j.completed < (long) j.expected * j.targetRanks.length
+        || j.inFlight > 0) {
       return;
     }
     jobs.remove(j.transferId);
     timers.cancel(j.transferId);
     terminal.add(j.transferId);
-    j.decodeRef.tell(new EngineActor.WriteDone(j.transferId, self.engineId()));
+    for (int rank : j.targetRanks) {
+      EngineActor.WriteDone done =
+          new EngineActor.WriteDone(j.transferId, self.engineId(), self.tpRank());
+      ActorRef<EngineActor.Command> ref = j.targets.get(rank).decodeRef;
+      if (ref != null) {
+        ref.tell(done);
+      } else {
+        directory.find(j.decodeEngineId, rank).ifPresent(d -> d.ref().tell(done));
+      }
+    }
     tracker.tell(new RequestTrackerActor.SendFinished(j.requestId, j.transferId, null, j.bytes));
   }
 
@@ -382,10 +489,15 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     terminal.add(j.transferId);
     getContext().getLog().warn("write failed: {}", reason);
     if (j.decodeEngineId != null) {
-      directory
-          .find(j.decodeEngineId, self.tpRank())
-          .ifPresent(
-              d -> d.ref().tell(new EngineActor.TransferFailed(j.transferId, self.engineId(), reason)));
+      int[] ranks = j.targetRanks != null ? j.targetRanks : new int[] {self.tpRank()};
+      for (int rank : ranks) {
+        directory
+            .find(j.decodeEngineId, rank)
+            .ifPresent(
+                d ->
+                    d.ref()
+                        .tell(new EngineActor.TransferFailed(j.transferId, self.engineId(), reason)));
+      }
     }
     if (requestId != null) {
       tracker.tell(new RequestTrackerActor.SendFinished(requestId, j.transferId, reason, 0));
@@ -395,14 +507,30 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private Behavior<Command> onDeferExpired(DeferExpired m) {
     WriteJob j = jobs.get(m.transferId());
     if (j != null) {
-      String missing =
-          j.remoteBlockIds == null
-              ? "remote blocks from " + j.decodeEngineId
-              : j.peer == null ? "metadata of " + j.decodeEngineId : "layer events or seal";
+      String missing = missingFor(j);
       fail(j, "transfer " + j.transferId + " still waits for " + missing + " after "
           + settings.deferTimeout().toMillis() + " ms", j.requestId);
     }
     return this;
+  }
+
+  private String missingFor(WriteJob j) {
+    if (j.targetRanks == null) {
+      return j.targets.values().stream().allMatch(t -> t.remoteBlockIds == null)
+          ? "remote blocks from " + j.decodeEngineId
+          : "the TP size of " + j.decodeEngineId;
+    }
+    for (int rank : j.targetRanks) {
+      Target t = j.targets.get(rank);
+      String who = j.decodeEngineId + (rank == self.tpRank() ? "" : "/tp" + rank);
+      if (t.remoteBlockIds == null) {
+        return "remote blocks from " + who;
+      }
+      if (t.peer == null) {
+        return "metadata of " + who;
+      }
+    }
+    return "layer events or seal";
   }
 
   private Behavior<Command> onAbandon(Abandon m) {
@@ -425,6 +553,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
           && !directory.contains(j.decodeEngineId)) {
         fail(j, "decode engine " + j.decodeEngineId + " left the cluster during transfer "
             + j.transferId, j.requestId);
+      } else if (j.targetRanks == null && j.saved()) {
+        issueReady(j); // D may just have been listed: its TP size is known now
       }
     }
     return this;

@@ -28,7 +28,16 @@ public final class DemoCommand implements Callable<Integer> {
   @Option(names = "--layers") int layers = D.layers();
   @Option(names = "--kv-heads") int kvHeads = D.kvHeads();
   @Option(names = "--head-dim") int headDim = D.headDim();
-  @Option(names = "--block-size") int blockSize = D.blockSize();
+  @Option(names = "--block-size", description = "Tokens per block on both sides (default: 16).")
+  int blockSize = D.blockSize();
+  @Option(names = "--block-size-p", description = "Tokens per block on P (default: --block-size).")
+  Integer blockSizeP;
+  @Option(names = "--block-size-d", description = "Tokens per block on D (default: --block-size).")
+  Integer blockSizeD;
+  @Option(names = "--tp-p", description = "TP size of P: one worker per rank (default: 1).")
+  int tpP = 1;
+  @Option(names = "--tp-d", description = "TP size of D: one worker per rank (default: 1).")
+  int tpD = 1;
   @Option(names = "--dtype-bytes") int dtypeBytes = D.dtypeBytes();
   @Option(names = "--mla", description = "MLA layout (one latent region per layer).") boolean mla;
   @Option(names = "--latent") int latent = D.latent();
@@ -63,7 +72,9 @@ public final class DemoCommand implements Callable<Integer> {
     try {
       options = new DemoOptions(transport, modes, layers, kvHeads, headDim, blockSize, dtypeBytes, mla,
           latent, numBlocksP, numBlocksD, requests, Integer.parseInt(range[0].trim()),
-          Integer.parseInt(range[1].trim()), abortRate, prefixHitRate, concurrency, seed, true);
+          Integer.parseInt(range[1].trim()), abortRate, prefixHitRate, concurrency, seed, true)
+          .withShapes(tpP, tpD, blockSizeP != null ? blockSizeP : blockSize,
+              blockSizeD != null ? blockSizeD : blockSize);
     } catch (IllegalArgumentException e) {
       System.err.println("kvferry demo: " + e.getMessage());
       return 2;
@@ -71,6 +82,12 @@ public final class DemoCommand implements Callable<Integer> {
     System.out.printf("kvferry demo: %d requests per mode, prompts %s tokens, %s transport, %s%n",
         requests, promptTokens, transport,
         mla ? "MLA latent " + latent : layers + " layers x " + kvHeads + " heads x " + headDim);
+    if (options.tpP() != options.tpD() || options.blockSizeP() != options.blockSizeD()) {
+      System.out.printf("P: TP %d, blocks of %d tokens; D: TP %d, blocks of %d tokens%s%n",
+          options.tpP(), options.blockSizeP(), options.tpD(), options.blockSizeD(),
+          options.blockSizeP() != options.blockSizeD() ? " (no prefix hits across block sizes)"
+              : "");
+    }
     try (Demo demo = new Demo(options, System.out)) {
       System.out.println("process logs: " + demo.logDir());
       List<ModeReport> reports = demo.run();

@@ -10,7 +10,7 @@ public final class GeometryOptions {
   @Option(names = "--layers", description = "Layers (default: 32).")
   Integer layers;
 
-  @Option(names = "--kv-heads", description = "KV heads (default: 8).")
+  @Option(names = "--kv-heads", description = "KV heads of each TP rank (default: 8).")
   Integer kvHeads;
 
   @Option(names = "--head-dim", description = "Head dimension (default: 128).")

@@ -128,9 +128,12 @@ public final class Demo implements AutoCloseable {
    * demo's geometry, transport and modes; its engines are {@link #engineId}{@code (name, mode)}.
    */
   public ChildProcess startNode(String name, Role role) throws IOException {
-    int numBlocks = role == Role.PREFILL ? options.numBlocksP() : options.numBlocksD();
+    boolean prefill = role == Role.PREFILL;
     return start(name, nodeArgs(role.clusterRole(), name, String.join(",", options.modes()), seed(),
-        numBlocks, managementPort(name)));
+        prefill ? options.numBlocksP() : options.numBlocksD(),
+        prefill ? options.tpP() : options.tpD(),
+        prefill ? options.blockSizeP() : options.blockSizeD(),
+        managementPort(name)));
   }
 
   /** The engine id node {@code node} gives its engine of {@code mode}. */
@@ -198,14 +201,14 @@ public final class Demo implements AutoCloseable {
   }
 
   private List<String> nodeArgs(String role, String id, String mode, String seed, int numBlocks,
-      int managementPort) throws IOException {
+      int tp, int blockSize, int managementPort) throws IOException {
     List<String> a = new ArrayList<>(List.of(
         "node", "--role", role, "--engine-id", id, "--mode", mode,
         "--transport", options.transport(),
         "--port", Integer.toString(freePort()),
         "--management-port", Integer.toString(managementPort),
         "--seed-nodes", seed));
-    a.addAll(options.geometryFlags(numBlocks));
+    a.addAll(options.geometryFlags(numBlocks, tp, blockSize));
     return a;
   }
 
@@ -220,9 +223,12 @@ public final class Demo implements AutoCloseable {
     for (int i = 0; i < options.requests(); i++) {
       int prompt = options.promptMin() + r.nextInt(options.promptMax() - options.promptMin() + 1);
       int cached = 0;
-      if (r.nextDouble() < options.prefixHitRate() && prompt > options.blockSize()) {
-        int blocks = (prompt - 1) / options.blockSize();
-        cached = r.nextInt(blocks + 1) * options.blockSize();
+      // D's prefix hits are in D's blocks; across block sizes the planner cannot place them.
+      int blockSize = options.blockSizeD();
+      boolean hit = r.nextDouble() < options.prefixHitRate();
+      if (hit && prompt > blockSize && options.blockSizeP() == blockSize) {
+        int blocks = (prompt - 1) / blockSize;
+        cached = r.nextInt(blocks + 1) * blockSize;
       }
       RequestSpec.Abort abort =
           r.nextDouble() < options.abortRate() ? kinds[r.nextInt(kinds.length)] : RequestSpec.Abort.NONE;

@@ -69,7 +69,7 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
     String engineId = settings.engineIdFor(mode);
     List<ConnectorWorker> workers = new ArrayList<>();
     List<ActorRef<EngineActor.Command>> refs = new ArrayList<>();
-    List<MemoryRegion> rankZeroLayers = null;
+    List<List<MemoryRegion>> layersByRank = new ArrayList<>();
     for (int tp = 0; tp < settings.tpSize(); tp++) {
       EngineIdentity id =
           new EngineIdentity(
@@ -88,22 +88,19 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
       worker.registerKvCaches(settings.geometry(), layers);
       workers.add(worker);
       refs.add(worker.engineRef());
-      if (tp == 0) {
-        rankZeroLayers = layers;
-      }
+      layersByRank.add(layers);
     }
     ConnectorScheduler scheduler =
         new ConnectorScheduler(
             settings.role(), mode, engineId, settings.dpRank(), settings.geometry().blockSize(),
             refs, settings.connector(), Clock.systemUTC());
     SimulatedEngine simulator = null;
-    if (settings.simulatedEngine() && settings.tpSize() != 1) {
-      log.warn("the simulated engine drives TP size 1 only; {} runs without it", engineId);
-    } else if (settings.simulatedEngine()) {
+    if (settings.simulatedEngine()) {
+      // One simulated engine drives every TP rank; each rank's cache holds its share of the heads.
       simulator =
           new SimulatedEngine(
-              settings.role(), engineId, settings.geometry(), rankZeroLayers, scheduler,
-              workers.get(0), 512, engineId.hashCode());
+              settings.role(), engineId, settings.geometry(), layersByRank, scheduler,
+              workers, 512, engineId.hashCode());
       simulator.start();
       system.systemActorOf(
           SimEngineActor.create(simulator), "sim~" + workers.get(0).identity().toActorName(),

@@ -6,8 +6,9 @@ import java.nio.ByteOrder;
 
 /**
  * The deterministic content a simulated prefill writes into its KV cache: every 8-byte word is a
- * function of (request, token position, layer, K|V, word index within the token's slot), and the
- * word index covers head and element. D recomputes it to check every byte it received: a direct
+ * function of (request, token position, layer, K|V, word index), where the word index counts from
+ * the token's first word of global KV head 0, so it covers head and element and does not depend
+ * on how the heads are split over TP ranks. D recomputes it to check every byte it received: a direct
  * comparison, not a checksum, so a mismatch names the exact offset.
  */
 public final class KvPattern {
@@ -15,11 +16,17 @@ public final class KvPattern {
   private KvPattern() {}
 
   /** A mismatch found by {@link #verify}. */
-  public record Mismatch(int layer, int block, int tokenPosition, int kv, long offsetBytes) {
+  public record Mismatch(
+      int layer, int block, int tokenPosition, int kv, long offsetBytes, int tpRank) {
+    public Mismatch(int layer, int block, int tokenPosition, int kv, long offsetBytes) {
+      this(layer, block, tokenPosition, kv, offsetBytes, -1);
+    }
+
     @Override
     public String toString() {
-      return "layer " + layer + ", block " + block + ", token " + tokenPosition + ", "
-          + (kv == 0 ? "K" : "V") + ", byte offset " + offsetBytes + " in the layer";
+      return (tpRank < 0 ? "" : "TP rank " + tpRank + ", ") + "layer " + layer + ", block "
+          + block + ", token " + tokenPosition + ", " + (kv == 0 ? "K" : "V") + ", byte offset "
+          + offsetBytes + " in the layer";
     }
   }
 
@@ -58,13 +65,28 @@ public final class KvPattern {
   public static void fill(
       ByteBuffer layer, KvCacheGeometry g, long requestKey, int layerIndex, int[] blockIds,
       int from, int to) {
-    int tokenBytes = tokenBytes(g);
+    fill(layer, g, 0, requestKey, layerIndex, blockIds, from, to);
+  }
+
+  /**
+   * Writes the pattern of token positions {@code [from, to)} of one layer of a TP rank whose first
+   * KV head is global head {@code firstHead}: each head's bytes depend on its global index, so a
+   * rank of another TP size computes the same bytes for the same head.
+   */
+  public static void fill(
+      ByteBuffer layer, KvCacheGeometry g, int firstHead, long requestKey, int layerIndex,
+      int[] blockIds, int from, int to) {
+    int heads = headsPerSlot(g);
+    int headBytes = headBytes(g);
     int kvs = g.layout() == KvCacheGeometry.Layout.MLA ? 1 : 2;
     for (int pos = from; pos < to; pos++) {
       int block = blockIds[pos / g.blockSize()];
       for (int kv = 0; kv < kvs; kv++) {
         long base = slotOffset(g, block, pos, kv);
-        writeSlot(layer, (int) base, tokenBytes, requestKey, pos, layerIndex, kv);
+        for (int h = 0; h < heads; h++) {
+          writeHead(layer, (int) base + h * headBytes, headBytes, requestKey, pos, layerIndex, kv,
+              firstHead + h);
+        }
       }
     }
   }
@@ -76,24 +98,36 @@ public final class KvPattern {
   public static Mismatch verify(
       ByteBuffer layer, KvCacheGeometry g, long requestKey, int layerIndex, int[] blockIds,
       int from, int to) {
-    int tokenBytes = tokenBytes(g);
+    return verify(layer, g, 0, requestKey, layerIndex, blockIds, from, to);
+  }
+
+  /** {@link #verify} for a TP rank whose first KV head is global head {@code firstHead}. */
+  public static Mismatch verify(
+      ByteBuffer layer, KvCacheGeometry g, int firstHead, long requestKey, int layerIndex,
+      int[] blockIds, int from, int to) {
+    int heads = headsPerSlot(g);
+    int headBytes = headBytes(g);
     int kvs = g.layout() == KvCacheGeometry.Layout.MLA ? 1 : 2;
-    int words = tokenBytes >>> 3;
+    int words = headBytes >>> 3;
+    int tail = headBytes & 7;
     for (int pos = from; pos < to; pos++) {
       int block = blockIds[pos / g.blockSize()];
       for (int kv = 0; kv < kvs; kv++) {
-        int base = (int) slotOffset(g, block, pos, kv);
-        for (int w = 0; w < words; w++) {
-          if (layer.getLong(base + (w << 3)) != word(requestKey, pos, layerIndex, kv, w)) {
-            return new Mismatch(layerIndex, block, pos, kv, base + ((long) w << 3));
+        int slot = (int) slotOffset(g, block, pos, kv);
+        for (int h = 0; h < heads; h++) {
+          int base = slot + h * headBytes;
+          int first = wordsPerHead(headBytes) * (firstHead + h);
+          for (int w = 0; w < words; w++) {
+            if (layer.getLong(base + (w << 3)) != word(requestKey, pos, layerIndex, kv, first + w)) {
+              return new Mismatch(layerIndex, block, pos, kv, base + ((long) w << 3));
+            }
           }
-        }
-        int tail = tokenBytes & 7;
-        if (tail != 0) {
-          long expected = word(requestKey, pos, layerIndex, kv, words);
-          for (int b = 0; b < tail; b++) {
-            if (layer.get(base + (words << 3) + b) != (byte) (expected >>> (8 * b))) {
-              return new Mismatch(layerIndex, block, pos, kv, base + ((long) words << 3) + b);
+          if (tail != 0) {
+            long expected = word(requestKey, pos, layerIndex, kv, first + words);
+            for (int b = 0; b < tail; b++) {
+              if (layer.get(base + (words << 3) + b) != (byte) (expected >>> (8 * b))) {
+                return new Mismatch(layerIndex, block, pos, kv, base + ((long) words << 3) + b);
+              }
             }
           }
         }
@@ -102,21 +136,37 @@ public final class KvPattern {
     return null;
   }
 
+  /** Heads in one token's slot: the rank's KV heads, or 1 for MLA (the latent is one piece). */
+  private static int headsPerSlot(KvCacheGeometry g) {
+    return g.layout() == KvCacheGeometry.Layout.MLA ? 1 : g.kvHeads();
+  }
+
+  private static int headBytes(KvCacheGeometry g) {
+    return tokenBytes(g) / headsPerSlot(g);
+  }
+
+  /** Pattern words per head; with whole words per head, a token's words number 0, 1, 2, ... */
+  private static int wordsPerHead(int headBytes) {
+    return (headBytes + 7) >>> 3;
+  }
+
   private static long slotOffset(KvCacheGeometry g, int block, int pos, int kv) {
     return kv * g.kToVStrideBytes()
         + (long) block * g.blockBytes()
         + (long) (pos % g.blockSize()) * tokenBytes(g);
   }
 
-  private static void writeSlot(
-      ByteBuffer layer, int base, int tokenBytes, long key, int pos, int layerIndex, int kv) {
-    int words = tokenBytes >>> 3;
+  private static void writeHead(
+      ByteBuffer layer, int base, int headBytes, long key, int pos, int layerIndex, int kv,
+      int globalHead) {
+    int words = headBytes >>> 3;
+    int first = wordsPerHead(headBytes) * globalHead;
     for (int w = 0; w < words; w++) {
-      layer.putLong(base + (w << 3), word(key, pos, layerIndex, kv, w));
+      layer.putLong(base + (w << 3), word(key, pos, layerIndex, kv, first + w));
     }
-    int tail = tokenBytes & 7;
+    int tail = headBytes & 7;
     if (tail != 0) {
-      long v = word(key, pos, layerIndex, kv, words);
+      long v = word(key, pos, layerIndex, kv, first + words);
       for (int b = 0; b < tail; b++) {
         layer.put(base + (words << 3) + b, (byte) (v >>> (8 * b)));
       }

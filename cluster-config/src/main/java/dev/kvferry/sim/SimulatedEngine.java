@@ -32,7 +32,9 @@ import org.slf4j.LoggerFactory;
  * allocator, a scheduler loop with chunked prefill, a per-layer "forward" that fills the scheduled
  * tokens' K and V with {@link KvPattern} and fires the layer's event, and on D the path that
  * allocates, waits for the KV, verifies every byte and frees. Runs on its own thread, as an
- * engine's loop would; one engine (TP 1) per instance.
+ * engine's loop would; one engine per instance, with one worker per TP rank: each rank's cache
+ * holds its share of the KV heads (MLA: the whole latent), and a request's transfer is over once
+ * every rank reports it, as vLLM aggregates its workers' finished sets.
  */
 public final class SimulatedEngine implements AutoCloseable {
 
@@ -42,9 +44,13 @@ public final class SimulatedEngine implements AutoCloseable {
   private final String engineId;
   private final KvCacheGeometry geometry;
   private final ConnectorScheduler scheduler;
-  private final ConnectorWorker worker;
+  private final List<ConnectorWorker> workers;
   private final BlockAllocator allocator;
-  private final List<ByteBuffer> layers = new ArrayList<>();
+  /** Per TP rank, its layers. */
+  private final List<List<ByteBuffer>> rankLayers = new ArrayList<>();
+  private final int layerCount;
+  /** Per request id, how many ranks reported it ended, and the first failure. */
+  private final Map<String, RankReports> reports = new HashMap<>();
   private final int tokensPerStep;
   private final LinkedBlockingQueue<SimEngineActor.Submit> inbox = new LinkedBlockingQueue<>();
   private final Thread loop;
@@ -55,6 +61,11 @@ public final class SimulatedEngine implements AutoCloseable {
   private final LinkedHashMap<String, SimRequest> waiting = new LinkedHashMap<>();
   /** P: prefilled, blocks kept until done sending. D: waiting for the KV. */
   private final Map<String, SimRequest> transferring = new HashMap<>();
+
+  private static final class RankReports {
+    int count;
+    String failure;
+  }
 
   private static final class SimRequest {
     final SimEngineActor.Submit submit;
@@ -91,21 +102,51 @@ public final class SimulatedEngine implements AutoCloseable {
       ConnectorWorker worker,
       int tokensPerStep,
       long seed) {
+    this(role, engineId, geometry, List.of(layerRegions), scheduler, List.of(worker),
+        tokensPerStep, seed);
+  }
+
+  /**
+   * An engine with one worker per TP rank.
+   *
+   * @param geometry one rank's geometry: its kvHeads are the rank's share of the heads
+   * @param layerRegionsByRank per TP rank (in rank order), its registered layer regions
+   * @param workers per TP rank, its worker
+   */
+  public SimulatedEngine(
+      Role role,
+      String engineId,
+      KvCacheGeometry geometry,
+      List<List<MemoryRegion>> layerRegionsByRank,
+      ConnectorScheduler scheduler,
+      List<ConnectorWorker> workers,
+      int tokensPerStep,
+      long seed) {
+    if (layerRegionsByRank.size() != workers.size() || workers.isEmpty()) {
+      throw new IllegalArgumentException(
+          "one list of layer regions per worker: " + layerRegionsByRank.size() + " lists, "
+              + workers.size() + " workers");
+    }
     this.role = role;
     this.engineId = engineId;
     this.geometry = geometry;
     this.scheduler = scheduler;
-    this.worker = worker;
+    this.workers = List.copyOf(workers);
     this.tokensPerStep = tokensPerStep;
     this.allocator = new BlockAllocator(geometry.numBlocks());
     // Scattered block ids, as a cache that has been in use for a while hands out.
     allocator.shuffleFree(seed);
-    for (MemoryRegion r : layerRegions) {
-      if (r.lengthBytes() > Integer.MAX_VALUE) {
-        throw new IllegalArgumentException("simulated engine needs layer regions under 2 GiB");
+    for (List<MemoryRegion> regions : layerRegionsByRank) {
+      List<ByteBuffer> layers = new ArrayList<>();
+      for (MemoryRegion r : regions) {
+        if (r.lengthBytes() > Integer.MAX_VALUE) {
+          throw new IllegalArgumentException("simulated engine needs layer regions under 2 GiB");
+        }
+        layers.add(KvPattern.view(r.buffer(0, (int) r.lengthBytes())));
       }
-      layers.add(KvPattern.view(r.buffer(0, (int) r.lengthBytes())));
+      rankLayers.add(layers);
     }
+    this.layerCount = rankLayers.get(0).size();
     this.loop = new Thread(this::run, "sim-engine-" + engineId);
     loop.setDaemon(true);
   }
@@ -130,7 +171,7 @@ public final class SimulatedEngine implements AutoCloseable {
   public SimEngineActor.Stats stats() {
     return new SimEngineActor.Stats(
         engineId, role, allocator.numBlocks(), allocator.freeCount(), inFlight + inbox.size(),
-        worker.sink().bytesMoved());
+        workers.stream().mapToLong(w -> w.sink().bytesMoved()).sum());
   }
 
   private void run() {
@@ -164,7 +205,9 @@ public final class SimulatedEngine implements AutoCloseable {
     } else {
       decodeStep();
     }
-    handleFinished(worker.getFinished());
+    for (ConnectorWorker w : workers) {
+      handleFinished(w.getFinished());
+    }
     inFlight = waiting.size() + transferring.size();
   }
 
@@ -220,19 +263,21 @@ public final class SimulatedEngine implements AutoCloseable {
       scheduled.add(r);
     }
     ConnectorMetadata meta = scheduler.buildConnectorMeta(new SchedulerOutput(fresh, continued));
-    worker.startLoadKv(meta);
+    workers.forEach(w -> w.startLoadKv(meta));
     if (!scheduled.isEmpty()) {
-      for (int layer = 0; layer < layers.size(); layer++) {
-        HostLayerEvent event = new HostLayerEvent();
-        worker.saveKvLayer(meta, layer, event);
-        for (SimRequest r : scheduled) {
-          KvPattern.fill(
-              layers.get(layer), geometry, KvPattern.requestKey(r.id()), layer, r.blocks,
-              r.chunkFrom, r.chunkTo);
+      for (int layer = 0; layer < layerCount; layer++) {
+        for (int rank = 0; rank < workers.size(); rank++) {
+          HostLayerEvent event = new HostLayerEvent();
+          workers.get(rank).saveKvLayer(meta, layer, event);
+          for (SimRequest r : scheduled) {
+            KvPattern.fill(
+                rankLayers.get(rank).get(layer), geometry, firstHead(rank),
+                KvPattern.requestKey(r.id()), layer, r.blocks, r.chunkFrom, r.chunkTo);
+          }
+          event.fire(); // the layer's KV is complete: its writes may start
         }
-        event.fire(); // the layer's KV is complete: its writes may start
       }
-      worker.waitForSave();
+      workers.forEach(ConnectorWorker::waitForSave);
     }
     for (SimRequest r : scheduled) {
       r.computed = r.chunkTo;
@@ -275,17 +320,42 @@ public final class SimulatedEngine implements AutoCloseable {
       r.blocks = blocks;
       r.cachedBlocks = cached / geometry.blockSize();
       // The prefix D already had: computed locally, so it is filled here, not transferred.
-      for (int layer = 0; layer < layers.size(); layer++) {
-        KvPattern.fill(layers.get(layer), geometry, KvPattern.requestKey(r.id()), layer, blocks, 0,
-            cached);
+      for (int rank = 0; rank < workers.size(); rank++) {
+        for (int layer = 0; layer < layerCount; layer++) {
+          KvPattern.fill(rankLayers.get(rank).get(layer), geometry, firstHead(rank),
+              KvPattern.requestKey(r.id()), layer, blocks, 0, cached);
+        }
       }
       r.transferStartNanos = System.nanoTime();
       transferring.put(r.id(), r);
       scheduler.updateStateAfterAlloc(
           r.request, Arrays.copyOfRange(blocks, r.cachedBlocks, blocks.length), matched.count());
     }
-    worker.startLoadKv(
-        scheduler.buildConnectorMeta(new SchedulerOutput(List.of(), List.of())));
+    ConnectorMetadata meta =
+        scheduler.buildConnectorMeta(new SchedulerOutput(List.of(), List.of()));
+    workers.forEach(w -> w.startLoadKv(meta));
+  }
+
+  /** The first global KV head of a rank (0 for MLA, whose latent every rank holds whole). */
+  private int firstHead(int rank) {
+    return geometry.layout() == KvCacheGeometry.Layout.MLA ? 0 : rank * geometry.kvHeads();
+  }
+
+  /**
+   * Counts one rank's report of a request's end; once every rank reported it, their combined
+   * report (with the first failure, if any), else null. With one rank every report is final.
+   */
+  private RankReports lastReport(String requestId, String failureOrNull) {
+    RankReports r = reports.computeIfAbsent(requestId, k -> new RankReports());
+    r.count++;
+    if (r.failure == null) {
+      r.failure = failureOrNull;
+    }
+    if (r.count < workers.size()) {
+      return null;
+    }
+    reports.remove(requestId);
+    return r;
   }
 
   private void handleFinished(Finished f) {
@@ -293,21 +363,30 @@ public final class SimulatedEngine implements AutoCloseable {
       return;
     }
     for (String id : f.doneSending()) {
+      RankReports all = lastReport(id, null);
+      if (all == null) {
+        continue;
+      }
       SimRequest r = transferring.remove(id);
       if (r != null) {
         allocator.free(r.blocks);
       }
     }
     for (Map.Entry<String, String> e : f.failed().entrySet()) {
-      SimRequest r = transferring.remove(e.getKey());
-      if (r != null) {
-        allocator.free(r.blocks);
-        if (role == Role.DECODE) {
-          reply(r, Status.FAILED, null, e.getValue());
-        }
+      RankReports all = lastReport(e.getKey(), e.getValue());
+      if (all != null) {
+        failed(e.getKey(), all.failure);
       }
     }
     for (String id : f.doneReceiving()) {
+      RankReports all = lastReport(id, null);
+      if (all == null) {
+        continue;
+      }
+      if (all.failure != null) {
+        failed(id, all.failure); // another rank's part failed
+        continue;
+      }
       SimRequest r = transferring.remove(id);
       if (r == null) {
         continue;
@@ -315,9 +394,15 @@ public final class SimulatedEngine implements AutoCloseable {
       long nanos = System.nanoTime() - r.transferStartNanos;
       KvPattern.Mismatch bad = null;
       long key = KvPattern.requestKey(id);
-      for (int layer = 0; layer < layers.size() && bad == null; layer++) {
-        bad = KvPattern.verify(layers.get(layer), geometry, key, layer, r.blocks, 0,
-            r.request.numPromptTokens());
+      for (int rank = 0; rank < workers.size() && bad == null; rank++) {
+        for (int layer = 0; layer < layerCount && bad == null; layer++) {
+          bad = KvPattern.verify(rankLayers.get(rank).get(layer), geometry, firstHead(rank), key,
+              layer, r.blocks, 0, r.request.numPromptTokens());
+          if (bad != null && workers.size() > 1) {
+            bad = new KvPattern.Mismatch(bad.layer(), bad.block(), bad.tokenPosition(), bad.kv(),
+                bad.offsetBytes(), rank);
+          }
+        }
       }
       allocator.free(r.blocks);
       long bytes = transferredBytes(r);
@@ -329,9 +414,20 @@ public final class SimulatedEngine implements AutoCloseable {
     }
   }
 
+  private void failed(String requestId, String reason) {
+    SimRequest r = transferring.remove(requestId);
+    if (r != null) {
+      allocator.free(r.blocks);
+      if (role == Role.DECODE) {
+        reply(r, Status.FAILED, null, reason);
+      }
+    }
+  }
+
   private long transferredBytes(SimRequest r) {
     int blocks = r.blocks.length - r.cachedBlocks;
-    return (long) blocks * geometry.blockBytes() * geometry.regionsPerLayer() * layers.size();
+    return (long) blocks * geometry.blockBytes() * geometry.regionsPerLayer() * layerCount
+        * workers.size();
   }
 
   private void replyDone(SimRequest r, long bytes, long nanos) {

@@ -126,16 +126,57 @@ class SimulatedEngineTest {
     return e;
   }
 
+  /**
+   * P with TP size {@code tpP} and D with {@code tpD}; each geometry is one rank's (its kvHeads are
+   * the rank's share of the heads).
+   */
+  private Pair startShapes(String name, TransferMode mode, KvCacheGeometry pRank, int tpP,
+      KvCacheGeometry dRank, int tpD) {
+    RegionRegistry pRegistry = new RegionRegistry("prefill");
+    RegionRegistry dRegistry = new RegionRegistry("decode");
+    closeables.add(pRegistry);
+    closeables.add(dRegistry);
+    Transport local = new LocalTransport(pRegistry, dRegistry);
+    return new Pair(
+        tpEngine(Role.PREFILL, mode, "prefill-" + name, pRank, tpP, pRegistry, local),
+        tpEngine(Role.DECODE, mode, "decode-" + name, dRank, tpD, dRegistry, local));
+  }
+
+  private SimulatedEngine tpEngine(Role role, TransferMode mode, String id, KvCacheGeometry g,
+      int tp, RegionRegistry registry, Transport transport) {
+    ConnectorSettings settings = ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofSeconds(20));
+    List<List<MemoryRegion>> byRank = new ArrayList<>();
+    List<ConnectorWorker> workers = new ArrayList<>();
+    for (int rank = 0; rank < tp; rank++) {
+      List<MemoryRegion> layers = new ArrayList<>();
+      for (int l = 0; l < LAYERS; l++) {
+        layers.add(registry.allocateHost(g.layerRegionBytes()));
+      }
+      ConnectorWorker w = new ConnectorWorker(kit.system(),
+          new EngineIdentity(role, id, 0, 1, rank, tp, mode), transport, settings);
+      w.registerKvCaches(g, layers);
+      byRank.add(layers);
+      workers.add(w);
+      closeables.add(w);
+    }
+    ConnectorScheduler s = new ConnectorScheduler(role, mode, id, 0, g.blockSize(),
+        workers.stream().map(ConnectorWorker::engineRef).toList(), settings, Clock.systemUTC());
+    SimulatedEngine e = new SimulatedEngine(role, id, g, byRank, s, workers, 40, 7);
+    e.start();
+    closeables.add(0, e);
+    return e;
+  }
+
   /** Runs one request the way the router does; returns D's outcome. */
   private Outcome run(Pair pair, TransferMode mode, RequestSpec spec) {
     TestProbe<Outcome> pProbe = kit.createTestProbe();
     TestProbe<Outcome> dProbe = kit.createTestProbe();
     String tx = "tx-" + spec.requestId();
     pair.prefill().submit(new SimEngineActor.Submit(spec,
-        KvTransferParams.forPrefill(tx, "decode", 0), pProbe.ref()));
+        KvTransferParams.forPrefill(tx, pair.decode().engineId(), 0), pProbe.ref()));
     if (mode == TransferMode.WRITE) {
       pair.decode().submit(new SimEngineActor.Submit(spec,
-          KvTransferParams.forDecode(tx, "prefill", 0), dProbe.ref()));
+          KvTransferParams.forDecode(tx, pair.prefill().engineId(), 0), dProbe.ref()));
       pProbe.expectMessageClass(Outcome.class, Duration.ofSeconds(20));
     } else {
       Outcome p = pProbe.expectMessageClass(Outcome.class, Duration.ofSeconds(20));
@@ -183,6 +224,86 @@ class SimulatedEngineTest {
   void mlaLayoutVerifiesInBothModes() {
     verifiesEveryRequest(TransferMode.WRITE, KvCacheGeometry.mla(64, 4, 12, 2), KvCacheGeometry.mla(40, 4, 12, 2));
     verifiesEveryRequest(TransferMode.READ, KvCacheGeometry.mla(40, 4, 12, 2), KvCacheGeometry.mla(64, 4, 12, 2));
+  }
+
+  private static final int HEADS = 4;
+
+  private static KvCacheGeometry rank(boolean mla, int numBlocks, int blockSize, int tp) {
+    return mla
+        ? KvCacheGeometry.mla(numBlocks, blockSize, 12, 2)
+        : KvCacheGeometry.standard(numBlocks, blockSize, HEADS / tp, 8, 2);
+  }
+
+  /**
+   * Every request of a mix of prompt lengths (chunked prefill included) arrives byte for byte at
+   * D, in both modes and both layouts, and both sides end with every block free. Prefix hits on D
+   * are included when the block sizes are equal.
+   */
+  private void verifiesEveryRequestAcrossShapes(int tpP, int blockP, int tpD, int blockD) {
+    for (boolean mla : new boolean[] {false, true}) {
+      for (TransferMode mode : TransferMode.values()) {
+        String name = tpP + "x" + blockP + "-" + tpD + "x" + blockD + (mla ? "-mla-" : "-std-") + mode;
+        Pair pair = startShapes(name, mode, rank(mla, 64, blockP, tpP), tpP,
+            rank(mla, 48, blockD, tpD), tpD);
+        int[] prompts = {1, 4, 5, 39, 40, 41, 97};
+        for (int i = 0; i < prompts.length; i++) {
+          int cached =
+              blockP == blockD && i % 3 == 2 ? (prompts[i] / 2 / blockD) * blockD : 0;
+          String id = (mla ? "mla-" : "std-") + mode + "-r" + i;
+          Outcome o = run(pair, mode, new RequestSpec(id, prompts[i], cached, RequestSpec.Abort.NONE));
+          assertEquals(Outcome.Status.DONE, o.status(),
+              "TP " + tpP + "->" + tpD + ", blocks " + blockP + "->" + blockD + ", request " + id
+                  + ": " + o.detail());
+        }
+        awaitAllFree(pair.prefill());
+        awaitAllFree(pair.decode());
+      }
+    }
+  }
+
+  @Test
+  void tpTwoToOneVerifiesEveryByte() {
+    verifiesEveryRequestAcrossShapes(2, 4, 1, 4);
+  }
+
+  @Test
+  void tpOneToTwoVerifiesEveryByte() {
+    verifiesEveryRequestAcrossShapes(1, 4, 2, 4);
+  }
+
+  @Test
+  void tpFourToTwoVerifiesEveryByte() {
+    verifiesEveryRequestAcrossShapes(4, 4, 2, 4);
+  }
+
+  @Test
+  void smallerPrefillBlocksVerifyEveryByte() {
+    verifiesEveryRequestAcrossShapes(1, 4, 1, 8);
+  }
+
+  @Test
+  void largerPrefillBlocksVerifyEveryByte() {
+    verifiesEveryRequestAcrossShapes(1, 8, 1, 4);
+  }
+
+  @Test
+  void differentTpAndBlockSizesTogetherVerifyEveryByte() {
+    verifiesEveryRequestAcrossShapes(2, 4, 1, 8);
+    verifiesEveryRequestAcrossShapes(1, 8, 2, 4);
+  }
+
+  @Test
+  void incompatibleShapesFailTheTransferNamingBothSidesValues() {
+    for (TransferMode mode : TransferMode.values()) {
+      Pair pair = startShapes("bad-dim-" + mode, mode, KvCacheGeometry.standard(64, 4, 2, 8, 2), 2,
+          KvCacheGeometry.standard(64, 8, 4, 16, 2), 1);
+      Outcome o = run(pair, mode, new RequestSpec("bad-" + mode, 30, 0, RequestSpec.Abort.NONE));
+      assertEquals(Outcome.Status.FAILED, o.status(), o.detail());
+      assertTrue(o.detail().contains("head_dim is ") && o.detail().contains(" 8 on ")
+          && o.detail().contains(" 16 on "), o.detail());
+      awaitAllFree(pair.prefill());
+      awaitAllFree(pair.decode());
+    }
   }
 
   @Test

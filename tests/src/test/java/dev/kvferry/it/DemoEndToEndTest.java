@@ -52,6 +52,17 @@ class DemoEndToEndTest {
   }
 
   @Test
+  void cmaMovesEveryByteFromTwoPrefillRanksOf16TokenBlocksToOneDecodeRankOf32() throws Exception {
+    DemoOptions options =
+        new DemoOptions("cma", List.of("write", "read"), 3, 2, 16, 16, 2, false, 24, 96, 72, 24, 1,
+                150, 0.2, 0.3, 6, 13, false)
+            .withShapes(2, 1, 16, 32);
+    for (ModeReport r : run(options)) {
+      assertClean(r, false);
+    }
+  }
+
+  @Test
   void tcpMovesAndVerifiesEveryByteOfAnMlaCacheInBothModes() throws Exception {
     for (ModeReport r : run(small("tcp", true, 0.0))) {
       assertClean(r, false);

@@ -207,7 +207,8 @@ public final class ConnectorScheduler {
     }
     KvTransferParams forDecode =
         new KvTransferParams(
-            true, false, p.transferId(), engineId, dpRank, blockIds.clone(), "", 0, 1);
+            true, false, p.transferId(), engineId, dpRank, blockIds.clone(), "", 0,
+            Math.max(1, localWorkers.size()));
     return new FinishDecision(delay, forDecode);
   }
 

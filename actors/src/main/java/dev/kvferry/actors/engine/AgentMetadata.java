@@ -33,7 +33,7 @@ public record AgentMetadata(
 
   public byte[] pack() {
     try (MessageBufferPacker p = MessagePack.newDefaultBufferPacker()) {
-      p.packMapHeader(16);
+      p.packMapHeader(18);
       p.packString("engine_id").packString(engineId);
       p.packString("dp_rank").packInt(dpRank);
       p.packString("tp_rank").packInt(tpRank);
@@ -44,6 +44,8 @@ public record AgentMetadata(
       p.packString("num_blocks").packInt(geometry.numBlocks());
       p.packString("block_size").packInt(geometry.blockSize());
       p.packString("kv_heads").packInt(geometry.kvHeads());
+      p.packString("total_kv_heads").packInt(totalKvHeads());
+      p.packString("head_offset").packInt(headOffset());
       p.packString("head_dim").packInt(geometry.headDim());
       p.packString("latent").packInt(geometry.latent());
       p.packString("elem_size").packInt(geometry.elementBytes());
@@ -82,6 +84,8 @@ public record AgentMetadata(
     int numBlocks = -1;
     int blockSize = -1;
     int kvHeads = 0;
+    int totalKvHeads = -1;
+    int headOffset = -1;
     int headDim = 0;
     int latent = 0;
     int elem = -1;
@@ -103,6 +107,8 @@ public record AgentMetadata(
           case "num_blocks" -> numBlocks = u.unpackInt();
           case "block_size" -> blockSize = u.unpackInt();
           case "kv_heads" -> kvHeads = u.unpackInt();
+          case "total_kv_heads" -> totalKvHeads = u.unpackInt();
+          case "head_offset" -> headOffset = u.unpackInt();
           case "head_dim" -> headDim = u.unpackInt();
           case "latent" -> latent = u.unpackInt();
           case "elem_size" -> elem = u.unpackInt();
@@ -144,12 +150,37 @@ public record AgentMetadata(
     } catch (IllegalArgumentException e) {
       throw new HandshakeException("agent metadata of " + engineId + ": " + e.getMessage());
     }
-    return new AgentMetadata(engineId, dp, tp, tpSize, transport, geometry, layers);
+    if (tp >= tpSize) {
+      throw new HandshakeException(
+          "agent metadata of " + engineId + ": tp_rank " + tp + " outside tp_size " + tpSize);
+    }
+    AgentMetadata m = new AgentMetadata(engineId, dp, tp, tpSize, transport, geometry, layers);
+    // Heads are split evenly over the TP ranks; a peer that says otherwise cannot be paired.
+    if ((totalKvHeads >= 0 && totalKvHeads != m.totalKvHeads())
+        || (headOffset >= 0 && headOffset != m.headOffset())) {
+      throw new HandshakeException(
+          "agent metadata of " + engineId + "/tp" + tp + " claims heads [" + headOffset + ", "
+              + (headOffset + kvHeads) + ") of " + totalKvHeads + "; kvferry splits heads evenly,"
+              + " which gives [" + m.headOffset() + ", " + (m.headOffset() + kvHeads) + ") of "
+              + m.totalKvHeads());
+    }
+    return m;
+  }
+
+  /** KV heads of the whole model: this rank's heads times the TP size (0 for MLA). */
+  public int totalKvHeads() {
+    return geometry.kvHeads() * tpSize;
+  }
+
+  /** The first (global) KV head this rank holds: heads are split evenly over the TP ranks. */
+  public int headOffset() {
+    return geometry.kvHeads() * tpRank;
   }
 
   /**
-   * Checks that a peer's KV cache can exchange blocks with ours: same layout, block size, heads,
-   * head dim (or latent), element size and layer count. num_blocks may differ.
+   * Checks that a peer's KV cache can exchange tokens with ours: same layout, head dim (or latent),
+   * element size, layer count and total KV heads. num_blocks, block_size and tp_size may differ
+   * (the planner maps token ranges and head slices); a mismatch that cannot work is refused.
    *
    * @throws HandshakeException naming both sides' values of the first mismatch
    */
@@ -157,13 +188,16 @@ public record AgentMetadata(
     KvCacheGeometry a = geometry;
     KvCacheGeometry b = peer.geometry;
     mismatch("layout", a.layout().name(), b.layout().name(), peer);
-    mismatch("block_size", a.blockSize(), b.blockSize(), peer);
-    mismatch("kv_heads", a.kvHeads(), b.kvHeads(), peer);
     mismatch("head_dim", a.headDim(), b.headDim(), peer);
     mismatch("latent", a.latent(), b.latent(), peer);
     mismatch("elem_size (dtype bytes)", a.elementBytes(), b.elementBytes(), peer);
     mismatch("layer count", layers.size(), peer.layers.size(), peer);
-    mismatch("tp_size", tpSize, peer.tpSize, peer);
+    mismatch(
+        "total KV heads (kv_heads x tp_size)",
+        a.kvHeads() + " x " + tpSize + " = " + totalKvHeads(),
+        b.kvHeads() + " x " + peer.tpSize + " = " + peer.totalKvHeads(),
+        peer,
+        totalKvHeads() == peer.totalKvHeads());
     for (int l = 0; l < peer.layers.size(); l++) {
       long need = b.layerRegionBytes();
       if (peer.layers.get(l).lengthBytes() < need) {
@@ -176,7 +210,13 @@ public record AgentMetadata(
 
   private void mismatch(String what, Object ours, Object theirs, AgentMetadata peer)
       throws HandshakeException {
-    if (!ours.equals(theirs)) {
+    mismatch(what, ours, theirs, peer, ours.equals(theirs));
+  }
+
+  private void mismatch(
+      String what, Object ours, Object theirs, AgentMetadata peer, boolean compatible)
+      throws HandshakeException {
+    if (!compatible) {
       throw new HandshakeException(
           "incompatible KV caches: " + what + " is " + ours + " on " + engineId + "/tp" + tpRank
               + " but " + theirs + " on " + peer.engineId + "/tp" + peer.tpRank);

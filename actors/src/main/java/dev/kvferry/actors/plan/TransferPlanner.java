@@ -135,6 +135,144 @@ public final class TransferPlanner {
   }
 
   /**
+   * Plans the copies of one layer when the two sides differ in block size or in which KV heads they
+   * hold (different TP sizes): maps token positions, not block ids. Token {@code t} lives in block
+   * {@code ids[t / blockSize]}, slot {@code t % blockSize}, on each side; per token and region it
+   * moves the heads of {@code heads} (for MLA, the whole latent), and merges copies that are
+   * contiguous on both sides, so whole-token slices of adjacent slots and blocks become one copy.
+   *
+   * <p>Both lists start at the request's first token; they cover {@code min(local blocks x local
+   * block size, remote blocks x remote block size)} tokens, and each side's last block must hold
+   * some of them (a list with whole blocks beyond the other's, as a prefix-cache hit on one side
+   * would give, is refused). Output is in local offset order within each region, K before V.
+   *
+   * @param local this engine's geometry (its kvHeads are this rank's heads)
+   * @param remote the peer's geometry, same layout, head dim (or latent) and element size
+   * @param heads which of the local and remote heads to move; ignored for MLA
+   * @throws InvalidBlockIdsException if an id is negative, out of range or repeated, or the lists
+   *     cover different blocks of the request
+   */
+  public TransferBatch planTokenRanges(
+      KvCacheGeometry local,
+      KvCacheGeometry remote,
+      HeadSlice heads,
+      int[] localBlockIds,
+      int[] remoteBlockIds)
+      throws InvalidBlockIdsException {
+    Objects.requireNonNull(local, "local");
+    Objects.requireNonNull(remote, "remote");
+    Objects.requireNonNull(localBlockIds, "localBlockIds");
+    Objects.requireNonNull(remoteBlockIds, "remoteBlockIds");
+    requireSameTokenShape(local, remote, heads);
+    checkIds("local", localBlockIds, local.numBlocks(), "this engine");
+    checkIds("remote", remoteBlockIds, remote.numBlocks(), "the remote engine");
+    int nl = localBlockIds.length;
+    int nr = remoteBlockIds.length;
+    if (nl == 0 && nr == 0) {
+      return TransferBatch.EMPTY;
+    }
+    int bl = local.blockSize();
+    int br = remote.blockSize();
+    long tokens = Math.min((long) nl * bl, (long) nr * br);
+    if (ceilDiv(tokens, bl) != nl || ceilDiv(tokens, br) != nr) {
+      throw new InvalidBlockIdsException(
+          nl + " local blocks of " + bl + " tokens and " + nr + " remote blocks of " + br
+              + " tokens do not cover the same tokens: with different block sizes both lists must"
+              + " start at the request's first token (a prefix-cache hit on one side only is not"
+              + " supported across block sizes)");
+    }
+    boolean mla = local.layout() == KvCacheGeometry.Layout.MLA;
+    long tokenBytesL = local.blockBytes() / bl;
+    long tokenBytesR = remote.blockBytes() / br;
+    long headBytes = mla ? 0 : (long) local.headDim() * local.elementBytes();
+    long innerL = mla ? 0 : heads.localFirst() * headBytes;
+    long innerR = mla ? 0 : heads.remoteFirst() * headBytes;
+    long slice = mla ? tokenBytesL : heads.count() * headBytes;
+    int regions = local.regionsPerLayer();
+    int max = (int) Math.min(Integer.MAX_VALUE - 8, tokens * regions);
+    long[] lo = new long[Math.min(max, 1024)];
+    long[] ro = new long[lo.length];
+    long[] sz = new long[lo.length];
+    int count = 0;
+    for (int region = 0; region < regions; region++) {
+      long baseL = region * local.kToVStrideBytes();
+      long baseR = region * remote.kToVStrideBytes();
+      for (int t = 0; t < tokens; t++) {
+        long l = baseL + localBlockIds[t / bl] * local.blockBytes() + (t % bl) * tokenBytesL
+            + innerL;
+        long r = baseR + remoteBlockIds[t / br] * remote.blockBytes() + (t % br) * tokenBytesR
+            + innerR;
+        if (count > 0
+            && lo[count - 1] + sz[count - 1] == l
+            && ro[count - 1] + sz[count - 1] == r) {
+          sz[count - 1] += slice;
+          continue;
+        }
+        if (count == lo.length) {
+          int grown = (int) Math.min(max, (long) lo.length * 2);
+          lo = Arrays.copyOf(lo, grown);
+          ro = Arrays.copyOf(ro, grown);
+          sz = Arrays.copyOf(sz, grown);
+        }
+        lo[count] = l;
+        ro[count] = r;
+        sz[count] = slice;
+        count++;
+      }
+    }
+    return new TransferBatch(
+        Arrays.copyOf(lo, count), Arrays.copyOf(ro, count), Arrays.copyOf(sz, count));
+  }
+
+  private static void requireSameTokenShape(
+      KvCacheGeometry local, KvCacheGeometry remote, HeadSlice heads) {
+    if (local.layout() != remote.layout()
+        || local.headDim() != remote.headDim()
+        || local.latent() != remote.latent()
+        || local.elementBytes() != remote.elementBytes()) {
+      throw new IllegalArgumentException(
+          "geometries cannot exchange tokens (the handshake should have refused them): " + local
+              + " and " + remote);
+    }
+    if (local.layout() == KvCacheGeometry.Layout.STANDARD) {
+      Objects.requireNonNull(heads, "heads");
+      if (heads.localFirst() + heads.count() > local.kvHeads()
+          || heads.remoteFirst() + heads.count() > remote.kvHeads()) {
+        throw new IllegalArgumentException(
+            heads + " outside the local " + local.kvHeads() + " or remote " + remote.kvHeads()
+                + " heads");
+      }
+    }
+  }
+
+  private static long ceilDiv(long a, long b) {
+    return (a + b - 1) / b;
+  }
+
+  /** Range and repeat check for one side's list, with the same messages as {@link #plan}. */
+  private static void checkIds(String side, int[] ids, int numBlocks, String owner)
+      throws InvalidBlockIdsException {
+    java.util.BitSet seen = new java.util.BitSet();
+    for (int i = 0; i < ids.length; i++) {
+      int id = ids[i];
+      if (id >= 0 && id < numBlocks && !seen.get(id)) {
+        seen.set(id);
+        continue;
+      }
+      throw new InvalidBlockIdsException(
+          problem(side, id, i, numBlocks, owner, firstPositions(ids, i)));
+    }
+  }
+
+  private static Map<Integer, Integer> firstPositions(int[] ids, int upTo) {
+    Map<Integer, Integer> seen = new HashMap<>();
+    for (int i = 0; i < upTo; i++) {
+      seen.putIfAbsent(ids[i], i);
+    }
+    return seen;
+  }
+
+  /**
    * Walks the copies in local offset order (all K, then all V; positions in blocks), merging each
    * run that advances by one block on both sides. Writes the copies when given arrays; returns
    * their count. Merged size is last local + block - first local, as in the seed.

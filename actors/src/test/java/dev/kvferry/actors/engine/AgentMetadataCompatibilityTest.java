@@ -1,0 +1,92 @@
+package dev.kvferry.actors.engine;
+
+import static org.junit.jupiter.api.Assertions.assertDoesNotThrow;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+
+import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.rdma.LocalTransport;
+import dev.kvferry.rdma.RegionDescriptor;
+import dev.kvferry.rdma.RegionRegistry;
+import java.util.ArrayList;
+import java.util.List;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+
+/** What the handshake accepts between differently shaped P and D, and how it refuses the rest. */
+class AgentMetadataCompatibilityTest {
+
+  private final RegionRegistry registry = new RegionRegistry("test");
+  private final LocalTransport transport = new LocalTransport(registry);
+
+  @AfterEach
+  void close() {
+    registry.close();
+  }
+
+  private AgentMetadata meta(String engine, int tpRank, int tpSize, KvCacheGeometry g, int layers) {
+    List<RegionDescriptor> d = new ArrayList<>();
+    for (int l = 0; l < layers; l++) {
+      d.add(transport.describe(registry.allocateHost(g.layerRegionBytes())));
+    }
+    return new AgentMetadata(engine, 0, tpRank, tpSize, "local", g, d);
+  }
+
+  private String refusal(AgentMetadata a, AgentMetadata b) {
+    return assertThrows(HandshakeException.class, () -> a.checkCompatibleWith(b)).getMessage();
+  }
+
+  @Test
+  void acceptsDifferentBlockSizesNumBlocksAndTpSizesWithTheSameTotalHeads() throws Exception {
+    AgentMetadata p = meta("p", 1, 2, KvCacheGeometry.standard(8, 16, 2, 8, 2), 2);
+    AgentMetadata d = meta("d", 0, 1, KvCacheGeometry.standard(6, 32, 4, 8, 2), 2);
+    assertDoesNotThrow(() -> p.checkCompatibleWith(d));
+    assertDoesNotThrow(() -> d.checkCompatibleWith(p));
+    AgentMetadata back = AgentMetadata.unpack(p.pack());
+    assertEquals(4, back.totalKvHeads());
+    assertEquals(2, back.headOffset());
+  }
+
+  @Test
+  void refusesDifferentHeadDimNamingBothSides() {
+    assertEquals("incompatible KV caches: head_dim is 8 on p/tp0 but 16 on d/tp0",
+        refusal(meta("p", 0, 1, KvCacheGeometry.standard(8, 16, 4, 8, 2), 2),
+            meta("d", 0, 1, KvCacheGeometry.standard(8, 16, 4, 16, 2), 2)));
+  }
+
+  @Test
+  void refusesDifferentDtypeNamingBothSides() {
+    assertEquals("incompatible KV caches: elem_size (dtype bytes) is 2 on p/tp0 but 4 on d/tp0",
+        refusal(meta("p", 0, 1, KvCacheGeometry.standard(8, 16, 4, 8, 2), 2),
+            meta("d", 0, 1, KvCacheGeometry.standard(8, 16, 4, 8, 4), 2)));
+  }
+
+  @Test
+  void refusesDifferentLayerCountNamingBothSides() {
+    assertEquals("incompatible KV caches: layer count is 2 on p/tp0 but 3 on d/tp0",
+        refusal(meta("p", 0, 1, KvCacheGeometry.standard(8, 16, 4, 8, 2), 2),
+            meta("d", 0, 1, KvCacheGeometry.standard(8, 16, 4, 8, 2), 3)));
+  }
+
+  @Test
+  void refusesDifferentLayoutNamingBothSides() {
+    assertEquals("incompatible KV caches: layout is STANDARD on p/tp0 but MLA on d/tp0",
+        refusal(meta("p", 0, 1, KvCacheGeometry.standard(8, 16, 4, 8, 2), 2),
+            meta("d", 0, 1, KvCacheGeometry.mla(8, 16, 32, 2), 2)));
+  }
+
+  @Test
+  void refusesDifferentLatentNamingBothSides() {
+    assertEquals("incompatible KV caches: latent is 32 on p/tp0 but 64 on d/tp0",
+        refusal(meta("p", 0, 1, KvCacheGeometry.mla(8, 16, 32, 2), 2),
+            meta("d", 0, 1, KvCacheGeometry.mla(8, 32, 64, 2), 2)));
+  }
+
+  @Test
+  void refusesDifferentTotalHeadsNamingBothSides() {
+    assertEquals("incompatible KV caches: total KV heads (kv_heads x tp_size) is 2 x 2 = 4 on"
+        + " p/tp1 but 2 x 1 = 2 on d/tp0",
+        refusal(meta("p", 1, 2, KvCacheGeometry.standard(8, 16, 2, 8, 2), 2),
+            meta("d", 0, 1, KvCacheGeometry.standard(8, 16, 2, 8, 2), 2)));
+  }
+}
