@@ -23,7 +23,23 @@ final class LibC {
 
   private LibC() {}
 
+  static final int PROT_READ = 0x1;
+  static final int PROT_WRITE = 0x2;
+  static final int MAP_PRIVATE = 0x02;
+  static final int MAP_ANONYMOUS = 0x20;
+  static final int MADV_HUGEPAGE = 14;
+
   static native long memmove(long dst, long src, long n);
+
+  static native long memset(long dst, int value, long n);
+
+  /** Returns the mapping's address; MAP_FAILED (-1) raises LastErrorException. */
+  static native long mmap(long addr, long length, int prot, int flags, int fd, long offset)
+      throws LastErrorException;
+
+  static native int munmap(long addr, long length) throws LastErrorException;
+
+  static native int madvise(long addr, long length, int advice) throws LastErrorException;
 
   /** ssize_t process_vm_writev(pid_t, const struct iovec *, unsigned long, same, unsigned long, flags). */
   static native long process_vm_writev(

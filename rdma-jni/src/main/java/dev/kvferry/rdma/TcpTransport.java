@@ -88,6 +88,11 @@ public final class TcpTransport implements Transport {
     return listener == null ? 0 : listener.boundAddress().getPort();
   }
 
+  /** Connections the listener serves now (0 without a listener). */
+  int listenerConnections() {
+    return listener == null ? 0 : listener.activeConnections();
+  }
+
   @Override
   public RegionDescriptor describe(MemoryRegion local) {
     if (listener == null) {

@@ -68,15 +68,14 @@ final class TcpWire {
     }
   }
 
-  /** Reads until {@code buf} is full. */
+  /** Reads until {@code buf} is full (its limit is the message's end, position 0 its start). */
   static void readFully(SocketChannel ch, ByteBuffer buf, Progress progress, String what)
       throws IOException {
-    int wanted = buf.remaining();
     while (buf.hasRemaining()) {
       if (ch.read(buf) < 0) {
         throw new TruncatedException(
-            "truncated " + what + ": connection closed after " + (wanted - buf.remaining())
-                + " of " + wanted + " bytes");
+            "truncated " + what + ": connection closed after " + buf.position() + " of "
+                + buf.limit() + " bytes");
       }
       progress.progressed();
     }

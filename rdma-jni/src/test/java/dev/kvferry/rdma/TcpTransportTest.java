@@ -1,0 +1,217 @@
+package dev.kvferry.rdma;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.DataInputStream;
+import java.io.IOException;
+import java.net.InetAddress;
+import java.net.ServerSocket;
+import java.net.Socket;
+import java.time.Duration;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+/** Two TCP transports in one JVM: P0 sends, D0 listens and serves its registry. */
+class TcpTransportTest {
+  private RegionRegistry ours;
+  private RegionRegistry peer;
+  private TcpTransport client;
+  private TcpTransport server;
+
+  @BeforeEach
+  void open() throws IOException {
+    ours = new RegionRegistry("P0");
+    peer = new RegionRegistry("D0");
+    client = new TcpTransport(ours, TransportOptions.defaults().withTcpListener(false));
+    server = new TcpTransport(peer, TransportOptions.defaults());
+  }
+
+  @AfterEach
+  void close() {
+    client.close();
+    server.close();
+    ours.close();
+    peer.close();
+  }
+
+  @Test
+  void writesAndReadsBackShuffledBlocks() {
+    int block = 4096;
+    int blocks = 64;
+    MemoryRegion src = ours.allocateHost((long) block * blocks);
+    MemoryRegion dst = peer.allocateHost((long) block * blocks);
+    MemoryRegion back = ours.allocateHost((long) block * blocks);
+    Patterns.fill(src, 0, block * blocks, 1);
+    long[] lo = new long[blocks];
+    long[] ro = new long[blocks];
+    long[] sz = new long[blocks];
+    for (int i = 0; i < blocks; i++) {
+      lo[i] = (long) i * block;
+      ro[i] = (long) ((i * 37) % blocks) * block;
+      sz[i] = block;
+    }
+    TransferStatus w = Patterns.await(client.write(src, server.describe(dst), new TransferBatch(lo, ro, sz)));
+    assertTrue(w.succeeded(), w::toString);
+    assertEquals((long) block * blocks, w.bytesMoved());
+    for (int i = 0; i < blocks; i++) {
+      assertArrayEquals(Patterns.bytes(src, lo[i], block), Patterns.bytes(dst, ro[i], block));
+    }
+    TransferStatus r = Patterns.await(client.read(back, server.describe(dst), new TransferBatch(lo, ro, sz)));
+    assertTrue(r.succeeded(), r::toString);
+    assertEquals(Patterns.crc(src, 0, block * blocks), Patterns.crc(back, 0, block * blocks));
+  }
+
+  @Test
+  void splitsBatchesOfMoreEntriesThanOneFrameHolds() {
+    int entries = 2 * TcpWire.MAX_ENTRIES + 100;
+    MemoryRegion src = ours.allocateHost(entries * 8L);
+    MemoryRegion dst = peer.allocateHost(entries * 8L);
+    MemoryRegion back = ours.allocateHost(entries * 8L);
+    Patterns.fill(src, 0, entries * 8, 2);
+    long[] lo = new long[entries];
+    long[] ro = new long[entries];
+    long[] sz = new long[entries];
+    for (int i = 0; i < entries; i++) {
+      lo[i] = i * 8L;
+      ro[i] = (entries - 1 - i) * 8L;
+      sz[i] = i % 10 == 0 ? 0 : 8; // empty entries are skipped, not sent
+    }
+    TransferBatch batch = new TransferBatch(lo, ro, sz);
+    assertTrue(Patterns.await(client.write(src, server.describe(dst), batch)).succeeded());
+    assertTrue(Patterns.await(client.read(back, server.describe(dst), batch)).succeeded());
+    for (int i = 0; i < entries; i++) {
+      if (sz[i] > 0) {
+        assertArrayEquals(Patterns.bytes(src, lo[i], 8), Patterns.bytes(back, lo[i], 8), "entry " + i);
+      }
+    }
+  }
+
+  @Test
+  void reusesOneConnectionForConsecutiveBatches() {
+    MemoryRegion src = ours.allocateHost(4096);
+    MemoryRegion dst = peer.allocateHost(4096);
+    for (int i = 0; i < 5; i++) {
+      assertTrue(Patterns.await(client.write(src, server.describe(dst), single(0, 0, 4096))).succeeded());
+    }
+    assertEquals(1, server.listenerConnections());
+  }
+
+  @Test
+  void retriesOnAFreshConnectionWhenThePooledOneDied() throws IOException {
+    MemoryRegion src = ours.allocateHost(4096);
+    MemoryRegion dst = peer.allocateHost(4096);
+    RegionDescriptor d = server.describe(dst);
+    assertTrue(Patterns.await(client.write(src, d, single(0, 0, 4096))).succeeded());
+    server.close(); // kills the pooled connection
+    server = new TcpTransport(peer, TransportOptions.defaults().withTcpBind("127.0.0.1", d.tcpPort()));
+    Patterns.fill(src, 0, 4096, 8);
+    TransferStatus s = Patterns.await(client.write(src, d, single(0, 0, 4096)));
+    assertTrue(s.succeeded(), s::toString);
+    assertArrayEquals(Patterns.bytes(src, 0, 4096), Patterns.bytes(dst, 0, 4096));
+  }
+
+  @Test
+  void failsWithTheReceiversReasonWhenItsRegionWasClosed() {
+    for (int length : new int[] {4096, 8 << 20}) {
+      MemoryRegion src = ours.allocateHost(length);
+      MemoryRegion dst = peer.allocateHost(length);
+      RegionDescriptor d = server.describe(dst);
+      dst.close();
+      TransferStatus s = Patterns.await(client.write(src, d, single(0, 0, length)));
+      assertFalse(s.succeeded());
+      assertTrue(
+          s.failureMessage().contains("refused the write: region " + d.regionId()
+              + " is not registered at D0"),
+          s.failureMessage());
+    }
+  }
+
+  @Test
+  void receiverRefusesRangesPastItsRegionEvenWhenTheDescriptorLies() {
+    MemoryRegion src = ours.allocateHost(8192);
+    MemoryRegion dst = peer.allocateHost(4096);
+    Patterns.fillConstant(dst, (byte) 0x5A);
+    Patterns.fill(src, 0, 8192, 4);
+    RegionDescriptor real = server.describe(dst);
+    RegionDescriptor liar =
+        new RegionDescriptor(real.regionId(), 1 << 20, RegionKind.HOST, -1, "D0", real.pid(),
+            real.baseAddress(), real.bootId(), real.tcpHost(), real.tcpPort(), real.token(), null);
+    TransferBatch batch =
+        new TransferBatch(new long[] {0, 4096}, new long[] {0, 4000}, new long[] {16, 200});
+    TransferStatus w = Patterns.await(client.write(src, liar, batch));
+    assertFalse(w.succeeded());
+    assertTrue(w.failureMessage().contains("lies outside region " + dst.id() + " of D0"), w.failureMessage());
+    CmaTransportTest.assertGuard(dst, (byte) 0x5A);
+
+    MemoryRegion readInto = ours.allocateHost(8192);
+    Patterns.fillConstant(readInto, (byte) 0x33);
+    TransferStatus r = Patterns.await(client.read(readInto, liar, batch));
+    assertFalse(r.succeeded());
+    assertTrue(r.failureMessage().contains("refused the read"), r.failureMessage());
+    CmaTransportTest.assertGuard(readInto, (byte) 0x33);
+  }
+
+  @Test
+  void failsWhenTheTokenIsNotThePeers() {
+    MemoryRegion src = ours.allocateHost(4096);
+    MemoryRegion dst = peer.allocateHost(4096);
+    Patterns.fillConstant(dst, (byte) 1);
+    RegionDescriptor d = server.describe(dst);
+    RegionDescriptor stale = d.withTcp(d.tcpHost(), d.tcpPort(), new byte[16]);
+    TransferStatus s = Patterns.await(client.write(src, stale, single(0, 0, 4096)));
+    assertFalse(s.succeeded());
+    assertTrue(s.failureMessage().contains("refused our token (bad token for the regions of D0)"), s.failureMessage());
+    CmaTransportTest.assertGuard(dst, (byte) 1);
+  }
+
+  @Test
+  void failsWhenNobodyListens() throws IOException {
+    int port;
+    try (ServerSocket s = new ServerSocket(0, 1, InetAddress.getLoopbackAddress())) {
+      port = s.getLocalPort();
+    }
+    MemoryRegion src = ours.allocateHost(4096);
+    RegionDescriptor d = server.describe(peer.allocateHost(4096)).withTcp("127.0.0.1", port, new byte[16]);
+    TransferStatus s = Patterns.await(client.write(src, d, single(0, 0, 16)));
+    assertFalse(s.succeeded());
+    assertTrue(s.failureMessage().startsWith("tcp write to 127.0.0.1:" + port + " (D0) failed: "), s.failureMessage());
+  }
+
+  @Test
+  void failsWhenThePeerStopsAnswering() throws Exception {
+    try (TcpTransport impatient =
+            new TcpTransport(ours, TransportOptions.defaults().withTcpListener(false)
+                .withIoTimeout(Duration.ofMillis(300)));
+        ServerSocket mute = new ServerSocket(0, 1, InetAddress.getLoopbackAddress())) {
+      MemoryRegion local = ours.allocateHost(4096);
+      RegionDescriptor d = server.describe(peer.allocateHost(4096))
+          .withTcp("127.0.0.1", mute.getLocalPort(), new byte[16]);
+      TransferStatus s = impatient.read(local, d, single(0, 0, 4096));
+      try (Socket accepted = mute.accept()) {
+        // Accept the hello, then say nothing more.
+        new DataInputStream(accepted.getInputStream()).readFully(new byte[6 + 16]);
+        accepted.getOutputStream().write(new byte[] {0, 0, 0});
+        Patterns.await(s);
+      }
+      assertFalse(s.succeeded());
+      assertEquals("tcp read from 127.0.0.1:" + mute.getLocalPort() + " (D0) failed: no progress for 300 ms",
+          s.failureMessage());
+    }
+  }
+
+  @Test
+  void describeRefusesRegionsOfAnotherRegistry() {
+    MemoryRegion foreign = ours.allocateHost(4096);
+    assertThrows(IllegalArgumentException.class, () -> server.describe(foreign));
+    assertThrows(IllegalStateException.class, () -> client.describe(foreign));
+  }
+
+  private static TransferBatch single(long local, long remote, long size) {
+    return new TransferBatch(new long[] {local}, new long[] {remote}, new long[] {size});
+  }
+}
