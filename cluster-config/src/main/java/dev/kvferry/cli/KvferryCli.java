@@ -27,6 +27,7 @@ public final class KvferryCli implements Runnable {
     cli.addSubcommand(new RouterCommand());
     cli.addSubcommand(new DemoCommand());
     cli.addSubcommand(new StatusCommand());
+    cli.addSubcommand(new BenchCommand());
     return cli;
   }
 

@@ -48,8 +48,22 @@ public final class SimulatedEngine implements AutoCloseable {
   private final int tokensPerStep;
   private final LinkedBlockingQueue<SimEngineActor.Submit> inbox = new LinkedBlockingQueue<>();
   private final Thread loop;
+  private final LayerListener layerListener;
   private volatile boolean running = true;
   private volatile int inFlight;
+
+  /** Told on the engine's thread each time the forward pass fires a layer's event (benchmarks). */
+  @FunctionalInterface
+  public interface LayerListener {
+    /**
+     * @param layer the layer whose event fired
+     * @param layers layers in the model; {@code layer == layers - 1} is the step's last
+     * @param firedNanos {@link System#nanoTime()} just before the event fired
+     */
+    void layerFired(int layer, int layers, long firedNanos);
+
+    LayerListener NONE = (layer, layers, firedNanos) -> {};
+  }
 
   /** Requests waiting to be scheduled (P and D) or prefilling (P), in arrival order. */
   private final LinkedHashMap<String, SimRequest> waiting = new LinkedHashMap<>();
@@ -91,6 +105,22 @@ public final class SimulatedEngine implements AutoCloseable {
       ConnectorWorker worker,
       int tokensPerStep,
       long seed) {
+    this(role, engineId, geometry, layerRegions, scheduler, worker, tokensPerStep, seed,
+        LayerListener.NONE);
+  }
+
+  /** As above, and tells {@code layerListener} when each layer's event fires. */
+  public SimulatedEngine(
+      Role role,
+      String engineId,
+      KvCacheGeometry geometry,
+      List<MemoryRegion> layerRegions,
+      ConnectorScheduler scheduler,
+      ConnectorWorker worker,
+      int tokensPerStep,
+      long seed,
+      LayerListener layerListener) {
+    this.layerListener = layerListener;
     this.role = role;
     this.engineId = engineId;
     this.geometry = geometry;
@@ -230,7 +260,9 @@ public final class SimulatedEngine implements AutoCloseable {
               layers.get(layer), geometry, KvPattern.requestKey(r.id()), layer, r.blocks,
               r.chunkFrom, r.chunkTo);
         }
+        long firedNanos = System.nanoTime();
         event.fire(); // the layer's KV is complete: its writes may start
+        layerListener.layerFired(layer, layers.size(), firedNanos);
       }
       worker.waitForSave();
     }
