@@ -59,6 +59,7 @@ public final class EndToEndSuite {
 
   private volatile long lastLayerFiredNanos;
   private volatile long doneReceivingNanos;
+  private volatile long writesDoneNanos;
 
   public EndToEndSuite(int promptTokens, int requests, PrintStream progress) {
     this.promptTokens = promptTokens;
@@ -88,6 +89,9 @@ public final class EndToEndSuite {
     }
     String what = "peer column: one layer's cma write (" + Geometry.layerBytes(promptTokens) / 1024
         + " KiB) in this run; goal: added latency after the last layer <= one layer's transfer"
+        + String.format(java.util.Locale.ROOT,
+            "; split at p50: %.0f us until P's writes are done, %.0f us from there to D done",
+            r.writesDoneP50Us, r.notifyP50Us)
         + (layerNote.isEmpty() ? "" : "; " + layerNote);
     return List.of(
         BenchRow.lowerIsBetter("e2e last layer -> D done p50 " + size, "us", r.p50Us, layerUs,
@@ -107,7 +111,12 @@ public final class EndToEndSuite {
     return Geometry.layerBytes(promptTokens) / r.medianGbps() / 1e3;
   }
 
-  private record Result(double p50Us, double p99Us, double kvferryKib, double allKib) {}
+  /**
+   * @param writesDoneP50Us last layer's event to P's worker seeing every write done
+   * @param notifyP50Us from there to D's worker done receiving (WriteDone over Artery)
+   */
+  private record Result(double p50Us, double p99Us, double writesDoneP50Us, double notifyP50Us,
+      double kvferryKib, double allKib) {}
 
   private final class Node implements AutoCloseable {
     final ActorSystem<Void> system;
@@ -133,7 +142,11 @@ public final class EndToEndSuite {
                 doneReceivingNanos = System.nanoTime();
               }
             }
-          : TransferObserver.NONE;
+          : (outcome, bytes, nanos) -> {
+              if (outcome == TransferObserver.Outcome.SENT) {
+                writesDoneNanos = System.nanoTime();
+              }
+            };
       EngineIdentity id = new EngineIdentity(role, engineId, 0, 1, 0, 1, TransferMode.WRITE);
       worker = new ConnectorWorker(system, id, transport, ConnectorSettings.DEFAULTS, observer);
       worker.registerKvCaches(g, layers);
@@ -197,6 +210,8 @@ public final class EndToEndSuite {
     try (Node p = new Node(Role.PREFILL, PREFILL_ID, prefillPort, prefillPort, g);
         Node d = new Node(Role.DECODE, DECODE_ID, decodePort, prefillPort, g)) {
       double[] latencyUs = new double[requests];
+      double[] writesUs = new double[requests];
+      double[] notifyUs = new double[requests];
       Map<Long, Long> before = null;
       for (int i = 0; i < warmup + requests; i++) {
         if (i == warmup) {
@@ -207,6 +222,7 @@ public final class EndToEndSuite {
         RequestSpec spec = new RequestSpec(id, promptTokens, 0, RequestSpec.Abort.NONE);
         lastLayerFiredNanos = 0;
         doneReceivingNanos = 0;
+        writesDoneNanos = 0;
         // D first, as a router that sends both at once would see it: its block ids reach P
         // while P computes, so the last layer's write is the only one left at the end.
         d.engine.submit(new SimEngineActor.Submit(spec,
@@ -220,6 +236,8 @@ public final class EndToEndSuite {
         }
         if (i >= warmup) {
           latencyUs[i - warmup] = (doneReceivingNanos - lastLayerFiredNanos) / 1e3;
+          writesUs[i - warmup] = (writesDoneNanos - lastLayerFiredNanos) / 1e3;
+          notifyUs[i - warmup] = (doneReceivingNanos - writesDoneNanos) / 1e3;
         }
       }
       Map<Long, Long> after = allocatedByThread();
@@ -238,6 +256,7 @@ public final class EndToEndSuite {
         }
       }
       return new Result(Samples.percentile(latencyUs, 50), Samples.percentile(latencyUs, 99),
+          Samples.median(writesUs), Samples.median(notifyUs),
           kvferry / 1024.0 / requests, all / 1024.0 / requests);
     }
   }

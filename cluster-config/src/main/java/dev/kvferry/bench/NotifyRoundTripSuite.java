@@ -7,6 +7,7 @@ import dev.kvferry.rdma.bench.ChildJvm;
 import java.io.IOException;
 import java.io.PrintStream;
 import java.time.Duration;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
@@ -32,6 +33,13 @@ public final class NotifyRoundTripSuite {
   public static final double GOAL = 1 / 1.5;
   public static final int BLOCKS_PER_MESSAGE = 64;
 
+  /**
+   * kvferry's warm-up lasts at least this long (and the seed's round-trip count): a fresh JVM
+   * spends its first seconds compiling Pekko's and Jackson's paths (JFR: the C2 threads took 39%
+   * of the decode JVM's CPU over a 12,000-round-trip run), which a long-running node has behind it.
+   */
+  public static final long WARMUP_NANOS = 10_000_000_000L;
+
   private final PeerTools peers;
   private final int roundTrips;
   private final PrintStream progress;
@@ -43,7 +51,7 @@ public final class NotifyRoundTripSuite {
   }
 
   /** Round-trip times in microseconds after the warm-up. */
-  public record Latency(double p50Us, double p99Us) {}
+  public record Latency(double p50Us, double p99Us, double decodeCpuUs) {}
 
   public List<BenchRow> run() {
     Latency seed = null;
@@ -61,11 +69,13 @@ public final class NotifyRoundTripSuite {
     try {
       progress.printf("  notify round trip, kvferry (Artery, CBOR, two JVMs), %,d round trips%n",
           roundTrips);
-      kv = kvferry(roundTrips, warmup(roundTrips));
+      kv = kvferry(roundTrips, warmup(roundTrips), WARMUP_NANOS);
     } catch (IOException | RuntimeException e) {
       note = "kvferry round trip failed: " + e;
     }
-    String what = "RemoteBlocks (64 ids) then WriteDone, actor to actor across two JVMs";
+    String what = "RemoteBlocks (64 ids) then WriteDone, actor to actor across two JVMs"
+        + (kv == null ? "" : String.format(java.util.Locale.ROOT,
+            "; decode JVM CPU %.0f us per round trip", kv.decodeCpuUs()));
     return List.of(
         BenchRow.lowerIsBetter("notify round trip p50", "us", kv == null ? null : kv.p50Us(),
             seed == null ? null : seed.p50Us(), GOAL, note.isEmpty() ? what : note),
@@ -88,19 +98,28 @@ public final class NotifyRoundTripSuite {
       throw new IOException("exit " + o.exitCode() + ": " + o.stderr().strip());
     }
     JsonNode j = new ObjectMapper().readTree(o.lastLine());
-    return new Latency(j.get("p50_us").asDouble(), j.get("p99_us").asDouble());
+    return new Latency(j.get("p50_us").asDouble(), j.get("p99_us").asDouble(), Double.NaN);
   }
 
   /** Runs the round trips with this JVM as the decode side and a child JVM as the prefill side. */
-  public static Latency kvferry(int roundTrips, int warmup) throws IOException {
+  public static Latency kvferry(int roundTrips, int warmup, long warmupNanos)
+      throws IOException {
     int decodePort = HostTransferSuite.freePort();
     int prefillPort = HostTransferSuite.freePort();
     ActorSystem<Void> system = ActorSystem.create(Behaviors.empty(), NotifyEcho.SYSTEM_NAME,
         BenchCluster.nodeConfig(NotifyEcho.SYSTEM_NAME, decodePort, decodePort));
-    try (ChildJvm echo = ChildJvm.start(NotifyEcho.class.getName(),
-        List.of("-Xmx256m", "-XX:+UseSerialGC"),
+    List<String> childOptions = new ArrayList<>(List.of("-Xmx256m"));
+    // JIT and GC flags (-XX:) and Pekko settings (-Dpekko.) given to this JVM apply to both sides.
+    java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments().stream()
+        .filter(a -> a.startsWith("-XX:") && !a.contains("FlightRecording"))
+        .forEach(childOptions::add);
+    System.getProperties().stringPropertyNames().stream()
+        .filter(k -> k.startsWith("pekko."))
+        .sorted()
+        .forEach(k -> childOptions.add("-D" + k + "=" + System.getProperty(k)));
+    try (ChildJvm echo = ChildJvm.start(NotifyEcho.class.getName(), childOptions,
         List.of(String.valueOf(prefillPort), String.valueOf(decodePort)))) {
-      CompletableFuture<double[]> samples = new CompletableFuture<>();
+      CompletableFuture<Measured> measured = new CompletableFuture<>();
       ActorRef<Object> pinger = system.systemActorOf(Pinger.create(), "notify-pinger",
           org.apache.pekko.actor.typed.Props.empty());
       system.receptionist().tell(Receptionist.register(NotifyEcho.DECODE_KEY, pinger.narrow()));
@@ -115,9 +134,10 @@ public final class NotifyRoundTripSuite {
       for (int i = 0; i < blocks.length; i++) {
         blocks[i] = 1000 + i;
       }
-      pinger.tell(new Start(prefill, blocks, warmup, roundTrips, samples));
-      double[] us = samples.get(10, TimeUnit.MINUTES);
-      return new Latency(Samples.percentile(us, 50), Samples.percentile(us, 99));
+      pinger.tell(new Start(prefill, blocks, warmup, warmupNanos, roundTrips, measured));
+      Measured m = measured.get(10, TimeUnit.MINUTES);
+      return new Latency(Samples.percentile(m.samplesUs(), 50), Samples.percentile(m.samplesUs(), 99),
+          m.cpuUsPerRoundTrip());
     } catch (Exception e) {
       throw e instanceof IOException io ? io : new IOException(e.toString(), e);
     } finally {
@@ -156,18 +176,25 @@ public final class NotifyRoundTripSuite {
 
   /** Local only: start the round trips. */
   private record Start(ActorRef<EngineActor.Command> prefill, int[] blockIds, int warmup,
-      int roundTrips, CompletableFuture<double[]> result) {}
+      long warmupNanos, int roundTrips, CompletableFuture<Measured> result) {}
+
+  /** Round trips after the warm-up, and the decode JVM's CPU time per round trip meanwhile. */
+  private record Measured(double[] samplesUs, double cpuUsPerRoundTrip) {}
 
   /** The decode side: one RemoteBlocks out, wait for its WriteDone, record, next. */
   private static final class Pinger {
     private final Start start;
     private final double[] samples;
+    private final long warmupEndNanos;
     private int sent;
+    private int warmedUpAt = -1;
     private long sentNanos;
+    private long cpuAtWarmedUpNanos;
 
     private Pinger(Start start) {
       this.start = start;
       this.samples = new double[start.roundTrips()];
+      this.warmupEndNanos = System.nanoTime() + start.warmupNanos();
     }
 
     static Behavior<Object> create() {
@@ -186,6 +213,12 @@ public final class NotifyRoundTripSuite {
           .build();
     }
 
+    private static long processCpuNanos() {
+      return ((com.sun.management.OperatingSystemMXBean)
+              java.lang.management.ManagementFactory.getOperatingSystemMXBean())
+          .getProcessCpuTime();
+    }
+
     private void send() {
       int i = sent++;
       sentNanos = System.nanoTime();
@@ -201,11 +234,15 @@ public final class NotifyRoundTripSuite {
             "expected WriteDone for tx-" + i + ", got " + m.transferId()));
         return Behaviors.stopped();
       }
-      if (i >= start.warmup()) {
-        samples[i - start.warmup()] = (now - sentNanos) / 1e3;
+      if (warmedUpAt < 0 && i + 1 >= start.warmup() && now >= warmupEndNanos) {
+        warmedUpAt = i + 1;
+        cpuAtWarmedUpNanos = processCpuNanos();
+      } else if (warmedUpAt >= 0) {
+        samples[i - warmedUpAt] = (now - sentNanos) / 1e3;
       }
-      if (sent == start.warmup() + start.roundTrips()) {
-        start.result().complete(samples);
+      if (warmedUpAt >= 0 && sent == warmedUpAt + start.roundTrips()) {
+        double cpuUs = (processCpuNanos() - cpuAtWarmedUpNanos) / 1e3 / start.roundTrips();
+        start.result().complete(new Measured(samples, cpuUs));
         return Behaviors.stopped();
       }
       send();

@@ -145,7 +145,12 @@ public final class PeerTools {
 
   private static String requireCommand(String command, String debianPackage)
       throws MissingPeerException {
-    String path = System.getenv("PATH");
+    return requireCommand(command, debianPackage, System.getenv("PATH"));
+  }
+
+  /** {@code command}'s path on {@code path} (a PATH value), or which Debian package provides it. */
+  static String requireCommand(String command, String debianPackage, String path)
+      throws MissingPeerException {
     if (path != null) {
       for (String dir : path.split(java.io.File.pathSeparator)) {
         if (!dir.isEmpty() && Files.isExecutable(Path.of(dir, command))) {
