@@ -151,7 +151,7 @@ public final class ThroughputChart {
 
   private static double niceCeiling(double v) {
     double magnitude = Math.pow(10, Math.floor(Math.log10(v)));
-    for (double step : new double[] {1, 2, 2.5, 5, 10}) {
+    for (double step : new double[] {1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10}) {
       if (step * magnitude >= v) {
         return step * magnitude;
       }
