@@ -28,6 +28,7 @@ public final class KvferryCli implements Runnable {
     cli.addSubcommand(new DemoCommand());
     cli.addSubcommand(new StatusCommand());
     cli.addSubcommand(new CdsWarmupCommand());
+    cli.addSubcommand(new BenchCommand());
     return cli;
   }
 

@@ -54,8 +54,22 @@ public final class SimulatedEngine implements AutoCloseable {
   private final int tokensPerStep;
   private final LinkedBlockingQueue<SimEngineActor.Submit> inbox = new LinkedBlockingQueue<>();
   private final Thread loop;
+  private final LayerListener layerListener;
   private volatile boolean running = true;
   private volatile int inFlight;
+
+  /** Told on the engine's thread each time the forward pass fires a layer's event (benchmarks). */
+  @FunctionalInterface
+  public interface LayerListener {
+    /**
+     * @param layer the layer whose event fired
+     * @param layers layers in the model; {@code layer == layers - 1} is the step's last
+     * @param firedNanos {@link System#nanoTime()} just before the event fired
+     */
+    void layerFired(int layer, int layers, long firedNanos);
+
+    LayerListener NONE = (layer, layers, firedNanos) -> {};
+  }
 
   /** Requests waiting to be scheduled (P and D) or prefilling (P), in arrival order. */
   private final LinkedHashMap<String, SimRequest> waiting = new LinkedHashMap<>();
@@ -103,16 +117,25 @@ public final class SimulatedEngine implements AutoCloseable {
       int tokensPerStep,
       long seed) {
     this(role, engineId, geometry, List.of(layerRegions), scheduler, List.of(worker),
-        tokensPerStep, seed);
+        tokensPerStep, seed, LayerListener.NONE);
   }
 
-  /**
-   * An engine with one worker per TP rank.
-   *
-   * @param geometry one rank's geometry: its kvHeads are the rank's share of the heads
-   * @param layerRegionsByRank per TP rank (in rank order), its registered layer regions
-   * @param workers per TP rank, its worker
-   */
+  /** One worker, telling {@code layerListener} when each layer's event fires (benchmarks). */
+  public SimulatedEngine(
+      Role role,
+      String engineId,
+      KvCacheGeometry geometry,
+      List<MemoryRegion> layerRegions,
+      ConnectorScheduler scheduler,
+      ConnectorWorker worker,
+      int tokensPerStep,
+      long seed,
+      LayerListener layerListener) {
+    this(role, engineId, geometry, List.of(layerRegions), scheduler, List.of(worker),
+        tokensPerStep, seed, layerListener);
+  }
+
+  /** An engine with one worker per TP rank (see below), telling no one of layer events. */
   public SimulatedEngine(
       Role role,
       String engineId,
@@ -122,11 +145,34 @@ public final class SimulatedEngine implements AutoCloseable {
       List<ConnectorWorker> workers,
       int tokensPerStep,
       long seed) {
+    this(role, engineId, geometry, layerRegionsByRank, scheduler, workers, tokensPerStep, seed,
+        LayerListener.NONE);
+  }
+
+  /**
+   * An engine with one worker per TP rank.
+   *
+   * @param geometry one rank's geometry: its kvHeads are the rank's share of the heads
+   * @param layerRegionsByRank per TP rank (in rank order), its registered layer regions
+   * @param workers per TP rank, its worker
+   * @param layerListener told when each layer's events have fired on every rank
+   */
+  public SimulatedEngine(
+      Role role,
+      String engineId,
+      KvCacheGeometry geometry,
+      List<List<MemoryRegion>> layerRegionsByRank,
+      ConnectorScheduler scheduler,
+      List<ConnectorWorker> workers,
+      int tokensPerStep,
+      long seed,
+      LayerListener layerListener) {
     if (layerRegionsByRank.size() != workers.size() || workers.isEmpty()) {
       throw new IllegalArgumentException(
           "one list of layer regions per worker: " + layerRegionsByRank.size() + " lists, "
               + workers.size() + " workers");
     }
+    this.layerListener = layerListener;
     this.role = role;
     this.engineId = engineId;
     this.geometry = geometry;
@@ -276,6 +322,7 @@ public final class SimulatedEngine implements AutoCloseable {
           }
           event.fire(); // the layer's KV is complete: its writes may start
         }
+        layerListener.layerFired(layer, layerCount, System.nanoTime());
       }
       workers.forEach(ConnectorWorker::waitForSave);
     }

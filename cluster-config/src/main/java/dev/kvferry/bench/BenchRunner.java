@@ -1,0 +1,74 @@
+package dev.kvferry.bench;
+
+import java.io.IOException;
+import java.io.PrintStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.List;
+import java.util.Set;
+import java.util.stream.Stream;
+
+/** Runs the selected suites in order and collects their rows; progress goes to {@code progress}. */
+public final class BenchRunner {
+
+  /** Suite names, in the order they run. */
+  public static final List<String> SUITES = List.of("cma", "tcp", "planner", "notify", "e2e");
+
+  /** What to run and how long. */
+  public record Options(
+      Set<String> suites, Path peersDir, int rounds, int repeats, int roundTrips,
+      int e2eTokens, int e2eRequests, Path chart) {}
+
+  private final Options options;
+  private final PrintStream progress;
+
+  public BenchRunner(Options options, PrintStream progress) {
+    this.options = options;
+    this.progress = progress;
+  }
+
+  public BenchReport run() throws IOException {
+    Path work = Files.createTempDirectory("kvferry-bench-");
+    try {
+      PeerTools peers = new PeerTools(
+          options.peersDir() == null ? work.resolve("no-peers-folder") : options.peersDir(), work);
+      List<BenchRow> rows = new ArrayList<>();
+      HostTransferSuite host =
+          new HostTransferSuite(peers, options.rounds(), options.repeats(), progress);
+      if (options.suites().contains("cma")) {
+        progress.println("host transfer, cma vs memcpy_ceiling.c");
+        rows.addAll(host.cma());
+      }
+      if (options.suites().contains("tcp")) {
+        progress.println("host transfer, tcp vs iperf3");
+        rows.addAll(host.tcp());
+      }
+      if (options.suites().contains("planner")) {
+        progress.println("planner vs seed_planner.py");
+        rows.addAll(new PlannerSuite(peers, progress).run());
+      }
+      if (options.suites().contains("notify")) {
+        progress.println("notify round trip vs seed_notify_rtt.py");
+        rows.addAll(new NotifyRoundTripSuite(peers, options.roundTrips(), progress).run());
+      }
+      if (options.suites().contains("e2e")) {
+        progress.println("end to end with the simulated engine");
+        rows.addAll(
+            new EndToEndSuite(options.e2eTokens(), options.e2eRequests(), progress).run());
+      }
+      if (options.chart() != null && !host.series().isEmpty()) {
+        ThroughputChart.write(options.chart(),
+            "Host KV transfer P->D: kvferry vs peers, same run", Geometry.PROMPT_TOKENS,
+            host.series());
+        progress.println("chart written to " + options.chart());
+      }
+      return new BenchReport(rows);
+    } finally {
+      try (Stream<Path> files = Files.walk(work)) {
+        files.sorted(Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
+      }
+    }
+  }
+}

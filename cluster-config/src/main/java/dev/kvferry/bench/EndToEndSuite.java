@@ -1,0 +1,290 @@
+package dev.kvferry.bench;
+
+import dev.kvferry.actors.TransferObserver;
+import dev.kvferry.actors.connector.ConnectorScheduler;
+import dev.kvferry.actors.connector.ConnectorWorker;
+import dev.kvferry.actors.connector.KvTransferParams;
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.TransferMode;
+import dev.kvferry.actors.engine.ConnectorSettings;
+import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.rdma.MemoryRegion;
+import dev.kvferry.rdma.RegionRegistry;
+import dev.kvferry.rdma.Transport;
+import dev.kvferry.rdma.TransportOptions;
+import dev.kvferry.rdma.Transports;
+import dev.kvferry.rdma.bench.HostTransferBench;
+import dev.kvferry.sim.RequestSpec;
+import dev.kvferry.sim.SimEngineActor;
+import dev.kvferry.sim.SimEngineActor.Outcome;
+import dev.kvferry.sim.SimulatedEngine;
+import java.io.IOException;
+import java.io.PrintStream;
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadInfo;
+import java.time.Clock;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.BlockingQueue;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+import org.apache.pekko.actor.typed.ActorRef;
+import org.apache.pekko.actor.typed.ActorSystem;
+import org.apache.pekko.actor.typed.Props;
+import org.apache.pekko.actor.typed.javadsl.Behaviors;
+
+/**
+ * End to end with the simulated engine, WRITE mode (the seed's default): a prefill and a decode
+ * node, two actor systems in one cluster over Artery on loopback (in this JVM, so one clock times
+ * both), each with its connector, KV cache (Llama-3-8B geometry, 32 layers) and simulated engine;
+ * P writes into D with {@code cma}. Requests run one at a time. Per request it measures the time
+ * from P firing the last layer's event to D's worker reporting the request done receiving, and the
+ * heap allocated by every thread meanwhile.
+ */
+public final class EndToEndSuite {
+
+  /** DESIGN section 7: added latency after the last layer <= one layer's transfer. */
+  public static final double GOAL = 1.0;
+  private static final String SYSTEM_NAME = "kvferry-bench-e2e";
+  private static final String PREFILL_ID = "bench-prefill";
+  private static final String DECODE_ID = "bench-decode";
+
+  private final int promptTokens;
+  private final int requests;
+  private final int warmup;
+  private final PrintStream progress;
+
+  private volatile long lastLayerFiredNanos;
+  private volatile long doneReceivingNanos;
+  private volatile long writesDoneNanos;
+
+  public EndToEndSuite(int promptTokens, int requests, PrintStream progress) {
+    this.promptTokens = promptTokens;
+    this.requests = requests;
+    this.warmup = Math.max(3, requests / 5);
+    this.progress = progress;
+  }
+
+  public List<BenchRow> run() {
+    String size = Geometry.tokens(promptTokens);
+    Double layerUs = null;
+    String layerNote = "";
+    try {
+      progress.printf("  one layer's cma write at %s (the budget)%n", size);
+      layerUs = oneLayerMicros();
+    } catch (IOException | RuntimeException e) {
+      layerNote = "one layer's cma write failed: " + e.getMessage();
+    }
+    Result r;
+    try {
+      progress.printf("  end to end, simulated engines, %s, %d requests after %d warm-up%n",
+          size, requests, warmup);
+      r = measure();
+    } catch (Exception e) {
+      String why = "end to end failed: " + e;
+      return List.of(BenchRow.figure("e2e last layer -> D done p50 " + size, "us", null, why));
+    }
+    String what = "peer column: one layer's cma write (" + Geometry.layerBytes(promptTokens) / 1024
+        + " KiB) in this run; goal: added latency after the last layer <= one layer's transfer"
+        + String.format(java.util.Locale.ROOT,
+            "; split at p50: %.0f us until P's writes are done, %.0f us from there to D done",
+            r.writesDoneP50Us, r.notifyP50Us)
+        + (layerNote.isEmpty() ? "" : "; " + layerNote);
+    return List.of(
+        BenchRow.lowerIsBetter("e2e last layer -> D done p50 " + size, "us", r.p50Us, layerUs,
+            GOAL, what),
+        BenchRow.lowerIsBetter("e2e last layer -> D done p99 " + size, "us", r.p99Us, layerUs,
+            null, ""),
+        BenchRow.figure("e2e heap per request, kvferry threads", "KiB", r.kvferryKib,
+            "P and D together: actors, Artery, transport (not the simulated engines' threads)"),
+        BenchRow.figure("e2e heap per request, all threads", "KiB", r.allKib,
+            "also the simulated engines (scheduler loop, pattern fill and verify)"));
+  }
+
+  private double oneLayerMicros() throws IOException {
+    int blocks = 2 * Geometry.blocksPerLayer(promptTokens);
+    HostTransferBench.Result r = HostTransferBench.run(new HostTransferBench.Config(
+        Geometry.BLOCK_BYTES, blocks, 21, "cma", HostTransferBench.Layout.SCATTERED));
+    return Geometry.layerBytes(promptTokens) / r.medianGbps() / 1e3;
+  }
+
+  /**
+   * @param writesDoneP50Us last layer's event to P's worker seeing every write done
+   * @param notifyP50Us from there to D's worker done receiving (WriteDone over Artery)
+   */
+  private record Result(double p50Us, double p99Us, double writesDoneP50Us, double notifyP50Us,
+      double kvferryKib, double allKib) {}
+
+  private final class Node implements AutoCloseable {
+    final ActorSystem<Void> system;
+    final RegionRegistry registry;
+    final Transport transport;
+    final ConnectorWorker worker;
+    final SimulatedEngine engine;
+    final BlockingQueue<Outcome> outcomes = new LinkedBlockingQueue<>();
+    final ActorRef<Outcome> outcomeRef;
+
+    Node(Role role, String engineId, int port, int seedPort, KvCacheGeometry g) throws IOException {
+      system = ActorSystem.create(Behaviors.empty(), SYSTEM_NAME,
+          BenchCluster.nodeConfig(SYSTEM_NAME, port, seedPort));
+      registry = new RegionRegistry(engineId);
+      List<MemoryRegion> layers = new ArrayList<>();
+      for (int l = 0; l < Geometry.LAYERS; l++) {
+        layers.add(registry.allocateHost(g.layerRegionBytes()));
+      }
+      transport = Transports.open("cma", registry, TransportOptions.defaults());
+      TransferObserver observer = role == Role.DECODE
+          ? (outcome, bytes, nanos) -> {
+              if (outcome == TransferObserver.Outcome.RECEIVED) {
+                doneReceivingNanos = System.nanoTime();
+              }
+            }
+          : (outcome, bytes, nanos) -> {
+              if (outcome == TransferObserver.Outcome.SENT) {
+                writesDoneNanos = System.nanoTime();
+              }
+            };
+      EngineIdentity id = new EngineIdentity(role, engineId, 0, 1, 0, 1, TransferMode.WRITE);
+      worker = new ConnectorWorker(system, id, transport, ConnectorSettings.DEFAULTS, observer);
+      worker.registerKvCaches(g, layers);
+      ConnectorScheduler scheduler = new ConnectorScheduler(role, TransferMode.WRITE, engineId, 0,
+          g.blockSize(), List.of(worker.engineRef()), ConnectorSettings.DEFAULTS,
+          Clock.systemUTC());
+      SimulatedEngine.LayerListener listener = role == Role.PREFILL
+          ? (layer, count, firedNanos) -> {
+              if (layer == count - 1) {
+                lastLayerFiredNanos = firedNanos;
+              }
+            }
+          : SimulatedEngine.LayerListener.NONE;
+      engine = new SimulatedEngine(role, engineId, g, layers, scheduler, worker, promptTokens,
+          engineId.hashCode(), listener);
+      engine.start();
+      outcomeRef = system.systemActorOf(
+          Behaviors.receive(Outcome.class)
+              .onMessage(Outcome.class, o -> {
+                outcomes.add(o);
+                return Behaviors.same();
+              })
+              .build(),
+          "bench-outcomes", Props.empty());
+    }
+
+    Outcome await(String requestId) throws IOException, InterruptedException {
+      Outcome o = outcomes.poll(60, TimeUnit.SECONDS);
+      if (o == null) {
+        throw new IOException(engine.engineId() + " did not finish request " + requestId
+            + " within 60 s");
+      }
+      if (o.status() != Outcome.Status.DONE) {
+        throw new IOException(engine.engineId() + " ended request " + o.requestId() + " "
+            + o.status() + ": " + o.detail());
+      }
+      return o;
+    }
+
+    @Override
+    public void close() {
+      engine.close();
+      worker.shutdown();
+      transport.close();
+      system.terminate();
+      try {
+        system.getWhenTerminated().toCompletableFuture().get(20, TimeUnit.SECONDS);
+        registry.close();
+      } catch (Exception e) {
+        // leave the regions mapped until exit rather than free them under a live transfer
+      }
+    }
+  }
+
+  private Result measure() throws Exception {
+    int blocks = Geometry.blocksPerLayer(promptTokens);
+    KvCacheGeometry g = KvCacheGeometry.standard(2 * blocks + 16, Geometry.BLOCK_TOKENS,
+        Geometry.KV_HEADS, Geometry.HEAD_DIM, Geometry.ELEMENT_BYTES);
+    int prefillPort = HostTransferSuite.freePort();
+    int decodePort = HostTransferSuite.freePort();
+    try (Node p = new Node(Role.PREFILL, PREFILL_ID, prefillPort, prefillPort, g);
+        Node d = new Node(Role.DECODE, DECODE_ID, decodePort, prefillPort, g)) {
+      double[] latencyUs = new double[requests];
+      double[] writesUs = new double[requests];
+      double[] notifyUs = new double[requests];
+      Map<Long, Long> before = null;
+      for (int i = 0; i < warmup + requests; i++) {
+        if (i == warmup) {
+          before = allocatedByThread();
+        }
+        String id = "e2e-" + i;
+        String tx = "tx-" + id;
+        RequestSpec spec = new RequestSpec(id, promptTokens, 0, RequestSpec.Abort.NONE);
+        lastLayerFiredNanos = 0;
+        doneReceivingNanos = 0;
+        writesDoneNanos = 0;
+        // D first, as a router that sends both at once would see it: its block ids reach P
+        // while P computes, so the last layer's write is the only one left at the end.
+        d.engine.submit(new SimEngineActor.Submit(spec,
+            KvTransferParams.forDecode(tx, PREFILL_ID, 0), d.outcomeRef));
+        p.engine.submit(new SimEngineActor.Submit(spec,
+            KvTransferParams.forPrefill(tx, DECODE_ID, 0), p.outcomeRef));
+        p.await(id);
+        d.await(id);
+        if (lastLayerFiredNanos == 0 || doneReceivingNanos == 0) {
+          throw new IOException("request " + id + " finished without both timestamps");
+        }
+        if (i >= warmup) {
+          latencyUs[i - warmup] = (doneReceivingNanos - lastLayerFiredNanos) / 1e3;
+          writesUs[i - warmup] = (writesDoneNanos - lastLayerFiredNanos) / 1e3;
+          notifyUs[i - warmup] = (doneReceivingNanos - writesDoneNanos) / 1e3;
+        }
+      }
+      Map<Long, Long> after = allocatedByThread();
+      long kvferry = 0;
+      long all = 0;
+      Map<Long, String> names = threadNames(after);
+      for (Map.Entry<Long, Long> e : after.entrySet()) {
+        long delta = e.getValue() - before.getOrDefault(e.getKey(), 0L);
+        if (delta <= 0) {
+          continue;
+        }
+        all += delta;
+        String name = names.getOrDefault(e.getKey(), "");
+        if (!name.startsWith("sim-engine-") && e.getKey() != Thread.currentThread().getId()) {
+          kvferry += delta;
+        }
+      }
+      return new Result(Samples.percentile(latencyUs, 50), Samples.percentile(latencyUs, 99),
+          Samples.median(writesUs), Samples.median(notifyUs),
+          kvferry / 1024.0 / requests, all / 1024.0 / requests);
+    }
+  }
+
+  private static com.sun.management.ThreadMXBean threads() {
+    return (com.sun.management.ThreadMXBean) ManagementFactory.getThreadMXBean();
+  }
+
+  private static Map<Long, Long> allocatedByThread() {
+    long[] ids = threads().getAllThreadIds();
+    long[] bytes = threads().getThreadAllocatedBytes(ids);
+    Map<Long, Long> out = new HashMap<>();
+    for (int i = 0; i < ids.length; i++) {
+      if (bytes[i] >= 0) {
+        out.put(ids[i], bytes[i]);
+      }
+    }
+    return out;
+  }
+
+  private static Map<Long, String> threadNames(Map<Long, Long> ids) {
+    Map<Long, String> names = new HashMap<>();
+    long[] array = ids.keySet().stream().mapToLong(Long::longValue).toArray();
+    for (ThreadInfo t : threads().getThreadInfo(array)) {
+      if (t != null) {
+        names.put(t.getThreadId(), t.getThreadName());
+      }
+    }
+    return names;
+  }
+}

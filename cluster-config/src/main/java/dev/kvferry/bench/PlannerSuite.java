@@ -1,0 +1,193 @@
+package dev.kvferry.bench;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import dev.kvferry.actors.plan.InvalidBlockIdsException;
+import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.actors.plan.TransferPlanner;
+import dev.kvferry.rdma.TransferBatch;
+import java.io.IOException;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Random;
+
+/**
+ * The transfer planner against the seed's numpy planner (shared/peers/seed_planner.py --bench) on
+ * the same request: {@code n} scattered block ids on both sides out of a cache of {@code 2n}
+ * blocks (an allocator in use hands out scattered ids), Llama-3-8B geometry. The seed reports the
+ * median of its 5 rounds (in its own process); kvferry's planner runs in this JVM after a 2 s
+ * warm-up, 5 rounds before and 5 after the seed's, and reports their median. The two plans are
+ * compared, so both did the same work.
+ */
+public final class PlannerSuite {
+
+  public static final int[] BLOCK_COUNTS = {128, 1024, 8192};
+  public static final double GOAL = 20.0;
+  private static final int ROUNDS = 5;
+
+  @SuppressWarnings("unused")
+  private static volatile long sink;
+
+  private final PeerTools peers;
+  private final PrintStream progress;
+
+  public PlannerSuite(PeerTools peers, PrintStream progress) {
+    this.peers = peers;
+    this.progress = progress;
+  }
+
+  public List<BenchRow> run() {
+    List<BenchRow> rows = new ArrayList<>();
+    String python = null;
+    java.nio.file.Path script = null;
+    String missing = "";
+    try {
+      script = peers.peerFile("seed_planner.py");
+      python = peers.pythonWithNumpy();
+    } catch (PeerTools.MissingPeerException e) {
+      missing = e.getMessage();
+    }
+    for (int n : BLOCK_COUNTS) {
+      progress.printf("  planner, %,d blocks%n", n);
+      Request req = request(n, 42 + n);
+      String note = missing;
+      Double kvferry = null;
+      Double seed = null;
+      TransferPlanner planner = new TransferPlanner();
+      TransferPlan timing = null;
+      try {
+        // kvferry's rounds run before and after the seed's, so load that comes and goes on a
+        // shared machine weighs on both alike; the median of all of them is reported.
+        timing = new TransferPlan(planner, req);
+        timing.rounds(ROUNDS);
+        if (python != null) {
+          try {
+            SeedResult s = seed(python, script, req);
+            seed = s.secondsPerCall * 1e6;
+            if (!s.plan.equals(timing.plan)) {
+              note = "the seed's plan differs from kvferry's (" + s.plan + " vs " + timing.plan
+                  + ")";
+            }
+          } catch (IOException | RuntimeException e) {
+            note = "seed_planner.py failed: " + e.getMessage();
+          }
+        }
+        timing.rounds(ROUNDS);
+        kvferry = timing.medianSecondsPerCall() * 1e6;
+      } catch (InvalidBlockIdsException e) {
+        note = "kvferry refused the request: " + e.getMessage();
+      }
+      rows.add(BenchRow.lowerIsBetter(String.format("planner %,d blocks", n), "us/plan",
+          kvferry, seed, GOAL, note));
+    }
+    return rows;
+  }
+
+  record Request(KvCacheGeometry geometry, int[] local, int[] remote) {}
+
+  static Request request(int n, long seed) {
+    KvCacheGeometry g = KvCacheGeometry.standard(2 * n, Geometry.BLOCK_TOKENS, Geometry.KV_HEADS,
+        Geometry.HEAD_DIM, Geometry.ELEMENT_BYTES);
+    Random r = new Random(seed);
+    return new Request(g, pick(n, 2 * n, r), pick(n, 2 * n, r));
+  }
+
+  private static int[] pick(int n, int of, Random r) {
+    int[] all = new int[of];
+    for (int i = 0; i < of; i++) {
+      all[i] = i;
+    }
+    for (int i = of - 1; i > 0; i--) {
+      int j = r.nextInt(i + 1);
+      int t = all[i];
+      all[i] = all[j];
+      all[j] = t;
+    }
+    return Arrays.copyOf(all, n);
+  }
+
+  /** Times kvferry's planner on one request: warmed up for 2 s, then rounds of >= 50 ms. */
+  private static final class TransferPlan {
+    private final TransferPlanner planner;
+    private final Request req;
+    private final TransferBatch plan;
+    private final int callsPerRound;
+    private final List<Double> secondsPerCall = new ArrayList<>();
+
+    TransferPlan(TransferPlanner planner, Request req) throws InvalidBlockIdsException {
+      this.planner = planner;
+      this.req = req;
+      this.plan = planOnce();
+      long s = 0;
+      int calls = 0;
+      long t0 = System.nanoTime();
+      long warmEnd = t0 + 2_000_000_000L;
+      while (System.nanoTime() < warmEnd) {
+        s += planOnce().count();
+        calls++;
+      }
+      sink = s;
+      double perCallNs = (System.nanoTime() - t0) / (double) calls;
+      callsPerRound = (int) Math.max(10, 50_000_000L / perCallNs);
+    }
+
+    private TransferBatch planOnce() throws InvalidBlockIdsException {
+      return planner.plan(req.geometry, req.geometry.numBlocks(), req.local, req.remote);
+    }
+
+    void rounds(int rounds) throws InvalidBlockIdsException {
+      long s = 0;
+      for (int r = 0; r < rounds; r++) {
+        long start = System.nanoTime();
+        for (int i = 0; i < callsPerRound; i++) {
+          s += planOnce().count();
+        }
+        secondsPerCall.add((System.nanoTime() - start) / 1e9 / callsPerRound);
+      }
+      sink = s;
+    }
+
+    double medianSecondsPerCall() {
+      return Samples.median(secondsPerCall);
+    }
+  }
+
+  private record SeedResult(double secondsPerCall, TransferBatch plan) {}
+
+  private static SeedResult seed(String python, java.nio.file.Path script, Request req) throws IOException {
+    StringBuilder in = new StringBuilder();
+    in.append("{\"layout\": \"standard\", \"num_blocks\": ").append(req.geometry.numBlocks())
+        .append(", \"remote_num_blocks\": ").append(req.geometry.numBlocks())
+        .append(", \"block_size\": ").append(Geometry.BLOCK_TOKENS)
+        .append(", \"kv_heads\": ").append(Geometry.KV_HEADS)
+        .append(", \"head_dim\": ").append(Geometry.HEAD_DIM)
+        .append(", \"elem_size\": ").append(Geometry.ELEMENT_BYTES)
+        .append(", \"local_block_ids\": ").append(Arrays.toString(req.local))
+        .append(", \"remote_block_ids\": ").append(Arrays.toString(req.remote)).append('}');
+    // About 0.3 s of calls per round for the seed, which takes some 5 us per block.
+    int calls = Math.max(3, 60_000 / req.local.length);
+    PeerTools.Output o = PeerTools.run(
+        List.of(python, script.toString(), "--bench",
+            String.valueOf(calls)),
+        in.toString().getBytes(StandardCharsets.UTF_8), Duration.ofMinutes(5));
+    if (o.exitCode() != 0) {
+      throw new IOException("exit " + o.exitCode() + ": " + o.stderr().strip());
+    }
+    JsonNode j = new ObjectMapper().readTree(o.lastLine());
+    TransferBatch plan = new TransferBatch(longs(j.get("local_offsets")),
+        longs(j.get("remote_offsets")), longs(j.get("sizes")));
+    return new SeedResult(j.get("seconds_per_call").asDouble(), plan);
+  }
+
+  private static long[] longs(JsonNode array) {
+    long[] out = new long[array.size()];
+    for (int i = 0; i < out.length; i++) {
+      out[i] = array.get(i).asLong();
+    }
+    return out;
+  }
+}
