@@ -128,12 +128,19 @@ public final class Demo implements AutoCloseable {
    * demo's geometry, transport and modes; its engines are {@link #engineId}{@code (name, mode)}.
    */
   public ChildProcess startNode(String name, Role role) throws IOException {
+    return startNode(name, role, 0, 1);
+  }
+
+  /** As {@link #startNode(String, Role)}, as DP rank {@code dpRank} of {@code dpSize}. */
+  public ChildProcess startNode(String name, Role role, int dpRank, int dpSize) throws IOException {
     boolean prefill = role == Role.PREFILL;
-    return start(name, nodeArgs(role.clusterRole(), name, String.join(",", options.modes()), seed(),
+    List<String> args = nodeArgs(role.clusterRole(), name, String.join(",", options.modes()), seed(),
         prefill ? options.numBlocksP() : options.numBlocksD(),
         prefill ? options.tpP() : options.tpD(),
         prefill ? options.blockSizeP() : options.blockSizeD(),
-        managementPort(name)));
+        managementPort(name));
+    args.addAll(List.of("--dp-rank", Integer.toString(dpRank), "--dp-size", Integer.toString(dpSize)));
+    return start(name, args);
   }
 
   /** The engine id node {@code node} gives its engine of {@code mode}. */
@@ -141,10 +148,18 @@ public final class Demo implements AutoCloseable {
     return options.modes().size() > 1 ? node + "-" + mode : node;
   }
 
-  /** The child process started under {@code name}. */
+  /** The child process started last under {@code name} (a restarted node's newest JVM). */
   public ChildProcess process(String name) {
-    return children.stream().filter(c -> c.name().equals(name)).findFirst()
-        .orElseThrow(() -> new IllegalArgumentException("no process named " + name));
+    ChildProcess found = null;
+    for (ChildProcess c : children) {
+      if (c.name().equals(name)) {
+        found = c;
+      }
+    }
+    if (found == null) {
+      throw new IllegalArgumentException("no process named " + name);
+    }
+    return found;
   }
 
   /** Where process {@code name} serves Pekko Management and kvferry's routes. */

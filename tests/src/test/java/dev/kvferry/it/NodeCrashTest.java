@@ -23,6 +23,7 @@ import java.net.http.HttpResponse;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Set;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
@@ -79,8 +80,9 @@ class NodeCrashTest {
         24, 256, 256, 1, 1, 120, 0, 0, 1, 5, false);
     demo = new Demo(options, new PrintStream(OutputStream.nullOutputStream()), FAST_FAILURE_DETECTION);
     demo.startCluster();
-    demo.startNode("prefill-b", Role.PREFILL);
-    demo.startNode("decode-b", Role.DECODE);
+    // The second node of each role is DP rank 1 (the first ones are rank 0).
+    demo.startNode("prefill-b", Role.PREFILL, 1, 2);
+    demo.startNode("decode-b", Role.DECODE, 1, 2);
     kit = ActorTestKit.create(demo.client());
     for (String node : List.of("prefill", "prefill-b", "decode", "decode-b")) {
       Role role = node.startsWith("prefill") ? Role.PREFILL : Role.DECODE;
@@ -227,7 +229,56 @@ class NodeCrashTest {
     assertNoTransfersLeft("prefill-b", "decode-b");
   }
 
+  @Test
+  @Order(3)
+  void killedNodesLeaveTheEngineListingAndRejoinWhenRestarted() throws Exception {
+    // Both killed nodes are gone from the cluster-wide listing the router serves.
+    kit.createTestProbe().awaitAssert(FREED_WITHIN, Duration.ofMillis(200), () -> {
+      Set<String> listed = engines("router").keySet();
+      assertEquals(Set.of("prefill-b-write", "prefill-b-read", "decode-b-write", "decode-b-read"),
+          listed, "engines listed after the kills");
+      return null;
+    });
+    assertEquals(1, engines("router").get("decode-b-write").path("dpRank").asInt());
+
+    demo.startNode("decode", Role.DECODE);
+    demo.startNode("prefill", Role.PREFILL);
+    for (String mode : List.of("write", "read")) {
+      demo.awaitSim(Role.DECODE, demo.engineId("decode", mode));
+      demo.awaitSim(Role.PREFILL, demo.engineId("prefill", mode));
+    }
+    kit.createTestProbe().awaitAssert(FREED_WITHIN, Duration.ofMillis(200), () -> {
+      assertEquals(8, engines("router").size(), "all eight engines listed again");
+      return null;
+    });
+    // Least in-flight with round-robin ties: the rejoined nodes take their share at once.
+    Set<String> decodes = new java.util.HashSet<>();
+    Set<String> prefills = new java.util.HashSet<>();
+    for (RouterActor.Routed r : routeAll(16, "rejoined")) {
+      assertEquals(Outcome.Status.DONE, r.status(), r.requestId() + ": " + r.detail());
+      decodes.add(r.decodeEngineId());
+      prefills.add(r.prefillEngineId());
+    }
+    assertTrue(decodes.contains("decode-write") || decodes.contains("decode-read"),
+        "the restarted decode node is routed to again: " + decodes);
+    assertTrue(prefills.contains("prefill-write") || prefills.contains("prefill-read"),
+        "the restarted prefill node is routed to again: " + prefills);
+  }
+
   // ---- helpers ----
+
+  /** /kvferry/engines of a node, by engine id (one entry per engine at TP 1). */
+  private Map<String, JsonNode> engines(String node) throws Exception {
+    HttpResponse<String> r = http.send(
+        HttpRequest.newBuilder(demo.managementUri(node).resolve("kvferry/engines")).build(),
+        HttpResponse.BodyHandlers.ofString());
+    assertEquals(200, r.statusCode(), node + ": " + r.body());
+    Map<String, JsonNode> out = new java.util.HashMap<>();
+    for (JsonNode e : json.readTree(r.body())) {
+      out.put(e.path("engineId").asText(), e);
+    }
+    return out;
+  }
 
   private RequestSpec spec(String id, int promptTokens) {
     return new RequestSpec(id, promptTokens, 0, RequestSpec.Abort.NONE);
