@@ -97,6 +97,7 @@ public final class Demo implements AutoCloseable {
     for (String mode : options.modes()) {
       ActorRef<SimEngineActor.Command> pSim = awaitSim(Role.PREFILL, engineId("prefill", mode));
       ActorRef<SimEngineActor.Command> dSim = awaitSim(Role.DECODE, engineId("decode", mode));
+      awaitRoutable(engineId("prefill", mode), engineId("decode", mode));
       reports.add(runWorkload(mode, routerRef, pSim, dSim));
     }
     return reports;
@@ -186,6 +187,26 @@ public final class Demo implements AutoCloseable {
         r -> EngineIdentity.fromActorName(r.path().name())
             .map(id -> id.engineId().equals(engineId)).orElse(false),
         engineId, null);
+  }
+
+  /**
+   * Waits until the router itself routes to these engines: it learns of them from its own
+   * Receptionist subscription, which can lag this process's view by a moment.
+   */
+  public void awaitRoutable(String prefillEngineId, String decodeEngineId) throws Exception {
+    long deadline = System.nanoTime() + JOIN_TIMEOUT.toNanos();
+    RouterActor.Routable r = null;
+    while (System.nanoTime() < deadline) {
+      r = AskPattern.ask(routerRef, RouterActor.GetRoutable::new, Duration.ofSeconds(5),
+              client.scheduler())
+          .toCompletableFuture().get();
+      if (r.prefill().contains(prefillEngineId) && r.decode().contains(decodeEngineId)) {
+        return;
+      }
+      TimeUnit.MILLISECONDS.sleep(100);
+    }
+    throw new IllegalStateException("the router does not route to " + prefillEngineId + " and "
+        + decodeEngineId + " after " + JOIN_TIMEOUT.toSeconds() + " s; it knows " + r);
   }
 
   /** Block counts of one simulated engine. */

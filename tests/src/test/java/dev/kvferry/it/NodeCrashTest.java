@@ -90,6 +90,10 @@ class NodeCrashTest {
         demo.awaitSim(role, demo.engineId(node, mode));
       }
     }
+    for (String mode : List.of("write", "read")) {
+      demo.awaitRoutable(demo.engineId("prefill", mode), demo.engineId("decode", mode));
+      demo.awaitRoutable(demo.engineId("prefill-b", mode), demo.engineId("decode-b", mode));
+    }
     // Every pair works before anything dies (and every handshake is cached).
     List<RouterActor.Routed> warmUp = routeAll(16, "warm");
     for (RouterActor.Routed r : warmUp) {
@@ -251,6 +255,9 @@ class NodeCrashTest {
       assertEquals(8, engines("router").size(), "all eight engines listed again");
       return null;
     });
+    for (String mode : List.of("write", "read")) {
+      demo.awaitRoutable(demo.engineId("prefill", mode), demo.engineId("decode", mode));
+    }
     // Least in-flight with round-robin ties: the rejoined nodes take their share at once.
     Set<String> decodes = new java.util.HashSet<>();
     Set<String> prefills = new java.util.HashSet<>();
