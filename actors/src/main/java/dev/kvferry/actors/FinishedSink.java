@@ -17,8 +17,6 @@ public final class FinishedSink {
   private Set<String> doneReceiving = new HashSet<>();
   private Map<String, String> failed = new HashMap<>();
   private final AtomicLong bytesMoved = new AtomicLong();
-  private final AtomicLong transfersSucceeded = new AtomicLong();
-  private final AtomicLong transfersFailed = new AtomicLong();
   private final TransferObserver observer;
 
   public FinishedSink() {
@@ -39,7 +37,6 @@ public final class FinishedSink {
 
   public synchronized void doneReceiving(String requestId) {
     doneReceiving.add(requestId);
-    transfersSucceeded.incrementAndGet();
   }
 
   /** A failed transfer; on P the request is also reported done sending so its blocks are freed. */
@@ -48,7 +45,6 @@ public final class FinishedSink {
     if (alsoDoneSending) {
       doneSending.add(requestId);
     }
-    transfersFailed.incrementAndGet();
   }
 
   public void addBytes(long bytes) {
@@ -68,13 +64,5 @@ public final class FinishedSink {
 
   public long bytesMoved() {
     return bytesMoved.get();
-  }
-
-  public long transfersSucceeded() {
-    return transfersSucceeded.get();
-  }
-
-  public long transfersFailed() {
-    return transfersFailed.get();
   }
 }

@@ -128,17 +128,17 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
     }
     Optional<EngineDirectory.Entry> entry = directory.find(key.engineId(), key.tpRank());
     if (entry.isEmpty()) {
-      // Not listed yet (registrations take a moment to spread): the next directory change retries
-      // at once; the timer bounds the wait.
-      timers.startSingleTimer(
-          key, new RetryDue(key, attempt + 1), settings.handshakeTimeout());
-      notListed.put(key, attempt);
       if (attempt >= settings.handshakeAttempts()) {
         String msg = "handshake with " + key + " failed: engine " + key.engineId()
             + " is not a member of the cluster";
         getContext().getLog().warn(msg);
         finish(key, new Failed(key.engineId(), key.tpRank(), msg));
+        return this;
       }
+      // Not listed yet (registrations take a moment to spread): the next directory change retries
+      // at once; the timer bounds the wait.
+      notListed.put(key, attempt);
+      timers.startSingleTimer(key, new RetryDue(key, attempt + 1), settings.handshakeTimeout());
       return this;
     }
     notListed.remove(key);

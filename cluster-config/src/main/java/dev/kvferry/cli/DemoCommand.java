@@ -88,7 +88,7 @@ public final class DemoCommand implements Callable<Integer> {
           options.blockSizeP() != options.blockSizeD() ? " (no prefix hits across block sizes)"
               : "");
     }
-    try (Demo demo = new Demo(options, System.out)) {
+    try (Demo demo = new Demo(options)) {
       System.out.println("process logs: " + demo.logDir());
       List<ModeReport> reports = demo.run();
       Demo.printTable(reports, System.out);

@@ -57,7 +57,6 @@ public final class Demo implements AutoCloseable {
       "pekko.logger-startup-timeout", "30s");
 
   private final DemoOptions options;
-  private final PrintStream out;
   private final Path logDir;
   private final int routerPort;
   private final Map<String, String> clusterSettings;
@@ -66,8 +65,8 @@ public final class Demo implements AutoCloseable {
   private ActorSystem<Void> client;
   private ActorRef<RouterActor.Command> routerRef;
 
-  public Demo(DemoOptions options, PrintStream out) throws IOException {
-    this(options, out, Map.of());
+  public Demo(DemoOptions options) throws IOException {
+    this(options, Map.of());
   }
 
   /**
@@ -75,10 +74,9 @@ public final class Demo implements AutoCloseable {
    * in the child JVMs and as config in this process) over the demo's patient failure detector.
    * Fault tests pass a short failure detector and long connector timeouts here.
    */
-  public Demo(DemoOptions options, PrintStream out, Map<String, String> clusterSettings)
+  public Demo(DemoOptions options, Map<String, String> clusterSettings)
       throws IOException {
     this.options = options;
-    this.out = out;
     this.logDir = Files.createTempDirectory("kvferry-demo-");
     this.routerPort = freePort();
     Map<String, String> merged = new java.util.TreeMap<>(PATIENT_CLUSTER);

@@ -6,9 +6,6 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import dev.kvferry.demo.Demo;
 import dev.kvferry.demo.DemoOptions;
 import dev.kvferry.demo.ModeReport;
-import java.io.ByteArrayOutputStream;
-import java.io.PrintStream;
-import java.nio.charset.StandardCharsets;
 import java.util.List;
 import org.junit.jupiter.api.Test;
 
@@ -25,8 +22,7 @@ class DemoEndToEndTest {
   }
 
   private static List<ModeReport> run(DemoOptions options) throws Exception {
-    ByteArrayOutputStream text = new ByteArrayOutputStream();
-    try (Demo demo = new Demo(options, new PrintStream(text, true, StandardCharsets.UTF_8))) {
+    try (Demo demo = new Demo(options)) {
       List<ModeReport> reports = demo.run();
       Demo.printTable(reports, System.out);
       return reports;

@@ -15,8 +15,6 @@ import dev.kvferry.router.RouterActor;
 import dev.kvferry.sim.RequestSpec;
 import dev.kvferry.sim.SimEngineActor;
 import dev.kvferry.sim.SimEngineActor.Outcome;
-import java.io.PrintStream;
-import java.io.OutputStream;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
@@ -78,7 +76,7 @@ class NodeCrashTest {
   void startCluster() throws Exception {
     DemoOptions options = new DemoOptions("cma", List.of("write", "read"), 3, 2, 16, 4, 2, false,
         24, 256, 256, 1, 1, 120, 0, 0, 1, 5, false);
-    demo = new Demo(options, new PrintStream(OutputStream.nullOutputStream()), FAST_FAILURE_DETECTION);
+    demo = new Demo(options, FAST_FAILURE_DETECTION);
     demo.startCluster();
     // The second node of each role is DP rank 1 (the first ones are rank 0).
     demo.startNode("prefill-b", Role.PREFILL, 1, 2);

@@ -7,7 +7,6 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
-import java.util.Set;
 import org.apache.pekko.actor.typed.ActorRef;
 
 /**
@@ -63,16 +62,6 @@ public final class EngineDirectory {
 
   public boolean contains(String engineId) {
     return byEngine.containsKey(engineId);
-  }
-
-  public Set<String> engineIds() {
-    return byEngine.keySet();
-  }
-
-  public List<Entry> entries() {
-    List<Entry> out = new ArrayList<>();
-    byEngine.values().forEach(m -> out.addAll(m.values()));
-    return out;
   }
 
   @Override
