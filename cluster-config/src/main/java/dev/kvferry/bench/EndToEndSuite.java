@@ -205,8 +205,8 @@ public final class EndToEndSuite {
     int blocks = Geometry.blocksPerLayer(promptTokens);
     KvCacheGeometry g = KvCacheGeometry.standard(2 * blocks + 16, Geometry.BLOCK_TOKENS,
         Geometry.KV_HEADS, Geometry.HEAD_DIM, Geometry.ELEMENT_BYTES);
-    int prefillPort = HostTransferSuite.freePort();
-    int decodePort = HostTransferSuite.freePort();
+    int prefillPort = dev.kvferry.node.FreePorts.next();
+    int decodePort = dev.kvferry.node.FreePorts.next();
     try (Node p = new Node(Role.PREFILL, PREFILL_ID, prefillPort, prefillPort, g);
         Node d = new Node(Role.DECODE, DECODE_ID, decodePort, prefillPort, g)) {
       double[] latencyUs = new double[requests];

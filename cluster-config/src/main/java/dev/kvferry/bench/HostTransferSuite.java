@@ -163,7 +163,7 @@ public final class HostTransferSuite {
 
   /** One iperf3 client run of 3 s (the first second omitted) against a one-shot server. */
   private static double iperf3Gbps(String iperf3) throws IOException {
-    int port = freePort();
+    int port = dev.kvferry.node.FreePorts.next();
     Process server = new ProcessBuilder(iperf3, "-s", "-1", "-p", String.valueOf(port),
         "-B", "127.0.0.1")
         .redirectOutput(ProcessBuilder.Redirect.DISCARD)
@@ -203,12 +203,6 @@ public final class HostTransferSuite {
         Thread.currentThread().interrupt();
         throw new IOException("interrupted", e);
       }
-    }
-  }
-
-  static int freePort() throws IOException {
-    try (ServerSocket s = new ServerSocket(0, 1, java.net.InetAddress.getLoopbackAddress())) {
-      return s.getLocalPort();
     }
   }
 

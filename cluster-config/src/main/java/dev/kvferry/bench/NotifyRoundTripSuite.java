@@ -104,8 +104,8 @@ public final class NotifyRoundTripSuite {
   /** Runs the round trips with this JVM as the decode side and a child JVM as the prefill side. */
   public static Latency kvferry(int roundTrips, int warmup, long warmupNanos)
       throws IOException {
-    int decodePort = HostTransferSuite.freePort();
-    int prefillPort = HostTransferSuite.freePort();
+    int decodePort = dev.kvferry.node.FreePorts.next();
+    int prefillPort = dev.kvferry.node.FreePorts.next();
     ActorSystem<Void> system = ActorSystem.create(Behaviors.empty(), NotifyEcho.SYSTEM_NAME,
         BenchCluster.nodeConfig(NotifyEcho.SYSTEM_NAME, decodePort, decodePort));
     List<String> childOptions = new ArrayList<>(List.of("-Xmx256m"));

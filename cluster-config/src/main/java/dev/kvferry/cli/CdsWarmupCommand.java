@@ -2,8 +2,8 @@ package dev.kvferry.cli;
 
 import dev.kvferry.management.ManagementServer;
 import dev.kvferry.node.EngineNode;
+import dev.kvferry.node.FreePorts;
 import dev.kvferry.node.KvferryConfig;
-import java.net.ServerSocket;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.Callable;
@@ -23,11 +23,11 @@ public final class CdsWarmupCommand implements Callable<Integer> {
 
   @Override
   public Integer call() throws Exception {
-    int port = freePort();
+    int port = FreePorts.next();
     EngineNode node = EngineNode.start(KvferryConfig.load(Map.of(
         "pekko.remote.artery.canonical.port", port,
         "pekko.cluster.seed-nodes", List.of("pekko://kvferry@127.0.0.1:" + port),
-        "pekko.management.http.port", freePort(),
+        "pekko.management.http.port", FreePorts.next(),
         "pekko.coordinated-shutdown.exit-jvm", "off",
         "pekko.loglevel", "WARNING",
         "kvferry.node.kv-cache.layers", 1,
@@ -46,9 +46,4 @@ public final class CdsWarmupCommand implements Callable<Integer> {
     return 0;
   }
 
-  private static int freePort() throws java.io.IOException {
-    try (ServerSocket s = new ServerSocket(0)) {
-      return s.getLocalPort();
-    }
-  }
 }

@@ -4,6 +4,7 @@ import com.typesafe.config.Config;
 import dev.kvferry.actors.connector.Role;
 import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.node.FreePorts;
 import dev.kvferry.node.KvferryConfig;
 import dev.kvferry.router.RouterActor;
 import dev.kvferry.sim.RequestSpec;
@@ -11,7 +12,6 @@ import dev.kvferry.sim.SimEngineActor;
 import dev.kvferry.sim.SimEngineActor.Outcome;
 import java.io.IOException;
 import java.io.PrintStream;
-import java.net.ServerSocket;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.time.Duration;
@@ -78,7 +78,7 @@ public final class Demo implements AutoCloseable {
       throws IOException {
     this.options = options;
     this.logDir = Files.createTempDirectory("kvferry-demo-");
-    this.routerPort = freePort();
+    this.routerPort = FreePorts.next();
     Map<String, String> merged = new java.util.TreeMap<>(PATIENT_CLUSTER);
     merged.putAll(clusterSettings);
     this.clusterSettings = Map.copyOf(merged);
@@ -228,7 +228,7 @@ public final class Demo implements AutoCloseable {
   private int managementPort(String name) throws IOException {
     Integer port = managementPorts.get(name);
     if (port == null) {
-      port = freePort();
+      port = FreePorts.next();
       managementPorts.put(name, port);
     }
     return port;
@@ -239,7 +239,7 @@ public final class Demo implements AutoCloseable {
     List<String> a = new ArrayList<>(List.of(
         "node", "--role", role, "--engine-id", id, "--mode", mode,
         "--transport", options.transport(),
-        "--port", Integer.toString(freePort()),
+        "--port", Integer.toString(FreePorts.next()),
         "--management-port", Integer.toString(managementPort),
         "--seed-nodes", seed));
     a.addAll(options.geometryFlags(numBlocks, tp, blockSize));
@@ -393,7 +393,7 @@ public final class Demo implements AutoCloseable {
   private ActorSystem<Void> startClient(String seed) throws IOException {
     Map<String, Object> settings = new java.util.HashMap<>(clusterSettings);
     settings.putAll(Map.of(
-        "pekko.remote.artery.canonical.port", freePort(),
+        "pekko.remote.artery.canonical.port", FreePorts.next(),
         "pekko.cluster.seed-nodes", List.of("pekko://kvferry@" + seed),
         "pekko.cluster.roles", List.of("client"),
         "pekko.loglevel", "WARNING",
@@ -438,12 +438,6 @@ public final class Demo implements AutoCloseable {
     return l.getServiceInstances(key);
   }
 
-  static int freePort() throws IOException {
-    try (ServerSocket s = new ServerSocket(0)) {
-      s.setReuseAddress(true);
-      return s.getLocalPort();
-    }
-  }
 
   /** Prints the per-mode table. */
   public static void printTable(List<ModeReport> reports, PrintStream out) {

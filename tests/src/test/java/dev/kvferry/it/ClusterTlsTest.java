@@ -7,7 +7,6 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import com.typesafe.config.Config;
 import com.typesafe.config.ConfigFactory;
 import java.io.IOException;
-import java.net.ServerSocket;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.time.Duration;
@@ -95,12 +94,6 @@ class ClusterTlsTest {
     outsider.join();
   }
 
-  private static int freePort() throws IOException {
-    try (ServerSocket s = new ServerSocket(0)) {
-      return s.getLocalPort();
-    }
-  }
-
   /** A cluster member with kvferry-tls.conf as its application config, as -Dconfig.resource gives. */
   private ActorSystem<Void> member(String keyStore, int port, int seedPort) {
     Config config = ConfigFactory.parseMap(Map.of(
@@ -136,7 +129,7 @@ class ClusterTlsTest {
   @Test
   void aNodeSignedByTheClusterCaJoinsAndANodeWithAnotherCertificateIsRefused() throws Exception {
     makeStores();
-    int seedPort = freePort();
+    int seedPort = dev.kvferry.node.FreePorts.next();
     ActorSystem<Void> a = member("member.p12", seedPort, seedPort);
     ActorTestKit kit = ActorTestKit.create(a);
     Address aAddress = Cluster.get(a).selfMember().address();
@@ -144,8 +137,8 @@ class ClusterTlsTest {
       assertTrue(isUp(a, aAddress), "node-a formed the cluster");
       return null;
     });
-    ActorSystem<Void> outsider = member("outsider.p12", freePort(), seedPort);
-    ActorSystem<Void> b = member("member.p12", freePort(), seedPort);
+    ActorSystem<Void> outsider = member("outsider.p12", dev.kvferry.node.FreePorts.next(), seedPort);
+    ActorSystem<Void> b = member("member.p12", dev.kvferry.node.FreePorts.next(), seedPort);
     Address bAddress = Cluster.get(b).selfMember().address();
     Address outsiderAddress = Cluster.get(outsider).selfMember().address();
 
