@@ -26,9 +26,18 @@ public final class ChildProcess implements AutoCloseable {
   /** Starts {@code kvferry <args>} in a new JVM; stdout and stderr go to {@code logDir/name.log}. */
   public static ChildProcess start(String name, Path logDir, List<String> jvmArgs, List<String> args)
       throws IOException {
+    return start(name, logDir, List.of(), jvmArgs, args);
+  }
+
+  /**
+   * As {@link #start(String, Path, List, List)}, the JVM started through {@code commandPrefix}
+   * (e.g. {@code ip netns exec NS}, which execs, so the process is still the JVM).
+   */
+  public static ChildProcess start(String name, Path logDir, List<String> commandPrefix,
+      List<String> jvmArgs, List<String> args) throws IOException {
     Files.createDirectories(logDir);
     Path log = logDir.resolve(name + ".log");
-    List<String> cmd = new ArrayList<>();
+    List<String> cmd = new ArrayList<>(commandPrefix);
     cmd.add(ProcessHandle.current().info().command().orElse("java"));
     cmd.addAll(jvmArgs);
     String archive = System.getProperty("kvferry.cds.archive", "");
@@ -70,6 +79,18 @@ public final class ChildProcess implements AutoCloseable {
   public void kill() throws InterruptedException {
     stoppedByUs = true;
     process.destroyForcibly().waitFor();
+  }
+
+  /**
+   * Waits up to {@code timeout} for a process the caller expects to end by itself (a node its
+   * cluster downed); whether it did. An exit waited for here is not {@link #exitedUnexpectedly}.
+   */
+  public boolean awaitExpectedExit(java.time.Duration timeout) throws InterruptedException {
+    boolean ended = process.waitFor(timeout.toMillis(), java.util.concurrent.TimeUnit.MILLISECONDS);
+    if (ended) {
+      stoppedByUs = true;
+    }
+    return ended;
   }
 
   /** Whether the process ended without being killed or closed by us. */

@@ -62,6 +62,10 @@ public final class Demo implements AutoCloseable {
   private final Map<String, String> clusterSettings;
   private final List<ChildProcess> children = new ArrayList<>();
   private final Map<String, Integer> managementPorts = new java.util.HashMap<>();
+  /** Where each process's management HTTP listens (its placement's host). */
+  private final Map<String, String> managementHosts = new java.util.HashMap<>();
+  /** The router's and this client's cluster address; nodes elsewhere must reach it. */
+  private final String clusterHost;
   private ActorSystem<Void> client;
   private ActorRef<RouterActor.Command> routerRef;
 
@@ -76,7 +80,17 @@ public final class Demo implements AutoCloseable {
    */
   public Demo(DemoOptions options, Map<String, String> clusterSettings)
       throws IOException {
+    this(options, clusterSettings, NodePlacement.LOOPBACK.host());
+  }
+
+  /**
+   * As {@link #Demo(DemoOptions, Map)}, with the router and this client bound to {@code
+   * clusterHost} instead of loopback, so nodes placed in other network namespaces can reach them.
+   */
+  public Demo(DemoOptions options, Map<String, String> clusterSettings, String clusterHost)
+      throws IOException {
     this.options = options;
+    this.clusterHost = clusterHost;
     this.logDir = Files.createTempDirectory("kvferry-demo-");
     this.routerPort = FreePorts.next();
     Map<String, String> merged = new java.util.TreeMap<>(PATIENT_CLUSTER);
@@ -109,13 +123,20 @@ public final class Demo implements AutoCloseable {
    * router is listed.
    */
   public void startCluster() throws Exception {
+    NodePlacement here = NodePlacement.LOOPBACK.withHost(clusterHost);
+    startCluster(here, here);
+  }
+
+  /** As {@link #startCluster()}, with the two engine nodes started in the given placements. */
+  public void startCluster(NodePlacement prefill, NodePlacement decode) throws Exception {
     String seed = seed();
     ChildProcess router =
-        start("router", List.of("router", "--port", Integer.toString(routerPort),
+        start("router", NodePlacement.LOOPBACK.withHost(clusterHost),
+            List.of("router", "--host", clusterHost, "--port", Integer.toString(routerPort),
             "--management-port", Integer.toString(managementPort("router")), "--seed-nodes", seed));
     // One P and one D node, each hosting one engine per mode: JVM start-up dominates a short run.
-    startNode("prefill", Role.PREFILL);
-    startNode("decode", Role.DECODE);
+    startNode("prefill", Role.PREFILL, 0, 1, prefill);
+    startNode("decode", Role.DECODE, 0, 1, decode);
     // The client joins through the router: start it once the router listens.
     router.awaitLog("kvferry router up", JOIN_TIMEOUT);
     client = startClient(seed);
@@ -132,14 +153,25 @@ public final class Demo implements AutoCloseable {
 
   /** As {@link #startNode(String, Role)}, as DP rank {@code dpRank} of {@code dpSize}. */
   public ChildProcess startNode(String name, Role role, int dpRank, int dpSize) throws IOException {
+    return startNode(name, role, dpRank, dpSize, NodePlacement.LOOPBACK.withHost(clusterHost));
+  }
+
+  /**
+   * As {@link #startNode(String, Role, int, int)}, run through {@code placement}'s command prefix
+   * (a network namespace, say) with its cluster, data-plane and management sockets on its host.
+   */
+  public ChildProcess startNode(String name, Role role, int dpRank, int dpSize,
+      NodePlacement placement) throws IOException {
     boolean prefill = role == Role.PREFILL;
     List<String> args = nodeArgs(role.clusterRole(), name, String.join(",", options.modes()), seed(),
         prefill ? options.numBlocksP() : options.numBlocksD(),
         prefill ? options.tpP() : options.tpD(),
         prefill ? options.blockSizeP() : options.blockSizeD(),
         managementPort(name));
-    args.addAll(List.of("--dp-rank", Integer.toString(dpRank), "--dp-size", Integer.toString(dpSize)));
-    return start(name, args);
+    args.addAll(List.of("--dp-rank", Integer.toString(dpRank), "--dp-size", Integer.toString(dpSize),
+        "--host", placement.host(), "--management-host", placement.host()));
+    managementHosts.put(name, placement.host());
+    return start(name, placement, args);
   }
 
   /** The engine id node {@code node} gives its engine of {@code mode}. */
@@ -167,7 +199,8 @@ public final class Demo implements AutoCloseable {
     if (port == null) {
       throw new IllegalArgumentException("no process named " + name);
     }
-    return java.net.URI.create("http://127.0.0.1:" + port + "/");
+    String host = managementHosts.getOrDefault(name, NodePlacement.LOOPBACK.host());
+    return java.net.URI.create("http://" + host + ":" + port + "/");
   }
 
   /** This process's actor system, a member of the demo's cluster with role "client". */
@@ -222,7 +255,7 @@ public final class Demo implements AutoCloseable {
   }
 
   private String seed() {
-    return "127.0.0.1:" + routerPort;
+    return clusterHost + ":" + routerPort;
   }
 
   private int managementPort(String name) throws IOException {
@@ -382,10 +415,13 @@ public final class Demo implements AutoCloseable {
         .build();
   }
 
-  private ChildProcess start(String name, List<String> args) throws IOException {
+  private ChildProcess start(String name, NodePlacement placement, List<String> args)
+      throws IOException {
     List<String> jvmArgs = new ArrayList<>(CHILD_JVM_ARGS);
     clusterSettings.forEach((k, v) -> jvmArgs.add("-D" + k + "=" + v));
-    ChildProcess c = ChildProcess.start(name, logDir, jvmArgs, args);
+    // The tcp data port listens where the node's cluster traffic does.
+    jvmArgs.add("-Dkvferry.node.tcp.bind-host=" + placement.host());
+    ChildProcess c = ChildProcess.start(name, logDir, placement.commandPrefix(), jvmArgs, args);
     children.add(c);
     return c;
   }
@@ -394,6 +430,7 @@ public final class Demo implements AutoCloseable {
     Map<String, Object> settings = new java.util.HashMap<>(clusterSettings);
     settings.putAll(Map.of(
         "pekko.remote.artery.canonical.port", FreePorts.next(),
+        "pekko.remote.artery.canonical.hostname", clusterHost,
         "pekko.cluster.seed-nodes", List.of("pekko://kvferry@" + seed),
         "pekko.cluster.roles", List.of("client"),
         "pekko.loglevel", "WARNING",
