@@ -24,6 +24,7 @@ import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 import java.util.OptionalInt;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
@@ -185,6 +186,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   private final ActorRef<HandshakeActor.Command> handshake;
   private final ActorRef<WriterActor.Command> writer;
   private final ActorRef<RequestTrackerActor.Command> tracker;
+  private final ClusterMessageLimit messageLimit;
   private final ActorRef<HandshakeActor.Result> readHandshakeAdapter;
   private final Map<String, ReadJob> reads = new HashMap<>();
   private final Map<String, List<ReqMeta>> readsAwaitingPeer = new HashMap<>();
@@ -220,6 +222,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     this.releasesSeen = bounded(setup.settings().terminalIdCapacity());
     // Transports make blocking native calls: keep them off the actors' dispatcher.
     this.io = ctx.getSystem().dispatchers().lookup(DispatcherSelector.blocking());
+    this.messageLimit = ClusterMessageLimit.of(ctx.getSystem());
     List<RegionDescriptor> descriptors = new ArrayList<>();
     for (MemoryRegion r : setup.layerRegions()) {
       descriptors.add(setup.transport().describe(r));
@@ -279,10 +282,12 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         .onMessage(
             TransferFailed.class,
             m -> {
+              String reason = "engine " + m.engineId() + ": " + m.reason();
               writeDonesDue.remove(m.transferId());
-              tracker.tell(
-                  new RequestTrackerActor.TransferFailed(
-                      m.transferId(), "engine " + m.engineId() + ": " + m.reason()));
+              tracker.tell(new RequestTrackerActor.TransferFailed(m.transferId(), reason));
+              // P, WRITE: D gave up (maybe before P finished prefill): no write may land, and the
+              // request's blocks are freed now or as soon as its layers are saved.
+              writer.tell(new WriterActor.Abandon(m.transferId(), reason));
               return this;
             })
         .onMessage(
@@ -341,14 +346,26 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
           for (int source : sources) {
             due.add(source);
           }
+          RemoteBlocks blocks =
+              new RemoteBlocks(
+                  r.transferId(), r.requestId(), r.localBlockIds(), self.engineId(),
+                  self.dpRank(), self.tpRank());
+          Optional<String> tooBig =
+              messageLimit.whyNotSendable(blocks, r.localBlockIds().length,
+                  "the list of " + r.localBlockIds().length + " block ids of request "
+                      + r.requestId());
+          if (tooBig.isPresent()) {
+            // Artery would drop it and P would wait for its defer timeout: fail both sides now.
+            tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(), tooBig.get()));
+            for (int source : sources) {
+              sendTo(r.remoteEngineId(), source,
+                  new TransferFailed(r.transferId(), self.engineId(), tooBig.get()));
+            }
+            return;
+          }
           writeDonesDue.put(r.transferId(), due);
           for (int source : sources) {
-            sendTo(
-                r.remoteEngineId(),
-                source,
-                new RemoteBlocks(
-                    r.transferId(), r.requestId(), r.localBlockIds(), self.engineId(),
-                    self.dpRank(), self.tpRank()));
+            sendTo(r.remoteEngineId(), source, blocks);
           }
         });
     return this;

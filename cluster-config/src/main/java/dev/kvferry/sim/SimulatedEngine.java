@@ -10,6 +10,7 @@ import dev.kvferry.actors.connector.HostLayerEvent;
 import dev.kvferry.actors.connector.MatchedTokens;
 import dev.kvferry.actors.connector.Role;
 import dev.kvferry.actors.connector.SchedulerOutput;
+import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.sim.SimEngineActor.Outcome;
@@ -344,7 +345,10 @@ public final class SimulatedEngine implements AutoCloseable {
         } else {
           allocator.free(r.blocks);
         }
-        reply(r, Status.DONE, d.paramsForPeer(), "prefilled");
+        // WRITE: D names its own blocks to P, so P's ids need not travel back through the
+        // router (a long prompt's list can be larger than one cluster message).
+        reply(r, Status.DONE,
+            scheduler.mode() == TransferMode.READ ? d.paramsForPeer() : null, "prefilled");
       }
     }
   }

@@ -61,6 +61,11 @@ public final class ConnectorScheduler {
   }
 
   /** How many prompt tokens the remote side provides, and whether they arrive asynchronously. */
+  /** Whether P writes (WRITE) or D reads (READ). */
+  public TransferMode mode() {
+    return mode;
+  }
+
   public MatchedTokens numNewMatchedTokens(ConnectorRequest request, int numComputedTokens) {
     KvTransferParams p = request.params();
     if (role == Role.PREFILL || p == null || !p.doRemotePrefill()) {
