@@ -48,12 +48,12 @@ import org.junit.jupiter.api.Test;
  * transfer is left open in any tracker, and the heap after the run is within a bound of the heap
  * after the warm-up.
  *
- * <p>{@code kvferry.load.requests} sets the number of requests per mode (default 600).
+ * <p>{@code kvferry.load.requests} sets the number of requests per mode (default 1000).
  */
 class InProcessLoadTest {
 
   private static final int LAYERS = 3;
-  private static final int REQUESTS_PER_MODE = Integer.getInteger("kvferry.load.requests", 600);
+  private static final int REQUESTS_PER_MODE = Integer.getInteger("kvferry.load.requests", 1000);
   private static final int CONCURRENCY = 16;
   private static final long HEAP_GROWTH_BOUND_BYTES = 48L << 20;
 
