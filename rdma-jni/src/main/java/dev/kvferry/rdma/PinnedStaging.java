@@ -42,8 +42,11 @@ import org.slf4j.LoggerFactory;
  */
 final class PinnedStaging implements AutoCloseable {
   private static final Logger log = LoggerFactory.getLogger(PinnedStaging.class);
-  /** Spin this long on an event before parking: a chunk's copy is usually done well before. */
-  private static final long SPIN_NS = TimeUnit.MICROSECONDS.toNanos(50);
+  /**
+   * Spin this long on an event before parking: a chunk's copy is short (4 MiB at tens of GB/s is
+   * about 100 us) and a park oversleeps by tens of microseconds, stalling the socket for nothing.
+   */
+  private static final long SPIN_NS = TimeUnit.MICROSECONDS.toNanos(500);
   private static final long PARK_NS = TimeUnit.MICROSECONDS.toNanos(20);
 
   private final int depth;
@@ -53,7 +56,7 @@ final class PinnedStaging implements AutoCloseable {
   private final Set<Lane> lanes = new HashSet<>();
   private boolean closed;
 
-  /** Staging through {@code depth} buffers of {@code bufferBytes}; a device copy may take up to {@code timeoutNs}. */
+  /** Staging through {@code depth} buffers of {@code bufferBytes}; a copy may take {@code timeoutNs}. */
   PinnedStaging(int depth, int bufferBytes, long timeoutNs) {
     this.depth = depth;
     this.bufferBytes = bufferBytes;
@@ -148,6 +151,8 @@ final class PinnedStaging implements AutoCloseable {
     private boolean unsettled;
     private final EntryCursor cursor = new EntryCursor();
     private long deviceBase;
+    private long total;
+    private long staged;
 
     private Lane(int device) throws StagingException {
       this.device = device;
@@ -170,19 +175,34 @@ final class PinnedStaging implements AutoCloseable {
     }
 
     /**
-     * Sends the bytes of {@code count} entries of device memory at {@code deviceBase} (ranges
-     * checked by the caller) to the channel, staged through the buffers.
+     * Starts sending {@code count} entries of device memory at {@code deviceBase} (ranges checked
+     * by the caller): queues the copies of the first chunks and waits for the first, so a CUDA
+     * failure shows before any byte or ack goes out. Then call {@link #finishSend}.
      */
-    void send(
-        SocketChannel channel, long deviceBase, long[] offsets, long[] lengths, int count,
-        TcpWire.Progress progress) throws IOException {
-      long total = begin(deviceBase, offsets, lengths, count);
-      boolean settled = false;
+    void startSend(long deviceBase, long[] offsets, long[] lengths, int count)
+        throws StagingException {
+      total = begin(deviceBase, offsets, lengths, count);
+      staged = 0;
+      boolean started = false;
       try {
-        long staged = 0;
         for (int b = 0; b < depth && staged < total; b++) {
           staged += stage(b, (int) Math.min(bufferBytes, total - staged), false);
         }
+        await(0);
+        started = true;
+      } catch (CudaException e) {
+        throw failed(e);
+      } finally {
+        if (!started) {
+          settle();
+        }
+      }
+    }
+
+    /** Writes the bytes started by {@link #startSend} to the channel, staging the rest. */
+    void finishSend(SocketChannel channel, TcpWire.Progress progress) throws IOException {
+      boolean settled = false;
+      try {
         long sent = 0;
         for (int b = 0; sent < total; b = (b + 1) % depth) {
           await(b);
@@ -209,7 +229,7 @@ final class PinnedStaging implements AutoCloseable {
     void receive(
         SocketChannel channel, long deviceBase, long[] offsets, long[] lengths, int count,
         TcpWire.Progress progress) throws IOException {
-      long total = begin(deviceBase, offsets, lengths, count);
+      total = begin(deviceBase, offsets, lengths, count);
       boolean settled = false;
       try {
         long received = 0;

@@ -308,8 +308,9 @@ final class TcpListener implements AutoCloseable {
 
     /**
      * A frame for GPU memory, staged through {@code lane}. A staging failure while the writer's
-     * bytes arrive is answered like a refusal (its bytes may partly have landed in the region,
-     * never outside it); once a READ's ok ack is out, the connection can only be closed.
+     * bytes arrive, or before a READ's first byte is ready, is answered like a refusal (a write's
+     * bytes may partly have landed in the region, never outside it); once a READ's ok ack is out,
+     * a failure can only close the connection.
      */
     private void gpuFrame(byte op, MemoryRegion region, PinnedStaging.Lane lane, int count)
         throws IOException, Refusal {
@@ -322,8 +323,14 @@ final class TcpListener implements AutoCloseable {
         }
         TcpWire.writeFully(channel, TcpWire.ack(ack, null), progress);
       } else {
+        try {
+          lane.startSend(region.address(), offsets, lengths, count);
+        } catch (PinnedStaging.StagingException e) {
+          throw new Refusal(
+              "read from region " + region.id() + " of " + owner() + " failed: " + e.getMessage());
+        }
         TcpWire.writeFully(channel, TcpWire.ack(ack, null), progress);
-        lane.send(channel, region.address(), offsets, lengths, count, progress);
+        lane.finishSend(channel, progress);
       }
     }
 

@@ -383,7 +383,8 @@ public final class TcpTransport implements Transport {
           if (toRemote) {
             // Acks of earlier frames wait in the socket; they are a few bytes each.
             if (lane != null) {
-              lane.send(channel, local.address(), localOffsets, lengths, n, progress);
+              lane.startSend(local.address(), localOffsets, lengths, n);
+              lane.finishSend(channel, progress);
             } else {
               TcpWire.transferEntries(channel, localSlots, iov, localOffsets, lengths, n, false, progress);
             }
