@@ -23,9 +23,9 @@ public final class TransportOptions {
   private final int tcpStagingBufferBytes;
 
   /** Bounds of the staging knobs: a few buffers, each a page to 1 GiB (one tcp entry). */
-  static final int MAX_STAGING_BUFFERS = 16;
-  static final int MIN_STAGING_BUFFER_BYTES = 4096;
-  static final int MAX_STAGING_BUFFER_BYTES = 1 << 30;
+  private static final int MAX_STAGING_BUFFERS = 16;
+  private static final int MIN_STAGING_BUFFER_BYTES = 4096;
+  private static final int MAX_STAGING_BUFFER_BYTES = 1 << 30;
 
   private TransportOptions(
       String tcpBindHost,
@@ -49,14 +49,6 @@ public final class TransportOptions {
     if (ioTimeout.isNegative() || ioTimeout.isZero()) {
       throw new IllegalArgumentException("io timeout must be positive, got " + ioTimeout);
     }
-    this.tcpBindHost = Objects.requireNonNull(tcpBindHost, "tcpBindHost");
-    this.tcpPort = tcpPort;
-    this.tcpAdvertisedHost = tcpAdvertisedHost == null ? "" : tcpAdvertisedHost;
-    this.tcpListen = tcpListen;
-    this.tcpSocketBufferBytes = tcpSocketBufferBytes;
-    this.ioTimeout = ioTimeout;
-    this.maxConnections = maxConnections;
-    this.ioThreads = ioThreads;
     if (tcpStagingBuffers < 1 || tcpStagingBuffers > MAX_STAGING_BUFFERS
         || tcpStagingBufferBytes < MIN_STAGING_BUFFER_BYTES
         || tcpStagingBufferBytes > MAX_STAGING_BUFFER_BYTES) {
@@ -65,6 +57,14 @@ public final class TransportOptions {
               + ".." + MAX_STAGING_BUFFER_BYTES + " bytes, got " + tcpStagingBuffers + " of "
               + tcpStagingBufferBytes);
     }
+    this.tcpBindHost = Objects.requireNonNull(tcpBindHost, "tcpBindHost");
+    this.tcpPort = tcpPort;
+    this.tcpAdvertisedHost = tcpAdvertisedHost == null ? "" : tcpAdvertisedHost;
+    this.tcpListen = tcpListen;
+    this.tcpSocketBufferBytes = tcpSocketBufferBytes;
+    this.ioTimeout = ioTimeout;
+    this.maxConnections = maxConnections;
+    this.ioThreads = ioThreads;
     this.cmaInlineMaxBytes = cmaInlineMaxBytes;
     this.tcpStagingBuffers = tcpStagingBuffers;
     this.tcpStagingBufferBytes = tcpStagingBufferBytes;
