@@ -24,7 +24,8 @@ import org.slf4j.LoggerFactory;
  * Serves the regions of one {@link RegionRegistry} over TCP ({@link TcpWire} protocol): one thread
  * per connection, blocking channels, bytes read from the socket straight into the region. A
  * connection that presents a bad token or sends a bad frame is answered with the reason and
- * closed; the listener and the other connections carry on.
+ * closed; the listener and the other connections carry on. Frames for a GPU region are staged
+ * through pinned host buffers ({@link PinnedStaging}).
  */
 final class TcpListener implements AutoCloseable {
   private static final Logger log = LoggerFactory.getLogger(TcpListener.class);
@@ -32,6 +33,7 @@ final class TcpListener implements AutoCloseable {
   private final RegionRegistry registry;
   private final TransportOptions options;
   private final IoWatchdog watchdog;
+  private final PinnedStaging staging;
   private final ServerSocketChannel server;
   private final InetSocketAddress boundAddress;
   private final Set<Connection> connections = ConcurrentHashMap.newKeySet();
@@ -39,11 +41,13 @@ final class TcpListener implements AutoCloseable {
   private final Thread acceptor;
   private volatile boolean closed;
 
-  TcpListener(RegionRegistry registry, TransportOptions options, IoWatchdog watchdog)
-      throws IOException {
+  TcpListener(
+      RegionRegistry registry, TransportOptions options, IoWatchdog watchdog,
+      PinnedStaging staging) throws IOException {
     this.registry = registry;
     this.options = options;
     this.watchdog = watchdog;
+    this.staging = staging;
     this.server = ServerSocketChannel.open();
     try {
       server.setOption(StandardSocketOptions.SO_REUSEADDR, true);
@@ -260,10 +264,8 @@ final class TcpListener implements AutoCloseable {
       if (region == null || !region.tryPin()) {
         throw new Refusal("region " + regionId + " is not registered at " + owner());
       }
+      PinnedStaging.Lane lane = null;
       try {
-        if (region.kind() != RegionKind.HOST) {
-          throw new Refusal("region " + regionId + " of " + owner() + " is not host memory");
-        }
         for (int i = 0; i < count; i++) {
           if (lengths[i] > TcpWire.MAX_ENTRY_BYTES) {
             throw new Refusal(
@@ -276,18 +278,60 @@ final class TcpListener implements AutoCloseable {
             throw new Refusal(e.getMessage());
           }
         }
-        RegionSlots regionSlots = slotsFor(region);
-        if (op == TcpWire.OP_WRITE) {
-          TcpWire.transferEntries(channel, regionSlots, iov, offsets, lengths, count, true, progress);
-          TcpWire.writeFully(channel, TcpWire.ack(ack, null), progress);
+        if (region.kind() == RegionKind.CUDA) {
+          try {
+            lane = staging.acquire(region.device());
+          } catch (PinnedStaging.StagingException e) {
+            throw new Refusal(
+                "region " + regionId + " of " + owner() + " is GPU memory and cannot be staged "
+                    + "here: " + e.getMessage());
+          }
+          gpuFrame(op, region, lane, count);
         } else {
-          TcpWire.writeFully(channel, TcpWire.ack(ack, null), progress);
-          TcpWire.transferEntries(channel, regionSlots, iov, offsets, lengths, count, false, progress);
+          RegionSlots regionSlots = slotsFor(region);
+          if (op == TcpWire.OP_WRITE) {
+            TcpWire.transferEntries(channel, regionSlots, iov, offsets, lengths, count, true, progress);
+            TcpWire.writeFully(channel, TcpWire.ack(ack, null), progress);
+          } else {
+            TcpWire.writeFully(channel, TcpWire.ack(ack, null), progress);
+            TcpWire.transferEntries(channel, regionSlots, iov, offsets, lengths, count, false, progress);
+          }
         }
       } finally {
+        if (lane != null) {
+          staging.release(lane);
+        }
         region.unpin();
       }
       return true;
+    }
+
+    /**
+     * A frame for GPU memory, staged through {@code lane}. A staging failure while the writer's
+     * bytes arrive, or before a READ's first byte is ready, is answered like a refusal (a write's
+     * bytes may partly have landed in the region, never outside it); once a READ's ok ack is out,
+     * a failure can only close the connection.
+     */
+    private void gpuFrame(byte op, MemoryRegion region, PinnedStaging.Lane lane, int count)
+        throws IOException, Refusal {
+      if (op == TcpWire.OP_WRITE) {
+        try {
+          lane.receive(channel, region.address(), offsets, lengths, count, progress);
+        } catch (PinnedStaging.StagingException e) {
+          throw new Refusal(
+              "write into region " + region.id() + " of " + owner() + " failed: " + e.getMessage());
+        }
+        TcpWire.writeFully(channel, TcpWire.ack(ack, null), progress);
+      } else {
+        try {
+          lane.startSend(region.address(), offsets, lengths, count);
+        } catch (PinnedStaging.StagingException e) {
+          throw new Refusal(
+              "read from region " + region.id() + " of " + owner() + " failed: " + e.getMessage());
+        }
+        TcpWire.writeFully(channel, TcpWire.ack(ack, null), progress);
+        lane.finishSend(channel, progress);
+      }
     }
 
     private RegionSlots slotsFor(MemoryRegion region) {

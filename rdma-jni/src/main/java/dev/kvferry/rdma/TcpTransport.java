@@ -1,5 +1,6 @@
 package dev.kvferry.rdma;
 
+import dev.kvferry.rdma.cuda.Cuda;
 import java.io.IOException;
 import java.net.InetAddress;
 import java.net.InetSocketAddress;
@@ -24,6 +25,11 @@ import org.slf4j.LoggerFactory;
  * reads into direct views of the registered memory); each frame is acknowledged so a status
  * fails with the receiver's own reason. Wire format: {@link TcpWire}.
  *
+ * <p>GPU memory ({@link RegionKind#CUDA}) on either side is staged by the side that holds it
+ * through pinned host buffers ({@link PinnedStaging}, sized by {@link
+ * TransportOptions#withTcpStaging}); the wire does not change, so each side stages or not on its
+ * own. Host regions take the direct path as before.
+ *
  * <p>Batches run on {@link TransportOptions#ioThreads()} background threads; {@code write} and
  * {@code read} return at once.
  */
@@ -37,6 +43,7 @@ public final class TcpTransport implements Transport {
   private final TcpListener listener;
   private final String advertisedHost;
   private final TransferExecutor executor;
+  private final PinnedStaging staging;
   private final Map<String, ConcurrentLinkedDeque<Connection>> idle = new ConcurrentHashMap<>();
   private final Set<Connection> open = ConcurrentHashMap.newKeySet();
   private volatile boolean closed;
@@ -50,8 +57,14 @@ public final class TcpTransport implements Transport {
     this.registry = registry;
     this.options = options;
     this.watchdog = new IoWatchdog("tcp", options.ioTimeout().toNanos());
+    // Touches no CUDA until a GPU region is moved.
+    this.staging =
+        new PinnedStaging(
+            options.tcpStagingBuffers(), options.tcpStagingBufferBytes(),
+            options.ioTimeout().toNanos());
     try {
-      this.listener = options.tcpListen() ? new TcpListener(registry, options, watchdog) : null;
+      this.listener =
+          options.tcpListen() ? new TcpListener(registry, options, watchdog, staging) : null;
     } catch (IOException e) {
       watchdog.close();
       throw e;
@@ -93,6 +106,15 @@ public final class TcpTransport implements Transport {
     return listener == null ? 0 : listener.activeConnections();
   }
 
+  /** Pinned staging lanes allocated and not yet freed (for tests). */
+  int stagingLanes() {
+    return staging.laneCount();
+  }
+
+  /**
+   * @throws dev.kvferry.rdma.cuda.CudaUnavailableException for a GPU region on a host without
+   *     CUDA (its bytes could not be served)
+   */
   @Override
   public RegionDescriptor describe(MemoryRegion local) {
     if (listener == null) {
@@ -103,9 +125,8 @@ public final class TcpTransport implements Transport {
           "region " + local.id() + " of " + local.owner() + " is not in the registry this tcp "
               + "listener serves (" + registry.owner() + ")");
     }
-    if (local.kind() != RegionKind.HOST) {
-      throw new IllegalArgumentException(
-          "tcp serves host memory only; region " + local.id() + " is " + local.kind());
+    if (local.kind() == RegionKind.CUDA) {
+      Cuda.require();
     }
     return local.descriptor().withTcp(advertisedHost, port(), registry.token());
   }
@@ -132,6 +153,7 @@ public final class TcpTransport implements Transport {
     idle.clear();
     executor.close();
     watchdog.close();
+    staging.close();
   }
 
   private TransferStatus start(
@@ -139,11 +161,10 @@ public final class TcpTransport implements Transport {
     if (closed) {
       return TransferStatus.failed("tcp transport is closed");
     }
-    if (local.kind() != RegionKind.HOST || remote.kind() != RegionKind.HOST) {
+    if (local.kind() == RegionKind.CUDA && !Cuda.available()) {
       return TransferStatus.failed(
-          "tcp moves host memory only; local region " + local.id() + " is " + local.kind()
-              + " and region " + remote.regionId() + " of " + owner(remote) + " is "
-              + remote.kind());
+          "tcp: local region " + local.id() + " is GPU memory and CUDA not available: "
+              + Cuda.unavailableReason() + "; nothing was moved");
     }
     if (remote.tcpHost().isEmpty() || remote.tcpPort() <= 0 || remote.token().length == 0
         || remote.token().length > TcpWire.MAX_TOKEN_BYTES) {
@@ -201,7 +222,9 @@ public final class TcpTransport implements Transport {
         if (c != null) {
           c.close();
         }
-        if (reused && attempt == 0 && !timedOut && !closed && !(e instanceof TokenRefusedException)) {
+        boolean stagingFailed = e instanceof PinnedStaging.StagingException;
+        if (reused && attempt == 0 && !timedOut && !closed && !stagingFailed
+            && !(e instanceof TokenRefusedException)) {
           // The peer restarted or dropped idle connections: the other pooled ones are stale too.
           log.debug("tcp: pooled connection to {} failed ({}); retrying on a new one", endpoint, e.toString());
           ConcurrentLinkedDeque<Connection> stale = idle.get(key);
@@ -314,10 +337,15 @@ public final class TcpTransport implements Transport {
         throws IOException {
       progress.busy();
       watchdog.watch(channel, progress, "tcp connection to " + endpoint);
-      RegionSlots localSlots = slotsFor(local);
+      boolean onGpu = local.kind() == RegionKind.CUDA;
+      RegionSlots localSlots = onGpu ? null : slotsFor(local);
+      PinnedStaging.Lane lane = null;
       int framesSent = 0;
       int acksRead = 0;
       try {
+        if (onGpu) {
+          lane = staging.acquire(local.device());
+        }
         int entry = 0;
         long entryDone = 0;
         while (entry < batch.count()) {
@@ -354,14 +382,23 @@ public final class TcpTransport implements Transport {
           framesSent++;
           if (toRemote) {
             // Acks of earlier frames wait in the socket; they are a few bytes each.
-            TcpWire.transferEntries(channel, localSlots, iov, localOffsets, lengths, n, false, progress);
+            if (lane != null) {
+              lane.startSend(local.address(), localOffsets, lengths, n);
+              lane.finishSend(channel, progress);
+            } else {
+              TcpWire.transferEntries(channel, localSlots, iov, localOffsets, lengths, n, false, progress);
+            }
           } else {
             String refusal = TcpWire.readAck(channel, ack, progress);
             acksRead++;
             if (refusal != null) {
               return refusal;
             }
-            TcpWire.transferEntries(channel, localSlots, iov, localOffsets, lengths, n, true, progress);
+            if (lane != null) {
+              lane.receive(channel, local.address(), localOffsets, lengths, n, progress);
+            } else {
+              TcpWire.transferEntries(channel, localSlots, iov, localOffsets, lengths, n, true, progress);
+            }
           }
         }
         while (acksRead < framesSent) {
@@ -374,8 +411,9 @@ public final class TcpTransport implements Transport {
         return null;
       } catch (IOException e) {
         // The listener may have refused a frame and closed while we were still sending: its
-        // reason is then waiting in our receive buffer, and worth more than "broken pipe".
-        if (toRemote && !progress.timedOut) {
+        // reason is then waiting in our receive buffer, and worth more than "broken pipe". Not
+        // after our own staging failed: the listener is still waiting for the frame's bytes.
+        if (toRemote && !progress.timedOut && !(e instanceof PinnedStaging.StagingException)) {
           try {
             while (acksRead < framesSent) {
               String refusal = TcpWire.readAck(channel, ack, progress);
@@ -390,6 +428,9 @@ public final class TcpTransport implements Transport {
         }
         throw e;
       } finally {
+        if (lane != null) {
+          staging.release(lane);
+        }
         progress.idle();
       }
     }

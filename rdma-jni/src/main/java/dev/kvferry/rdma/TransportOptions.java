@@ -19,6 +19,13 @@ public final class TransportOptions {
   private final int maxConnections;
   private final int ioThreads;
   private final long cmaInlineMaxBytes;
+  private final int tcpStagingBuffers;
+  private final int tcpStagingBufferBytes;
+
+  /** Bounds of the staging knobs: a few buffers, each a page to 1 GiB (one tcp entry). */
+  private static final int MAX_STAGING_BUFFERS = 16;
+  private static final int MIN_STAGING_BUFFER_BYTES = 4096;
+  private static final int MAX_STAGING_BUFFER_BYTES = 1 << 30;
 
   private TransportOptions(
       String tcpBindHost,
@@ -29,7 +36,9 @@ public final class TransportOptions {
       Duration ioTimeout,
       int maxConnections,
       int ioThreads,
-      long cmaInlineMaxBytes) {
+      long cmaInlineMaxBytes,
+      int tcpStagingBuffers,
+      int tcpStagingBufferBytes) {
     if (tcpPort < 0 || tcpPort > 65535) {
       throw new IllegalArgumentException("tcp port must be in [0, 65535], got " + tcpPort);
     }
@@ -40,6 +49,14 @@ public final class TransportOptions {
     if (ioTimeout.isNegative() || ioTimeout.isZero()) {
       throw new IllegalArgumentException("io timeout must be positive, got " + ioTimeout);
     }
+    if (tcpStagingBuffers < 1 || tcpStagingBuffers > MAX_STAGING_BUFFERS
+        || tcpStagingBufferBytes < MIN_STAGING_BUFFER_BYTES
+        || tcpStagingBufferBytes > MAX_STAGING_BUFFER_BYTES) {
+      throw new IllegalArgumentException(
+          "tcp staging needs 1.." + MAX_STAGING_BUFFERS + " buffers of " + MIN_STAGING_BUFFER_BYTES
+              + ".." + MAX_STAGING_BUFFER_BYTES + " bytes, got " + tcpStagingBuffers + " of "
+              + tcpStagingBufferBytes);
+    }
     this.tcpBindHost = Objects.requireNonNull(tcpBindHost, "tcpBindHost");
     this.tcpPort = tcpPort;
     this.tcpAdvertisedHost = tcpAdvertisedHost == null ? "" : tcpAdvertisedHost;
@@ -49,36 +66,39 @@ public final class TransportOptions {
     this.maxConnections = maxConnections;
     this.ioThreads = ioThreads;
     this.cmaInlineMaxBytes = cmaInlineMaxBytes;
+    this.tcpStagingBuffers = tcpStagingBuffers;
+    this.tcpStagingBufferBytes = tcpStagingBufferBytes;
   }
 
   /**
    * Loopback listener on an ephemeral port, kernel-tuned socket buffers, 30 s without progress
-   * fails a transfer, 64 connections, 2 I/O threads, CMA batches up to 1 MiB copied inline.
+   * fails a transfer, 64 connections, 2 I/O threads, CMA batches up to 1 MiB copied inline, GPU
+   * memory staged for tcp through 2 pinned buffers of 4 MiB.
    */
   public static TransportOptions defaults() {
     return new TransportOptions(
-        "127.0.0.1", 0, "", true, 0, Duration.ofSeconds(30), 64, 2, 1 << 20);
+        "127.0.0.1", 0, "", true, 0, Duration.ofSeconds(30), 64, 2, 1 << 20, 2, 4 << 20);
   }
 
   /** Where the TCP listener binds; port 0 picks a free port. */
   public TransportOptions withTcpBind(String host, int port) {
     return new TransportOptions(
         host, port, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout, maxConnections,
-        ioThreads, cmaInlineMaxBytes);
+        ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes);
   }
 
   /** The host peers should connect to, when it differs from the bind host (0.0.0.0, NAT). */
   public TransportOptions withTcpAdvertisedHost(String host) {
     return new TransportOptions(
         tcpBindHost, tcpPort, host, tcpListen, tcpSocketBufferBytes, ioTimeout, maxConnections,
-        ioThreads, cmaInlineMaxBytes);
+        ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes);
   }
 
   /** Whether the TCP transport serves its registry's regions (false: client only). */
   public TransportOptions withTcpListener(boolean listen) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, listen, tcpSocketBufferBytes, ioTimeout,
-        maxConnections, ioThreads, cmaInlineMaxBytes);
+        maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes);
   }
 
   /**
@@ -89,35 +109,46 @@ public final class TransportOptions {
   public TransportOptions withTcpSocketBufferBytes(int bytes) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, bytes, ioTimeout, maxConnections,
-        ioThreads, cmaInlineMaxBytes);
+        ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes);
   }
 
   /** A transfer (or a handshake) that makes no progress for this long fails. */
   public TransportOptions withIoTimeout(Duration timeout) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, timeout,
-        maxConnections, ioThreads, cmaInlineMaxBytes);
+        maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes);
   }
 
   /** Most connections the TCP listener serves at once; more are closed on accept. */
   public TransportOptions withMaxConnections(int connections) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
-        connections, ioThreads, cmaInlineMaxBytes);
+        connections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes);
   }
 
   /** Threads that run transfers in the background (TCP batches, large CMA batches). */
   public TransportOptions withIoThreads(int threads) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
-        maxConnections, threads, cmaInlineMaxBytes);
+        maxConnections, threads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes);
   }
 
   /** CMA batches up to this many bytes are copied in the caller's thread; larger ones in the background. */
   public TransportOptions withCmaInlineMaxBytes(long bytes) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
-        maxConnections, ioThreads, bytes);
+        maxConnections, ioThreads, bytes, tcpStagingBuffers, tcpStagingBufferBytes);
+  }
+
+  /**
+   * How the tcp transport moves GPU memory: through {@code buffers} pinned host buffers of {@code
+   * bufferBytes} each, per device and per transfer in flight on it. With 2 or more, device copies
+   * of one buffer overlap the socket I/O of another; 1 serializes them (for comparison).
+   */
+  public TransportOptions withTcpStaging(int buffers, int bufferBytes) {
+    return new TransportOptions(
+        tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
+        maxConnections, ioThreads, cmaInlineMaxBytes, buffers, bufferBytes);
   }
 
   public String tcpBindHost() {
@@ -157,12 +188,21 @@ public final class TransportOptions {
     return cmaInlineMaxBytes;
   }
 
+  public int tcpStagingBuffers() {
+    return tcpStagingBuffers;
+  }
+
+  public int tcpStagingBufferBytes() {
+    return tcpStagingBufferBytes;
+  }
+
   @Override
   public String toString() {
     return "TransportOptions[tcp=" + tcpBindHost + ":" + tcpPort
         + (tcpAdvertisedHost.isEmpty() ? "" : " as " + tcpAdvertisedHost)
         + (tcpListen ? "" : " (no listener)") + ", socketBuffer=" + tcpSocketBufferBytes
         + ", ioTimeout=" + ioTimeout + ", maxConnections=" + maxConnections + ", ioThreads="
-        + ioThreads + ", cmaInlineMaxBytes=" + cmaInlineMaxBytes + "]";
+        + ioThreads + ", cmaInlineMaxBytes=" + cmaInlineMaxBytes + ", tcpStaging="
+        + tcpStagingBuffers + "x" + tcpStagingBufferBytes + "]";
   }
 }
