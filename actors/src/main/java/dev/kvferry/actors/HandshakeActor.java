@@ -10,6 +10,7 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
+import org.apache.pekko.actor.Address;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
 import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
@@ -17,6 +18,9 @@ import org.apache.pekko.actor.typed.javadsl.ActorContext;
 import org.apache.pekko.actor.typed.javadsl.Behaviors;
 import org.apache.pekko.actor.typed.javadsl.Receive;
 import org.apache.pekko.actor.typed.javadsl.TimerScheduler;
+import org.apache.pekko.cluster.Member;
+import org.apache.pekko.cluster.MemberStatus;
+import org.apache.pekko.cluster.typed.Cluster;
 
 /**
  * Serves this worker's metadata and fetches remote workers' metadata. One fetch is in flight per
@@ -98,10 +102,32 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   }
 
   private Behavior<Command> onServe(Serve m) {
-    m.request()
-        .replyTo()
-        .tell(new EngineActor.MetadataReply(local.engineId(), local.tpRank(), localBlob));
+    ActorRef<EngineActor.MetadataReply> to = m.request().replyTo();
+    Address from = to.path().address();
+    if (from.hasGlobalScope() && !isClusterMember(from)) {
+      // Artery delivers messages from any system that can reach our port, joined or not; the
+      // metadata (CMA pid and addresses, CUDA IPC handles, tcp tokens) goes to members only.
+      getContext().getLog().warn(
+          "refused metadata of {} to {}: not a member of the cluster", local.engineId(), from);
+      return this;
+    }
+    to.tell(new EngineActor.MetadataReply(local.engineId(), local.tpRank(), localBlob));
     return this;
+  }
+
+  private boolean isClusterMember(Address address) {
+    if (!"cluster".equals(getContext().getSystem().settings().config()
+        .getString("pekko.actor.provider"))) {
+      return false; // no membership to check: only local askers are served
+    }
+    for (Member member : Cluster.get(getContext().getSystem()).state().getMembers()) {
+      if (member.address().equals(address)) {
+        MemberStatus status = member.status();
+        return status != MemberStatus.down() && status != MemberStatus.removed()
+            && status != MemberStatus.exiting();
+      }
+    }
+    return false;
   }
 
   private Behavior<Command> onFetch(Fetch m) {
