@@ -4,11 +4,8 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
-import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.ObjectMapper;
 import dev.kvferry.actors.connector.KvTransferParams;
 import dev.kvferry.actors.connector.Role;
-import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.demo.ChildProcess;
 import dev.kvferry.demo.Demo;
 import dev.kvferry.demo.DemoOptions;
@@ -16,9 +13,6 @@ import dev.kvferry.router.RouterActor;
 import dev.kvferry.sim.RequestSpec;
 import dev.kvferry.sim.SimEngineActor;
 import dev.kvferry.sim.SimEngineActor.Outcome;
-import java.net.http.HttpClient;
-import java.net.http.HttpRequest;
-import java.net.http.HttpResponse;
 import java.nio.file.Files;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -26,11 +20,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.Optional;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.TimeUnit;
-import org.apache.pekko.actor.testkit.typed.javadsl.ActorTestKit;
 import org.apache.pekko.actor.testkit.typed.javadsl.TestProbe;
-import org.apache.pekko.cluster.MemberStatus;
-import org.apache.pekko.cluster.typed.Cluster;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
@@ -61,10 +51,7 @@ class NetworkPartitionTest {
 
   private NetworkLab lab;
   private Demo demo;
-  private ActorTestKit kit;
-  private final HttpClient http = HttpClient.newHttpClient();
-  private final ObjectMapper json = new ObjectMapper();
-  private int nextRequest;
+  private ClusterChecks checks;
 
   @BeforeAll
   void startClusterInNamespaces() throws Exception {
@@ -76,13 +63,13 @@ class NetworkPartitionTest {
         24, 256, 256, 1, 1, 120, 0, 0, 1, 7, false);
     demo = new Demo(options, FAST_DOWNING, lab.bridgeHost());
     demo.startCluster(lab.placement("prefill"), lab.placement("decode"));
-    kit = ActorTestKit.create(demo.client());
+    checks = new ClusterChecks(demo, DECIDED_WITHIN, ROUTE_TIMEOUT);
     for (String mode : List.of("write", "read")) {
       demo.awaitSim(Role.PREFILL, demo.engineId("prefill", mode));
       demo.awaitSim(Role.DECODE, demo.engineId("decode", mode));
       demo.awaitRoutable(demo.engineId("prefill", mode), demo.engineId("decode", mode));
     }
-    for (RouterActor.Routed r : routeAll(8, "warm")) {
+    for (RouterActor.Routed r : checks.routeAll(8, "warm")) {
       assertEquals(Outcome.Status.DONE, r.status(), r.requestId() + ": " + r.detail());
     }
   }
@@ -106,8 +93,8 @@ class NetworkPartitionTest {
     List<TestProbe<Outcome>> parked = new ArrayList<>();
     for (String mode : List.of("write", "read")) {
       for (int i = 0; i < 3; i++) {
-        TestProbe<Outcome> probe = kit.createTestProbe();
-        String id = "parked-" + (nextRequest++);
+        TestProbe<Outcome> probe = checks.kit().createTestProbe();
+        String id = checks.nextId("parked");
         demo.awaitSim(Role.PREFILL, demo.engineId("prefill", mode))
             .tell(new SimEngineActor.Submit(new RequestSpec(id, 40, 0, RequestSpec.Abort.NONE),
                 KvTransferParams.forPrefill("tx-" + id, demo.engineId("decode", mode), 0),
@@ -120,20 +107,15 @@ class NetworkPartitionTest {
       assertEquals(Outcome.Status.DONE, o.status(), "prefill of " + o.requestId() + ": " + o.detail());
     }
     for (String mode : List.of("write", "read")) {
-      String engine = demo.engineId("prefill", mode);
-      kit.createTestProbe().awaitAssert(DECIDED_WITHIN, Duration.ofMillis(200), () -> {
-        SimEngineActor.Stats s = demo.stats(demo.awaitSim(Role.PREFILL, engine));
-        assertEquals(s.numBlocks() - 3 * 10, s.freeBlocks(), "blocks kept for D on " + engine);
-        return null;
-      });
+      checks.awaitHeld(Role.PREFILL, demo.engineId("prefill", mode), 3 * 10); // kept for D
     }
-    List<CompletableFuture<RouterActor.Routed>> inFlight = startRoutes(12, "busy");
+    List<CompletableFuture<RouterActor.Routed>> inFlight = checks.startRoutes(12, "busy");
 
     long cutAt = System.nanoTime();
     lab.isolate("decode");
 
     for (String mode : List.of("write", "read")) {
-      awaitAllFree(Role.PREFILL, demo.engineId("prefill", mode));
+      checks.awaitAllFree(Role.PREFILL, demo.engineId("prefill", mode));
     }
     double freedAfter = (System.nanoTime() - cutAt) / 1e9;
     ChildProcess decode = demo.process("decode");
@@ -144,14 +126,14 @@ class NetworkPartitionTest {
     String decodeLog = Files.readString(decode.log());
     assertTrue(decodeLog.contains("SBR took decision"),
         "the split brain resolver on D decided; D's log ends with:\n" + decode.tail(30));
-    awaitDecodeMembers(0);
+    checks.awaitMembers(Role.DECODE, 0);
     for (CompletableFuture<RouterActor.Routed> f : inFlight) {
-      RouterActor.Routed r = f.get(ROUTE_TIMEOUT.toSeconds(), TimeUnit.SECONDS);
+      RouterActor.Routed r = checks.await(f);
       assertTrue(r.status() == Outcome.Status.DONE
               || (r.status() == Outcome.Status.FAILED && r.detail().contains("decode")),
           "a request either finished before the cut or failed naming the decode side: " + r);
     }
-    assertNoTransfersLeft("prefill");
+    checks.assertNoTransfersLeft("prefill");
     System.out.printf("partition: every P block free %.1f s after the cut, D exited after %.1f s%n",
         freedAfter, exitedAfter);
 
@@ -161,72 +143,13 @@ class NetworkPartitionTest {
       demo.awaitSim(Role.DECODE, demo.engineId("decode", mode));
       demo.awaitRoutable(demo.engineId("prefill", mode), demo.engineId("decode", mode));
     }
-    for (RouterActor.Routed r : routeAll(12, "healed")) {
+    for (RouterActor.Routed r : checks.routeAll(12, "healed")) {
       assertEquals(Outcome.Status.DONE, r.status(), r.requestId() + ": " + r.detail());
     }
     for (String mode : List.of("write", "read")) {
-      awaitAllFree(Role.PREFILL, demo.engineId("prefill", mode));
-      awaitAllFree(Role.DECODE, demo.engineId("decode", mode));
+      checks.awaitAllFree(Role.PREFILL, demo.engineId("prefill", mode));
+      checks.awaitAllFree(Role.DECODE, demo.engineId("decode", mode));
     }
-    assertNoTransfersLeft("prefill", "decode");
-  }
-
-  // ---- helpers ----
-
-  private List<CompletableFuture<RouterActor.Routed>> startRoutes(int n, String prefix) {
-    List<CompletableFuture<RouterActor.Routed>> out = new ArrayList<>();
-    for (int i = 0; i < n; i++) {
-      TransferMode mode = i % 2 == 0 ? TransferMode.WRITE : TransferMode.READ;
-      RequestSpec spec = new RequestSpec(prefix + "-" + (nextRequest++), 1 + (i * 37) % 120, 0,
-          RequestSpec.Abort.NONE);
-      out.add(demo.route(spec, mode, ROUTE_TIMEOUT).toCompletableFuture());
-    }
-    return out;
-  }
-
-  private List<RouterActor.Routed> routeAll(int n, String prefix) throws Exception {
-    List<RouterActor.Routed> out = new ArrayList<>();
-    for (CompletableFuture<RouterActor.Routed> f : startRoutes(n, prefix)) {
-      out.add(f.get(ROUTE_TIMEOUT.toSeconds(), TimeUnit.SECONDS));
-    }
-    return out;
-  }
-
-  private void awaitAllFree(Role role, String engineId) {
-    kit.createTestProbe().awaitAssert(DECIDED_WITHIN, Duration.ofMillis(200), () -> {
-      SimEngineActor.Stats s = demo.stats(demo.awaitSim(role, engineId));
-      assertEquals(s.numBlocks(), s.freeBlocks(), engineId + ": every block back in the allocator");
-      assertEquals(0, s.requestsInFlight(), engineId + ": no request in flight");
-      return null;
-    });
-  }
-
-  /** Waits until the majority removed the cut-off decode member (and nothing is unreachable). */
-  private void awaitDecodeMembers(int n) {
-    Cluster cluster = Cluster.get(demo.client());
-    kit.createTestProbe().awaitAssert(DECIDED_WITHIN, Duration.ofMillis(200), () -> {
-      long up = java.util.stream.StreamSupport.stream(
-              cluster.state().getMembers().spliterator(), false)
-          .filter(m -> m.hasRole(Role.DECODE.clusterRole()) && m.status() == MemberStatus.up())
-          .count();
-      assertEquals(n, up, "decode members up");
-      assertTrue(cluster.state().getUnreachable().isEmpty(), "unreachable members left");
-      return null;
-    });
-  }
-
-  private void assertNoTransfersLeft(String... nodes) {
-    for (String node : nodes) {
-      kit.createTestProbe().awaitAssert(DECIDED_WITHIN, Duration.ofMillis(200), () -> {
-        HttpResponse<String> r = http.send(
-            HttpRequest.newBuilder(demo.managementUri(node).resolve("kvferry/transfers")).build(),
-            HttpResponse.BodyHandlers.ofString());
-        assertEquals(200, r.statusCode(), node + ": " + r.body());
-        JsonNode t = json.readTree(r.body());
-        assertEquals(0, t.path("transfers").size(), node + " /kvferry/transfers: " + t);
-        assertEquals(0, t.path("unanswered").size(), node + " /kvferry/transfers: " + t);
-        return null;
-      });
-    }
+    checks.assertNoTransfersLeft("prefill", "decode");
   }
 }

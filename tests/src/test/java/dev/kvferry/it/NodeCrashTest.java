@@ -1,34 +1,25 @@
 package dev.kvferry.it;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
-import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.ObjectMapper;
 import dev.kvferry.actors.connector.KvTransferParams;
 import dev.kvferry.actors.connector.Role;
-import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.demo.Demo;
 import dev.kvferry.demo.DemoOptions;
 import dev.kvferry.router.RouterActor;
 import dev.kvferry.sim.RequestSpec;
 import dev.kvferry.sim.SimEngineActor;
 import dev.kvferry.sim.SimEngineActor.Outcome;
-import java.net.http.HttpClient;
-import java.net.http.HttpRequest;
-import java.net.http.HttpResponse;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Set;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.TimeUnit;
 import org.apache.pekko.actor.testkit.typed.javadsl.ActorTestKit;
 import org.apache.pekko.actor.testkit.typed.javadsl.TestProbe;
-import org.apache.pekko.cluster.MemberStatus;
-import org.apache.pekko.cluster.typed.Cluster;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.MethodOrderer;
@@ -68,9 +59,7 @@ class NodeCrashTest {
 
   private Demo demo;
   private ActorTestKit kit;
-  private final HttpClient http = HttpClient.newHttpClient();
-  private final ObjectMapper json = new ObjectMapper();
-  private int nextRequest;
+  private ClusterChecks checks;
 
   @BeforeAll
   void startCluster() throws Exception {
@@ -81,7 +70,8 @@ class NodeCrashTest {
     // The second node of each role is DP rank 1 (the first ones are rank 0).
     demo.startNode("prefill-b", Role.PREFILL, 1, 2);
     demo.startNode("decode-b", Role.DECODE, 1, 2);
-    kit = ActorTestKit.create(demo.client());
+    checks = new ClusterChecks(demo, FREED_WITHIN, ROUTE_TIMEOUT);
+    kit = checks.kit();
     for (String node : List.of("prefill", "prefill-b", "decode", "decode-b")) {
       Role role = node.startsWith("prefill") ? Role.PREFILL : Role.DECODE;
       for (String mode : List.of("write", "read")) {
@@ -118,7 +108,7 @@ class NodeCrashTest {
       for (String mode : List.of("write", "read")) {
         for (int i = 0; i < 3; i++) {
           TestProbe<Outcome> probe = kit.createTestProbe();
-          String id = "parked-" + (nextRequest++);
+          String id = checks.nextId("parked");
           demo.awaitSim(Role.PREFILL, demo.engineId(p, mode))
               .tell(new SimEngineActor.Submit(spec(id, 40),
                   KvTransferParams.forPrefill("tx-" + id, demo.engineId("decode", mode), 0),
@@ -159,19 +149,19 @@ class NodeCrashTest {
         (System.nanoTime() - killedAt) / 1e9);
 
     for (CompletableFuture<RouterActor.Routed> f : inFlight) {
-      RouterActor.Routed r = f.get(ROUTE_TIMEOUT.toSeconds(), TimeUnit.SECONDS);
+      RouterActor.Routed r = checks.await(f);
       assertTrue(r.status() == Outcome.Status.DONE
               || (r.status() == Outcome.Status.FAILED && r.detail().contains("decode-")
                   && r.decodeEngineId().startsWith("decode-") && !r.decodeEngineId().startsWith("decode-b")),
           "a request either finished or failed because its decode node died: " + r);
     }
-    awaitMembers(Role.DECODE, 1);
+    checks.awaitMembers(Role.DECODE, 1);
 
     for (RouterActor.Routed r : routeAll(12, "after-d")) {
       assertEquals(Outcome.Status.DONE, r.status(), r.requestId() + ": " + r.detail());
       assertTrue(r.decodeEngineId().startsWith("decode-b-"), "routed to " + r.decodeEngineId());
     }
-    assertNoTransfersLeft("prefill", "prefill-b", "decode-b");
+    checks.assertNoTransfersLeft("prefill", "prefill-b", "decode-b");
     for (String p : List.of("prefill", "prefill-b")) {
       for (String mode : List.of("write", "read")) {
         awaitAllFree(Role.PREFILL, demo.engineId(p, mode));
@@ -188,7 +178,7 @@ class NodeCrashTest {
     List<TestProbe<Outcome>> parked = new ArrayList<>();
     for (int i = 0; i < 4; i++) {
       TestProbe<Outcome> probe = kit.createTestProbe();
-      String id = "parked-" + (nextRequest++);
+      String id = checks.nextId("parked");
       demo.awaitSim(Role.DECODE, demo.engineId("decode-b", "write"))
           .tell(new SimEngineActor.Submit(spec(id, 40),
               KvTransferParams.forDecode("tx-" + id, demo.engineId("prefill", "write"), 0),
@@ -200,7 +190,7 @@ class NodeCrashTest {
       assertEquals(s.numBlocks() - 4 * 10, s.freeBlocks(), "blocks allocated for P's writes");
       return null;
     });
-    JsonNode before = transfers("decode-b");
+    JsonNode before = checks.transfers("decode-b");
     assertEquals(4, before.path("counts").path("receiving").asInt(), before.toString());
 
     List<CompletableFuture<RouterActor.Routed>> inFlight = startRoutes(16, "busy-p");
@@ -217,18 +207,18 @@ class NodeCrashTest {
       awaitAllFree(Role.PREFILL, demo.engineId("prefill-b", mode));
     }
     for (CompletableFuture<RouterActor.Routed> f : inFlight) {
-      RouterActor.Routed r = f.get(ROUTE_TIMEOUT.toSeconds(), TimeUnit.SECONDS);
+      RouterActor.Routed r = checks.await(f);
       assertTrue(r.status() == Outcome.Status.DONE
               || (r.status() == Outcome.Status.FAILED
                   && r.prefillEngineId().startsWith("prefill-") && !r.prefillEngineId().startsWith("prefill-b")),
           "a request either finished or failed because its prefill node died: " + r);
     }
-    awaitMembers(Role.PREFILL, 1);
+    checks.awaitMembers(Role.PREFILL, 1);
     for (RouterActor.Routed r : routeAll(12, "after-p")) {
       assertEquals(Outcome.Status.DONE, r.status(), r.requestId() + ": " + r.detail());
       assertEquals("decode-b-" + r.mode().configName(), r.decodeEngineId());
     }
-    assertNoTransfersLeft("prefill-b", "decode-b");
+    checks.assertNoTransfersLeft("prefill-b", "decode-b");
   }
 
   @Test
@@ -274,12 +264,8 @@ class NodeCrashTest {
 
   /** /kvferry/engines of a node, by engine id (one entry per engine at TP 1). */
   private Map<String, JsonNode> engines(String node) throws Exception {
-    HttpResponse<String> r = http.send(
-        HttpRequest.newBuilder(demo.managementUri(node).resolve("kvferry/engines")).build(),
-        HttpResponse.BodyHandlers.ofString());
-    assertEquals(200, r.statusCode(), node + ": " + r.body());
     Map<String, JsonNode> out = new java.util.HashMap<>();
-    for (JsonNode e : json.readTree(r.body())) {
+    for (JsonNode e : checks.management(node, "kvferry/engines")) {
       out.put(e.path("engineId").asText(), e);
     }
     return out;
@@ -289,69 +275,19 @@ class NodeCrashTest {
     return new RequestSpec(id, promptTokens, 0, RequestSpec.Abort.NONE);
   }
 
-  /** {@code n} requests, alternating modes, prompts of 1 to 120 tokens, all sent at once. */
   private List<CompletableFuture<RouterActor.Routed>> startRoutes(int n, String prefix) {
-    List<CompletableFuture<RouterActor.Routed>> out = new ArrayList<>();
-    for (int i = 0; i < n; i++) {
-      TransferMode mode = i % 2 == 0 ? TransferMode.WRITE : TransferMode.READ;
-      int prompt = 1 + (i * 37) % 120;
-      out.add(demo.route(spec(prefix + "-" + (nextRequest++), prompt), mode, ROUTE_TIMEOUT)
-          .toCompletableFuture());
-    }
-    return out;
+    return checks.startRoutes(n, prefix);
   }
 
   private List<RouterActor.Routed> routeAll(int n, String prefix) throws Exception {
-    List<RouterActor.Routed> out = new ArrayList<>();
-    for (CompletableFuture<RouterActor.Routed> f : startRoutes(n, prefix)) {
-      out.add(f.get(ROUTE_TIMEOUT.toSeconds(), TimeUnit.SECONDS));
-    }
-    return out;
+    return checks.routeAll(n, prefix);
   }
 
   private SimEngineActor.Stats stats(Role role, String engineId) throws Exception {
-    return demo.stats(demo.awaitSim(role, engineId));
+    return checks.stats(role, engineId);
   }
 
   private void awaitAllFree(Role role, String engineId) {
-    kit.createTestProbe().awaitAssert(FREED_WITHIN, Duration.ofMillis(200), () -> {
-      SimEngineActor.Stats s = stats(role, engineId);
-      assertEquals(s.numBlocks(), s.freeBlocks(), engineId + ": every block back in the allocator");
-      assertEquals(0, s.requestsInFlight(), engineId + ": no request in flight");
-      return null;
-    });
-  }
-
-  /** Waits until the cluster has downed and removed the dead node: {@code n} members of role. */
-  private void awaitMembers(Role role, int n) {
-    Cluster cluster = Cluster.get(demo.client());
-    kit.createTestProbe().awaitAssert(FREED_WITHIN, Duration.ofMillis(200), () -> {
-      long members = java.util.stream.StreamSupport.stream(
-              cluster.state().getMembers().spliterator(), false)
-          .filter(m -> m.hasRole(role.clusterRole()) && m.status() == MemberStatus.up())
-          .count();
-      assertEquals(n, members, role + " members up");
-      assertTrue(cluster.state().getUnreachable().isEmpty(), "unreachable members left");
-      return null;
-    });
-  }
-
-  private JsonNode transfers(String node) throws Exception {
-    HttpResponse<String> r = http.send(
-        HttpRequest.newBuilder(demo.managementUri(node).resolve("kvferry/transfers")).build(),
-        HttpResponse.BodyHandlers.ofString());
-    assertEquals(200, r.statusCode(), node + ": " + r.body());
-    return json.readTree(r.body());
-  }
-
-  private void assertNoTransfersLeft(String... nodes) throws Exception {
-    for (String node : nodes) {
-      kit.createTestProbe().awaitAssert(FREED_WITHIN, Duration.ofMillis(200), () -> {
-        JsonNode t = transfers(node);
-        assertEquals(0, t.path("transfers").size(), node + " /kvferry/transfers: " + t);
-        assertFalse(t.path("unanswered").size() > 0, node + " /kvferry/transfers: " + t);
-        return null;
-      });
-    }
+    checks.awaitAllFree(role, engineId);
   }
 }

@@ -9,13 +9,11 @@ import dev.kvferry.demo.Demo;
 import dev.kvferry.demo.DemoOptions;
 import dev.kvferry.router.RouterActor;
 import dev.kvferry.sim.RequestSpec;
-import dev.kvferry.sim.SimEngineActor;
 import dev.kvferry.sim.SimEngineActor.Outcome;
 import java.time.Duration;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
-import org.apache.pekko.actor.testkit.typed.javadsl.ActorTestKit;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
@@ -38,7 +36,7 @@ class OversizedMessageTest {
   private static final Duration ROUTE_TIMEOUT = Duration.ofSeconds(120);
 
   private Demo demo;
-  private ActorTestKit kit;
+  private ClusterChecks checks;
 
   @BeforeAll
   void startCluster() throws Exception {
@@ -47,7 +45,7 @@ class OversizedMessageTest {
         4, 40_000, 40_000, 1, 1, 100, 0, 0, 1, 11, false);
     demo = new Demo(options, SMALL_FRAMES);
     demo.startCluster();
-    kit = ActorTestKit.create(demo.client());
+    checks = new ClusterChecks(demo, Duration.ofSeconds(60), ROUTE_TIMEOUT);
     demo.awaitRoutable(demo.engineId("prefill", "write"), demo.engineId("decode", "write"));
   }
 
@@ -67,27 +65,18 @@ class OversizedMessageTest {
     assertTrue(big.detail().contains("30000 block ids")
             && big.detail().contains("pekko.remote.artery.advanced.maximum-frame-size"),
         "the reason says what was too big and what to raise: " + big.detail());
-    awaitAllFree(Role.PREFILL, demo.engineId("prefill", "write"));
-    awaitAllFree(Role.DECODE, demo.engineId("decode", "write"));
+    checks.awaitAllFree(Role.PREFILL, demo.engineId("prefill", "write"));
+    checks.awaitAllFree(Role.DECODE, demo.engineId("decode", "write"));
 
     RouterActor.Routed next = route("after", 2_000);
     assertEquals(Outcome.Status.DONE, next.status(), next.toString());
-    awaitAllFree(Role.PREFILL, demo.engineId("prefill", "write"));
-    awaitAllFree(Role.DECODE, demo.engineId("decode", "write"));
+    checks.awaitAllFree(Role.PREFILL, demo.engineId("prefill", "write"));
+    checks.awaitAllFree(Role.DECODE, demo.engineId("decode", "write"));
   }
 
   private RouterActor.Routed route(String id, int promptTokens) throws Exception {
     return demo.route(new RequestSpec(id, promptTokens, 0, RequestSpec.Abort.NONE),
             TransferMode.WRITE, ROUTE_TIMEOUT)
         .toCompletableFuture().get(ROUTE_TIMEOUT.toSeconds(), TimeUnit.SECONDS);
-  }
-
-  private void awaitAllFree(Role role, String engineId) {
-    kit.createTestProbe().awaitAssert(Duration.ofSeconds(60), Duration.ofMillis(200), () -> {
-      SimEngineActor.Stats s = demo.stats(demo.awaitSim(role, engineId));
-      assertEquals(s.numBlocks(), s.freeBlocks(), engineId + ": every block back in the allocator");
-      assertEquals(0, s.requestsInFlight(), engineId + ": no request in flight");
-      return null;
-    });
   }
 }

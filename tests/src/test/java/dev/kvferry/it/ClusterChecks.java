@@ -1,0 +1,142 @@
+package dev.kvferry.it;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.TransferMode;
+import dev.kvferry.demo.Demo;
+import dev.kvferry.router.RouterActor;
+import dev.kvferry.sim.RequestSpec;
+import dev.kvferry.sim.SimEngineActor;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+import java.util.stream.StreamSupport;
+import org.apache.pekko.actor.testkit.typed.javadsl.ActorTestKit;
+import org.apache.pekko.cluster.MemberStatus;
+import org.apache.pekko.cluster.typed.Cluster;
+
+/**
+ * What the multi-JVM fault tests do with a running demo cluster: route traffic through its router,
+ * and wait (up to a deadline, never as a timing assertion) for the state every fault must end in:
+ * allocators full, no open transfers, the dead members gone.
+ */
+final class ClusterChecks {
+  private final Demo demo;
+  private final ActorTestKit kit;
+  private final Duration within;
+  private final Duration routeTimeout;
+  private final HttpClient http = HttpClient.newHttpClient();
+  private final ObjectMapper json = new ObjectMapper();
+  private int nextRequest;
+
+  /**
+   * @param within how long each wait may take
+   * @param routeTimeout how long a routed request may take
+   */
+  ClusterChecks(Demo demo, Duration within, Duration routeTimeout) {
+    this.demo = demo;
+    this.kit = ActorTestKit.create(demo.client());
+    this.within = within;
+    this.routeTimeout = routeTimeout;
+  }
+
+  ActorTestKit kit() {
+    return kit;
+  }
+
+  /** A request id unique within this test run. */
+  String nextId(String prefix) {
+    return prefix + "-" + (nextRequest++);
+  }
+
+  /** {@code n} requests, alternating modes, prompts of 1 to 120 tokens, all sent at once. */
+  List<CompletableFuture<RouterActor.Routed>> startRoutes(int n, String prefix) {
+    List<CompletableFuture<RouterActor.Routed>> out = new ArrayList<>();
+    for (int i = 0; i < n; i++) {
+      TransferMode mode = i % 2 == 0 ? TransferMode.WRITE : TransferMode.READ;
+      RequestSpec spec =
+          new RequestSpec(nextId(prefix), 1 + (i * 37) % 120, 0, RequestSpec.Abort.NONE);
+      out.add(demo.route(spec, mode, routeTimeout).toCompletableFuture());
+    }
+    return out;
+  }
+
+  List<RouterActor.Routed> routeAll(int n, String prefix) throws Exception {
+    List<RouterActor.Routed> out = new ArrayList<>();
+    for (CompletableFuture<RouterActor.Routed> f : startRoutes(n, prefix)) {
+      out.add(await(f));
+    }
+    return out;
+  }
+
+  RouterActor.Routed await(CompletableFuture<RouterActor.Routed> routed) throws Exception {
+    return routed.get(routeTimeout.toSeconds(), TimeUnit.SECONDS);
+  }
+
+  SimEngineActor.Stats stats(Role role, String engineId) throws Exception {
+    return demo.stats(demo.awaitSim(role, engineId));
+  }
+
+  /** Waits until {@code engineId} holds {@code held} blocks (0: all free, nothing in flight). */
+  void awaitHeld(Role role, String engineId, int held) {
+    kit.createTestProbe().awaitAssert(within, Duration.ofMillis(200), () -> {
+      SimEngineActor.Stats s = stats(role, engineId);
+      assertEquals(s.numBlocks() - held, s.freeBlocks(), engineId + ": blocks held");
+      if (held == 0) {
+        assertEquals(0, s.requestsInFlight(), engineId + ": no request in flight");
+      }
+      return null;
+    });
+  }
+
+  void awaitAllFree(Role role, String engineId) {
+    awaitHeld(role, engineId, 0);
+  }
+
+  /** Waits until {@code n} members of {@code role} are up and none is unreachable. */
+  void awaitMembers(Role role, int n) {
+    Cluster cluster = Cluster.get(demo.client());
+    kit.createTestProbe().awaitAssert(within, Duration.ofMillis(200), () -> {
+      long up = StreamSupport.stream(cluster.state().getMembers().spliterator(), false)
+          .filter(m -> m.hasRole(role.clusterRole()) && m.status() == MemberStatus.up())
+          .count();
+      assertEquals(n, up, role + " members up");
+      assertTrue(cluster.state().getUnreachable().isEmpty(), "unreachable members left");
+      return null;
+    });
+  }
+
+  /** GET {@code path} on the management HTTP of process {@code node}, as JSON. */
+  JsonNode management(String node, String path) throws Exception {
+    HttpResponse<String> r = http.send(
+        HttpRequest.newBuilder(demo.managementUri(node).resolve(path)).build(),
+        HttpResponse.BodyHandlers.ofString());
+    assertEquals(200, r.statusCode(), node + " " + path + ": " + r.body());
+    return json.readTree(r.body());
+  }
+
+  JsonNode transfers(String node) throws Exception {
+    return management(node, "kvferry/transfers");
+  }
+
+  /** Waits until no transfer is open or unanswered on any of {@code nodes}. */
+  void assertNoTransfersLeft(String... nodes) {
+    for (String node : nodes) {
+      kit.createTestProbe().awaitAssert(within, Duration.ofMillis(200), () -> {
+        JsonNode t = transfers(node);
+        assertEquals(0, t.path("transfers").size(), node + " /kvferry/transfers: " + t);
+        assertEquals(0, t.path("unanswered").size(), node + " /kvferry/transfers: " + t);
+        return null;
+      });
+    }
+  }
+}
