@@ -138,6 +138,9 @@ public final class Demo implements AutoCloseable {
         prefill ? options.tpP() : options.tpD(),
         prefill ? options.blockSizeP() : options.blockSizeD(),
         managementPort(name));
+    if (options.onGpus()) {
+      args.addAll(List.of("--gpu", Integer.toString(prefill ? options.pGpu() : options.dGpu())));
+    }
     args.addAll(List.of("--dp-rank", Integer.toString(dpRank), "--dp-size", Integer.toString(dpSize)));
     return start(name, args);
   }
@@ -384,10 +387,24 @@ public final class Demo implements AutoCloseable {
 
   private ChildProcess start(String name, List<String> args) throws IOException {
     List<String> jvmArgs = new ArrayList<>(CHILD_JVM_ARGS);
+    jvmArgs.addAll(inheritedProperties());
     clusterSettings.forEach((k, v) -> jvmArgs.add("-D" + k + "=" + v));
     ChildProcess c = ChildProcess.start(name, logDir, jvmArgs, args);
     children.add(c);
     return c;
+  }
+
+  /**
+   * This JVM's {@code kvferry.cuda.*} settings (where libcudart and libcuda are, when the loader
+   * does not find them), as flags for the child JVMs: they need the same libraries.
+   */
+  static List<String> inheritedProperties() {
+    List<String> flags = new ArrayList<>();
+    System.getProperties().stringPropertyNames().stream()
+        .filter(k -> k.startsWith("kvferry.cuda."))
+        .sorted()
+        .forEach(k -> flags.add("-D" + k + "=" + System.getProperty(k)));
+    return flags;
   }
 
   private ActorSystem<Void> startClient(String seed) throws IOException {
