@@ -138,9 +138,7 @@ public final class Demo implements AutoCloseable {
         prefill ? options.tpP() : options.tpD(),
         prefill ? options.blockSizeP() : options.blockSizeD(),
         managementPort(name));
-    if (options.onGpus()) {
-      args.addAll(List.of("--gpu", Integer.toString(prefill ? options.pGpu() : options.dGpu())));
-    }
+    args.addAll(options.placementFlags(prefill));
     args.addAll(List.of("--dp-rank", Integer.toString(dpRank), "--dp-size", Integer.toString(dpSize)));
     return start(name, args);
   }
@@ -241,7 +239,6 @@ public final class Demo implements AutoCloseable {
       int tp, int blockSize, int managementPort) throws IOException {
     List<String> a = new ArrayList<>(List.of(
         "node", "--role", role, "--engine-id", id, "--mode", mode,
-        "--transport", options.transport(),
         "--port", Integer.toString(FreePorts.next()),
         "--management-port", Integer.toString(managementPort),
         "--seed-nodes", seed));

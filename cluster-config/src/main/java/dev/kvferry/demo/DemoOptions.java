@@ -130,6 +130,15 @@ public record DemoOptions(
     return gpu < 0 ? "none" : Integer.toString(gpu);
   }
 
+  /** The node flags that put P's ({@code prefill}) or D's KV cache where these options say. */
+  List<String> placementFlags(boolean prefill) {
+    List<String> f = new java.util.ArrayList<>(List.of("--transport", transport));
+    if (onGpus()) {
+      f.addAll(List.of("--gpu", Integer.toString(prefill ? pGpu : dGpu)));
+    }
+    return f;
+  }
+
   /**
    * The node flags that give a node this geometry with {@code numBlocks} blocks of {@code
    * nodeBlockSize} tokens over {@code tp} ranks (each rank holding its share of the heads).
