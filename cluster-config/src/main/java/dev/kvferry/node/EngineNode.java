@@ -18,7 +18,10 @@ import dev.kvferry.sim.SimulatedEngine;
 import java.io.IOException;
 import java.time.Clock;
 import java.util.ArrayList;
+import java.util.Collections;
+import java.util.IdentityHashMap;
 import java.util.List;
+import java.util.Set;
 import java.util.concurrent.TimeUnit;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.ActorSystem;
@@ -50,6 +53,8 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
   private final NodeMetrics metrics = new NodeMetrics();
   private final List<RegionRegistry> registries = new ArrayList<>();
   private final List<SimKvCache> caches = new ArrayList<>();
+  /** With the cuda transport, the one every worker of the node uses (see openTransport). */
+  private Transport cudaTransport;
   private final List<Engine> engines = new ArrayList<>();
   private volatile boolean ready;
 
@@ -95,9 +100,7 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
     for (int tp = 0; tp < settings.tpSize(); tp++) {
       EngineIdentity id = ids.get(tp);
       List<MemoryRegion> layers = cache.layerRegions(tp);
-      Transport transport =
-          Transports.open(settings.transport(), rankRegistries.get(tp),
-              settings.transportOptions());
+      Transport transport = openTransport(rankRegistries.get(tp));
       ConnectorWorker worker =
           new ConnectorWorker(system, id, transport, settings.connector(), metrics);
       worker.registerKvCaches(settings.geometry(), layers);
@@ -121,6 +124,21 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
           Props.empty());
     }
     return new Engine(engineId, mode, List.copyOf(workers), scheduler, simulator);
+  }
+
+  /**
+   * The transport of one worker. cuda: one for the whole node, because CUDA opens a peer's
+   * allocation only once per process (a second cudaIpcOpenMemHandle of the same handle fails),
+   * and with TP > 1 several workers reach the same peer layers.
+   */
+  private Transport openTransport(RegionRegistry registry) throws IOException {
+    if (!settings.transport().equals("cuda")) {
+      return Transports.open(settings.transport(), registry, settings.transportOptions());
+    }
+    if (cudaTransport == null) {
+      cudaTransport = Transports.open("cuda", registry, settings.transportOptions());
+    }
+    return cudaTransport;
   }
 
   /** Each rank's layers, in its registry: in host memory, or on the node's GPU. */
@@ -191,8 +209,11 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
         e.simulator().close();
       }
       e.workers().forEach(ConnectorWorker::shutdown);
-      e.workers().forEach(w -> w.transport().close());
     }
+    // Workers may share a transport (cuda): close each once, after every worker stopped.
+    Set<Transport> transports = Collections.newSetFromMap(new IdentityHashMap<>());
+    engines.forEach(e -> e.workers().forEach(w -> transports.add(w.transport())));
+    transports.forEach(Transport::close);
     NodeRuntime.unregister(this);
     system.terminate();
     try {
