@@ -20,8 +20,8 @@ import picocli.CommandLine.Spec;
       "Start a router, a prefill node and a decode node as separate JVMs on loopback, move the KV",
       "cache of a simulated workload in WRITE then READ mode, verify every byte on the decode side",
       "and check that no block leaked on either side. Exits 0 only if all of that holds.",
-      "With --p-gpu and --d-gpu the KV caches are on GPUs: P fills each layer with a kernel on its",
-      "compute stream, the cuda transport moves it, and D checks it with a kernel."
+      "With --p-gpu and --d-gpu the KV caches are on GPUs: P fills each layer with a",
+      "kernel on its compute stream, the cuda transport moves it, D checks it with a kernel."
     })
 public final class DemoCommand implements Callable<Integer> {
 
