@@ -281,7 +281,7 @@ public final class GpuKvCache implements SimKvCache {
       long bad = results.getLong(16L * rank);
       words += bad;
       if (bad != 0 && first == null) {
-        first = locate(range, results.getLong(16L * rank + 8));
+        first = locate(geometry, range, results.getLong(16L * rank + 8));
         if (ranks > 1) {
           first = first.onRank(rank);
         }
@@ -294,9 +294,15 @@ public final class GpuKvCache implements SimKvCache {
     return first;
   }
 
-  /** Decodes kvferry_kv_verify's location key (see the .cu) into KvPattern's mismatch. */
-  private KvPattern.Mismatch locate(TokenRange range, long key) {
+  /**
+   * Decodes kvferry_kv_verify's location key (see the .cu) for a check of {@code range} into the
+   * mismatch {@link KvPattern#verify} reports.
+   */
+  static KvPattern.Mismatch locate(KvCacheGeometry g, TokenRange range, long key) {
+    int headBytes = KvPattern.headBytes(g);
     int wordsPerHead = KvPattern.wordsPerHead(headBytes);
+    int slotWords = KvPattern.headsPerSlot(g) * wordsPerHead;
+    int kvs = KvPattern.slotsPerToken(g);
     int b = (int) Long.remainderUnsigned(key, 8);
     long rest = Long.divideUnsigned(key, 8);
     int i = (int) (rest % slotWords);
@@ -306,11 +312,10 @@ public final class GpuKvCache implements SimKvCache {
     int t = (int) (layerToken % range.tokens());
     int layer = (int) (layerToken / range.tokens());
     int position = range.fromToken() + t;
-    int block = range.blockIds()[position / geometry.blockSize()];
+    int block = range.blockIds()[position / g.blockSize()];
     int h = i / wordsPerHead;
     int w = i % wordsPerHead;
-    long offset = KvPattern.slotOffset(geometry, block, position, kv) + (long) h * headBytes
-        + 8L * w + b;
+    long offset = KvPattern.slotOffset(g, block, position, kv) + (long) h * headBytes + 8L * w + b;
     return new KvPattern.Mismatch(layer, block, position, kv, offset);
   }
 
