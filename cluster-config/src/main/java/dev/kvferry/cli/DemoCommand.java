@@ -3,24 +3,41 @@ package dev.kvferry.cli;
 import dev.kvferry.demo.Demo;
 import dev.kvferry.demo.DemoOptions;
 import dev.kvferry.demo.ModeReport;
+import dev.kvferry.rdma.cuda.Cuda;
+import dev.kvferry.rdma.cuda.CudaUnavailableException;
+import dev.kvferry.sim.GpuKvCache;
+import java.io.PrintWriter;
 import java.util.List;
 import java.util.concurrent.Callable;
 import picocli.CommandLine.Command;
+import picocli.CommandLine.Model.CommandSpec;
 import picocli.CommandLine.Option;
+import picocli.CommandLine.Spec;
 
 /** {@code kvferry demo}: the main job, end to end, every byte verified. */
 @Command(name = "demo", mixinStandardHelpOptions = true,
     description = {
       "Start a router, a prefill node and a decode node as separate JVMs on loopback, move the KV",
       "cache of a simulated workload in WRITE then READ mode, verify every byte on the decode side",
-      "and check that no block leaked on either side. Exits 0 only if all of that holds."
+      "and check that no block leaked on either side. Exits 0 only if all of that holds.",
+      "With --p-gpu and --d-gpu the KV caches are on GPUs: P fills each layer with a",
+      "kernel on its compute stream, the cuda transport moves it, D checks it with a kernel."
     })
 public final class DemoCommand implements Callable<Integer> {
 
   private static final DemoOptions D = DemoOptions.defaults();
 
-  @Option(names = "--transport", description = "cma or tcp (default: ${DEFAULT-VALUE}).", defaultValue = "cma")
+  @Option(names = "--transport",
+      description = "cma or tcp for host memory, cuda for GPUs (default: cma; cuda with --p-gpu).")
   String transport;
+
+  @Option(names = "--p-gpu", paramLabel = "N",
+      description = "Put P's KV cache on CUDA device N (needs --d-gpu; default: host memory).")
+  Integer pGpu;
+
+  @Option(names = "--d-gpu", paramLabel = "N",
+      description = "Put D's KV cache on CUDA device N (the same id as --p-gpu: one GPU).")
+  Integer dGpu;
 
   @Option(names = "--modes", split = ",", description = "Modes to run, in order (default: write,read).")
   List<String> modes = D.modes();
@@ -61,27 +78,42 @@ public final class DemoCommand implements Callable<Integer> {
 
   @Option(names = "--json", description = "Print one JSON object as the last line.") boolean json;
 
+  @Spec CommandSpec spec;
+
   @Override
   public Integer call() throws Exception {
+    PrintWriter err = spec.commandLine().getErr();
     String[] range = promptTokens.split(":");
     if (range.length != 2) {
-      System.err.println("kvferry demo: --prompt-tokens must be MIN:MAX, got " + promptTokens);
+      err.println("kvferry demo: --prompt-tokens must be MIN:MAX, got " + promptTokens);
       return 2;
     }
+    boolean gpus = pGpu != null || dGpu != null;
+    String moves = transport != null ? transport : gpus ? "cuda" : "cma";
     DemoOptions options;
     try {
-      options = new DemoOptions(transport, modes, layers, kvHeads, headDim, blockSize, dtypeBytes, mla,
-          latent, numBlocksP, numBlocksD, requests, Integer.parseInt(range[0].trim()),
-          Integer.parseInt(range[1].trim()), abortRate, prefixHitRate, concurrency, seed, true)
-          .withShapes(tpP, tpD, blockSizeP != null ? blockSizeP : blockSize,
-              blockSizeD != null ? blockSizeD : blockSize);
-    } catch (IllegalArgumentException e) {
-      System.err.println("kvferry demo: " + e.getMessage());
+      options = new DemoOptions(moves, modes, layers, kvHeads, headDim, blockSize, dtypeBytes,
+          mla, latent, numBlocksP, numBlocksD, requests, Integer.parseInt(range[0].trim()),
+          Integer.parseInt(range[1].trim()), abortRate, prefixHitRate, concurrency, seed, true,
+          tpP, tpD, blockSizeP != null ? blockSizeP : blockSize,
+          blockSizeD != null ? blockSizeD : blockSize, pGpu != null ? pGpu : -1,
+          dGpu != null ? dGpu : -1);
+      if (gpus) {
+        // Fail here, before any JVM starts: "CUDA not available: <reason>", or no such device.
+        GpuKvCache.requireDevice(options.pGpu());
+        GpuKvCache.requireDevice(options.dGpu());
+      }
+    } catch (IllegalArgumentException | CudaUnavailableException e) {
+      err.println("kvferry demo: " + e.getMessage());
       return 2;
     }
     System.out.printf("kvferry demo: %d requests per mode, prompts %s tokens, %s transport, %s%n",
-        requests, promptTokens, transport,
+        requests, promptTokens, moves,
         mla ? "MLA latent " + latent : layers + " layers x " + kvHeads + " heads x " + headDim);
+    if (gpus) {
+      System.out.printf("KV caches on GPUs: P on GPU %d (%s), D on GPU %d (%s)%n", options.pGpu(),
+          Cuda.deviceName(options.pGpu()), options.dGpu(), Cuda.deviceName(options.dGpu()));
+    }
     if (options.tpP() != options.tpD() || options.blockSizeP() != options.blockSizeD()) {
       System.out.printf("P: TP %d, blocks of %d tokens; D: TP %d, blocks of %d tokens%s%n",
           options.tpP(), options.blockSizeP(), options.tpD(), options.blockSizeD(),

@@ -1,14 +1,17 @@
 package dev.kvferry.cli;
 
 import dev.kvferry.node.EngineNode;
+import dev.kvferry.rdma.cuda.Cuda;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.Callable;
 import java.util.concurrent.CountDownLatch;
 import picocli.CommandLine.Command;
+import picocli.CommandLine.Model.CommandSpec;
 import picocli.CommandLine.Mixin;
 import picocli.CommandLine.Option;
+import picocli.CommandLine.Spec;
 
 /** {@code kvferry node}: one engine node (prefill or decode) in the cluster. */
 @Command(name = "node", mixinStandardHelpOptions = true,
@@ -36,16 +39,32 @@ public final class NodeCommand implements Callable<Integer> {
       description = "write, read, or write,read for one engine per mode (default: ${DEFAULT-VALUE}).")
   String mode;
 
-  @Option(names = "--transport", defaultValue = "cma", description = "cma, tcp or local (default: ${DEFAULT-VALUE}).")
+  @Option(names = "--transport",
+      description = "cma, tcp, local or cuda (default: cma; cuda with --gpu).")
   String transport;
+
+  @Option(names = "--gpu", paramLabel = "N",
+      description = "Keep the KV cache on CUDA device N (the simulated engine fills and checks it"
+          + " with kernels); implies --transport cuda. Default: host memory.")
+  Integer gpu;
 
   @Mixin GeometryOptions geometry = new GeometryOptions();
 
   @Option(names = "--no-simulated-engine", description = "Run without the simulated engine.")
   boolean noSimulator;
 
+  @Spec CommandSpec spec;
+
   @Override
   public Integer call() throws Exception {
+    if (transport == null) {
+      transport = gpu != null ? "cuda" : "cma";
+    }
+    if (gpu != null && !Cuda.available()) {
+      spec.commandLine().getErr().println("kvferry node: --gpu " + gpu + ": CUDA not available: "
+          + Cuda.unavailableReason());
+      return 2;
+    }
     Map<String, Object> m = new HashMap<>(geometry.toConfigMap("kvferry.node.kv-cache"));
     m.put("kvferry.node.role", role);
     if (engineId != null) {
@@ -56,6 +75,9 @@ public final class NodeCommand implements Callable<Integer> {
     m.put("kvferry.node.tp-size", tpSize);
     m.put("kvferry.node.mode", mode);
     m.put("kvferry.node.transport", transport);
+    if (gpu != null) {
+      m.put("kvferry.node.gpu", gpu);
+    }
     m.put("kvferry.node.tcp.bind-host", cluster.host);
     if (noSimulator) {
       m.put("kvferry.node.simulated-engine", false);
@@ -64,7 +86,8 @@ public final class NodeCommand implements Callable<Integer> {
     java.net.URI management = dev.kvferry.management.ManagementServer.start(node.system());
     for (EngineNode.Engine e : node.engines()) {
       System.out.println("kvferry node: engine " + e.engineId() + " (" + role + ", "
-          + e.mode().configName() + ", " + transport + ") up at " + cluster.host + ":" + cluster.port
+          + e.mode().configName() + ", " + transport + (gpu != null ? ", KV cache on GPU " + gpu : "")
+          + ") up at " + cluster.host + ":" + cluster.port
           + ", management " + management);
     }
     CountDownLatch stopped = new CountDownLatch(1);

@@ -38,7 +38,7 @@ public final class ChildProcess implements AutoCloseable {
     Files.createDirectories(logDir);
     Path log = logDir.resolve(name + ".log");
     List<String> cmd = new ArrayList<>(commandPrefix);
-    cmd.add(ProcessHandle.current().info().command().orElse("java"));
+    cmd.add(javaExecutable());
     cmd.addAll(jvmArgs);
     String archive = System.getProperty("kvferry.cds.archive", "");
     if (!archive.isEmpty() && Files.isReadable(Path.of(archive))) {
@@ -57,6 +57,17 @@ public final class ChildProcess implements AutoCloseable {
             .redirectOutput(log.toFile())
             .start();
     return new ChildProcess(name, p, log);
+  }
+
+  /**
+   * The java of this JVM ({@code java.home}), not the first on the PATH: a bundled runtime
+   * (a GPU host without Java) starts its children with itself.
+   */
+  static String javaExecutable() {
+    Path java = Path.of(System.getProperty("java.home"), "bin", "java");
+    return Files.isExecutable(java)
+        ? java.toString()
+        : ProcessHandle.current().info().command().orElse("java");
   }
 
   public String name() {

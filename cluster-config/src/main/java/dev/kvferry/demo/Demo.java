@@ -168,6 +168,7 @@ public final class Demo implements AutoCloseable {
         prefill ? options.tpP() : options.tpD(),
         prefill ? options.blockSizeP() : options.blockSizeD(),
         managementPort(name));
+    args.addAll(options.kvCacheFlags(prefill));
     args.addAll(List.of("--dp-rank", Integer.toString(dpRank), "--dp-size", Integer.toString(dpSize),
         "--host", placement.host(), "--management-host", placement.host()));
     managementHosts.put(name, placement.host());
@@ -271,7 +272,6 @@ public final class Demo implements AutoCloseable {
       int tp, int blockSize, int managementPort) throws IOException {
     List<String> a = new ArrayList<>(List.of(
         "node", "--role", role, "--engine-id", id, "--mode", mode,
-        "--transport", options.transport(),
         "--port", Integer.toString(FreePorts.next()),
         "--management-port", Integer.toString(managementPort),
         "--seed-nodes", seed));
@@ -418,12 +418,26 @@ public final class Demo implements AutoCloseable {
   private ChildProcess start(String name, NodePlacement placement, List<String> args)
       throws IOException {
     List<String> jvmArgs = new ArrayList<>(CHILD_JVM_ARGS);
+    jvmArgs.addAll(inheritedProperties());
     clusterSettings.forEach((k, v) -> jvmArgs.add("-D" + k + "=" + v));
     // The tcp data port listens where the node's cluster traffic does.
     jvmArgs.add("-Dkvferry.node.tcp.bind-host=" + placement.host());
     ChildProcess c = ChildProcess.start(name, logDir, placement.commandPrefix(), jvmArgs, args);
     children.add(c);
     return c;
+  }
+
+  /**
+   * This JVM's {@code kvferry.cuda.*} settings (where libcudart and libcuda are, when the loader
+   * does not find them), as flags for the child JVMs: they need the same libraries.
+   */
+  static List<String> inheritedProperties() {
+    List<String> flags = new ArrayList<>();
+    System.getProperties().stringPropertyNames().stream()
+        .filter(k -> k.startsWith("kvferry.cuda."))
+        .sorted()
+        .forEach(k -> flags.add("-D" + k + "=" + System.getProperty(k)));
+    return flags;
   }
 
   private ActorSystem<Void> startClient(String seed) throws IOException {

@@ -8,6 +8,8 @@ import java.util.List;
  *
  * <p>{@code kvHeads} are the model's KV heads, split over each side's TP ranks; {@code blockSize}
  * is the default block size, {@code blockSizeP} and {@code blockSizeD} what each side runs.
+ * {@code pGpu} and {@code dGpu} are the CUDA devices holding each side's KV cache (both -1: host
+ * memory; the same id: one GPU); GPU caches are moved by the cuda transport.
  */
 public record DemoOptions(
     String transport,
@@ -32,7 +34,9 @@ public record DemoOptions(
     int tpP,
     int tpD,
     int blockSizeP,
-    int blockSizeD) {
+    int blockSizeD,
+    int pGpu,
+    int dGpu) {
 
   public static DemoOptions defaults() {
     return new DemoOptions(
@@ -48,14 +52,31 @@ public record DemoOptions(
       long seed, boolean progress) {
     this(transport, modes, layers, kvHeads, headDim, blockSize, dtypeBytes, mla, latent,
         numBlocksP, numBlocksD, requests, promptMin, promptMax, abortRate, prefixHitRate,
-        concurrency, seed, progress, 1, 1, blockSize, blockSize);
+        concurrency, seed, progress, 1, 1, blockSize, blockSize, -1, -1);
   }
 
   /** The same options with P and D shaped differently. */
   public DemoOptions withShapes(int tpP, int tpD, int blockSizeP, int blockSizeD) {
     return new DemoOptions(transport, modes, layers, kvHeads, headDim, blockSize, dtypeBytes, mla,
         latent, numBlocksP, numBlocksD, requests, promptMin, promptMax, abortRate, prefixHitRate,
-        concurrency, seed, progress, tpP, tpD, blockSizeP, blockSizeD);
+        concurrency, seed, progress, tpP, tpD, blockSizeP, blockSizeD, pGpu, dGpu);
+  }
+
+  /**
+   * The same options with P's KV cache on CUDA device {@code pGpu} and D's on {@code dGpu}, and
+   * the cuda transport; -1 and -1 put both back in host memory (cma unless tcp was chosen).
+   */
+  public DemoOptions withGpus(int pGpu, int dGpu) {
+    String moves = pGpu >= 0 ? "cuda" : transport.equals("cuda") ? "cma" : transport;
+    return new DemoOptions(moves, modes, layers, kvHeads, headDim,
+        blockSize, dtypeBytes, mla, latent, numBlocksP, numBlocksD, requests, promptMin,
+        promptMax, abortRate, prefixHitRate, concurrency, seed, progress, tpP, tpD, blockSizeP,
+        blockSizeD, pGpu, dGpu);
+  }
+
+  /** Whether P's and D's KV caches are on GPUs. */
+  public boolean onGpus() {
+    return pGpu >= 0;
   }
 
   public DemoOptions {
@@ -85,11 +106,37 @@ public record DemoOptions(
           "a " + promptMax + "-token prompt needs " + maxBlocks + " blocks but P has " + numBlocksP
               + " and D " + numBlocksD + ": raise --num-blocks-p/-d or lower --prompt-tokens");
     }
+    if (pGpu < -1 || dGpu < -1 || (pGpu >= 0) != (dGpu >= 0)) {
+      throw new IllegalArgumentException("--p-gpu and --d-gpu go together (both CUDA device ids;"
+          + " the same id puts P and D on one GPU), got " + gpuName(pGpu) + " and "
+          + gpuName(dGpu));
+    }
+    if (pGpu >= 0 && !transport.equals("cuda")) {
+      throw new IllegalArgumentException("KV caches on GPUs are moved by the cuda transport, not "
+          + transport + ": drop --transport or give --transport cuda");
+    }
+    if (pGpu < 0 && transport.equals("cuda")) {
+      throw new IllegalArgumentException(
+          "--transport cuda moves GPU memory: give --p-gpu and --d-gpu");
+    }
     for (String m : modes) {
       if (!m.equals("write") && !m.equals("read")) {
         throw new IllegalArgumentException("unknown mode '" + m + "': expected write or read");
       }
     }
+  }
+
+  private static String gpuName(int gpu) {
+    return gpu < 0 ? "none" : Integer.toString(gpu);
+  }
+
+  /** The node flags that put P's ({@code prefill}) or D's KV cache where these options say. */
+  List<String> kvCacheFlags(boolean prefill) {
+    List<String> f = new java.util.ArrayList<>(List.of("--transport", transport));
+    if (onGpus()) {
+      f.addAll(List.of("--gpu", Integer.toString(prefill ? pGpu : dGpu)));
+    }
+    return f;
   }
 
   /**

@@ -18,6 +18,7 @@ public record NodeSettings(
     List<TransferMode> modes,
     String transport,
     TransportOptions transportOptions,
+    int gpu,
     KvCacheGeometry geometry,
     int layers,
     boolean simulatedEngine,
@@ -47,6 +48,9 @@ public record NodeSettings(
     if (layers < 1) {
       throw new IllegalArgumentException("kvferry.node.kv-cache.layers must be >= 1, got " + layers);
     }
+    String transport = n.getString("transport");
+    int gpu = n.getInt("gpu");
+    checkGpu(gpu, transport);
     Config tcp = n.getConfig("tcp");
     TransportOptions options =
         TransportOptions.defaults()
@@ -59,12 +63,35 @@ public record NodeSettings(
         n.getInt("dp-size"),
         n.getInt("tp-size"),
         parseModes(n.getString("mode")),
-        n.getString("transport"),
+        transport,
         options,
+        gpu,
         geometry,
         layers,
         n.getBoolean("simulated-engine"),
         connectorSettings(root));
+  }
+
+  /** A KV cache on a GPU is moved by the cuda transport, and the cuda transport moves only that. */
+  static void checkGpu(int gpu, String transport) {
+    if (gpu < -1) {
+      throw new IllegalArgumentException(
+          "kvferry.node.gpu must be a CUDA device id, or -1 for host memory; got " + gpu);
+    }
+    if (gpu >= 0 && !transport.equals("cuda")) {
+      throw new IllegalArgumentException("kvferry.node.gpu = " + gpu + " puts the KV cache on GPU "
+          + gpu + ", which only the cuda transport moves; set kvferry.node.transport = \"cuda\""
+          + " (--transport cuda), not \"" + transport + "\"");
+    }
+    if (gpu < 0 && transport.equals("cuda")) {
+      throw new IllegalArgumentException("the cuda transport moves GPU memory: give the node a GPU"
+          + " with kvferry.node.gpu (--gpu N), or pick cma or tcp for a KV cache in host memory");
+    }
+  }
+
+  /** Whether the KV cache lives on a GPU ({@link #gpu()}) rather than in host memory. */
+  public boolean onGpu() {
+    return gpu >= 0;
   }
 
   /** "write", "read" or both ("write,read"): a node may host one engine per mode. */

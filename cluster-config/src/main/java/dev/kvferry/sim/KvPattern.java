@@ -22,6 +22,11 @@ public final class KvPattern {
       this(layer, block, tokenPosition, kv, offsetBytes, -1);
     }
 
+    /** This mismatch as found on TP rank {@code rank} of an engine with several. */
+    public Mismatch onRank(int rank) {
+      return new Mismatch(layer, block, tokenPosition, kv, offsetBytes, rank);
+    }
+
     @Override
     public String toString() {
       return (tpRank < 0 ? "" : "TP rank " + tpRank + ", ") + "layer " + layer + ", block "
@@ -78,7 +83,7 @@ public final class KvPattern {
       int[] blockIds, int from, int to) {
     int heads = headsPerSlot(g);
     int headBytes = headBytes(g);
-    int kvs = g.layout() == KvCacheGeometry.Layout.MLA ? 1 : 2;
+    int kvs = slotsPerToken(g);
     for (int pos = from; pos < to; pos++) {
       int block = blockIds[pos / g.blockSize()];
       for (int kv = 0; kv < kvs; kv++) {
@@ -107,7 +112,7 @@ public final class KvPattern {
       int[] blockIds, int from, int to) {
     int heads = headsPerSlot(g);
     int headBytes = headBytes(g);
-    int kvs = g.layout() == KvCacheGeometry.Layout.MLA ? 1 : 2;
+    int kvs = slotsPerToken(g);
     int words = headBytes >>> 3;
     int tail = headBytes & 7;
     for (int pos = from; pos < to; pos++) {
@@ -136,21 +141,31 @@ public final class KvPattern {
     return null;
   }
 
+  /** K and V, or the latent alone. */
+  static int slotsPerToken(KvCacheGeometry g) {
+    return g.layout() == KvCacheGeometry.Layout.MLA ? 1 : 2;
+  }
+
+  /** The first global KV head of TP rank {@code rank} (0 for MLA, whose latent each rank holds whole). */
+  static int firstHead(KvCacheGeometry g, int rank) {
+    return g.layout() == KvCacheGeometry.Layout.MLA ? 0 : rank * g.kvHeads();
+  }
+
   /** Heads in one token's slot: the rank's KV heads, or 1 for MLA (the latent is one piece). */
-  private static int headsPerSlot(KvCacheGeometry g) {
+  static int headsPerSlot(KvCacheGeometry g) {
     return g.layout() == KvCacheGeometry.Layout.MLA ? 1 : g.kvHeads();
   }
 
-  private static int headBytes(KvCacheGeometry g) {
+  static int headBytes(KvCacheGeometry g) {
     return tokenBytes(g) / headsPerSlot(g);
   }
 
   /** Pattern words per head; with whole words per head, a token's words number 0, 1, 2, ... */
-  private static int wordsPerHead(int headBytes) {
+  static int wordsPerHead(int headBytes) {
     return (headBytes + 7) >>> 3;
   }
 
-  private static long slotOffset(KvCacheGeometry g, int block, int pos, int kv) {
+  static long slotOffset(KvCacheGeometry g, int block, int pos, int kv) {
     return kv * g.kToVStrideBytes()
         + (long) block * g.blockBytes()
         + (long) (pos % g.blockSize()) * tokenBytes(g);

@@ -5,8 +5,9 @@ import dev.kvferry.actors.connector.ConnectorRequest;
 import dev.kvferry.actors.connector.ConnectorScheduler;
 import dev.kvferry.actors.connector.ConnectorWorker;
 import dev.kvferry.actors.connector.FinishDecision;
+import dev.kvferry.actors.connector.KvTransferParams;
 import dev.kvferry.actors.connector.Finished;
-import dev.kvferry.actors.connector.HostLayerEvent;
+import dev.kvferry.actors.connector.LayerEvent;
 import dev.kvferry.actors.connector.MatchedTokens;
 import dev.kvferry.actors.connector.Role;
 import dev.kvferry.actors.connector.SchedulerOutput;
@@ -15,7 +16,7 @@ import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.sim.SimEngineActor.Outcome;
 import dev.kvferry.sim.SimEngineActor.Outcome.Status;
-import java.nio.ByteBuffer;
+import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
@@ -29,13 +30,14 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * What a vLLM-like engine does around the connector, on the CPU: a paged KV cache with a block
- * allocator, a scheduler loop with chunked prefill, a per-layer "forward" that fills the scheduled
- * tokens' K and V with {@link KvPattern} and fires the layer's event, and on D the path that
- * allocates, waits for the KV, verifies every byte and frees. Runs on its own thread, as an
- * engine's loop would; one engine per instance, with one worker per TP rank: each rank's cache
- * holds its share of the KV heads (MLA: the whole latent), and a request's transfer is over once
- * every rank reports it, as vLLM aggregates its workers' finished sets.
+ * What a vLLM-like engine does around the connector: a paged KV cache with a block allocator, a
+ * scheduler loop with chunked prefill, a per-layer "forward" that fills the scheduled tokens' K
+ * and V with {@link KvPattern} and hands the connector the layer's event, and on D the path that
+ * allocates, waits for the KV, verifies every byte and frees. The cache is host memory filled by
+ * the CPU or GPU memory filled by kernels ({@link SimKvCache}); the loop is the same. Runs on its
+ * own thread, as an engine's loop would; one engine per instance, with one worker per TP rank:
+ * each rank's cache holds its share of the KV heads (MLA: the whole latent), and a request's
+ * transfer is over once every rank reports it, as vLLM aggregates its workers' finished sets.
  */
 public final class SimulatedEngine implements AutoCloseable {
 
@@ -47,8 +49,7 @@ public final class SimulatedEngine implements AutoCloseable {
   private final ConnectorScheduler scheduler;
   private final List<ConnectorWorker> workers;
   private final BlockAllocator allocator;
-  /** Per TP rank, its layers. */
-  private final List<List<ByteBuffer>> rankLayers = new ArrayList<>();
+  private final SimKvCache cache;
   private final int layerCount;
   /** Per request id, how many ranks reported it ended, and the first failure. */
   private final Map<String, RankReports> reports = new HashMap<>();
@@ -76,6 +77,14 @@ public final class SimulatedEngine implements AutoCloseable {
   private final LinkedHashMap<String, SimRequest> waiting = new LinkedHashMap<>();
   /** P: prefilled, blocks kept until done sending. D: waiting for the KV. */
   private final Map<String, SimRequest> transferring = new HashMap<>();
+  /** D: KV received, being checked (on a GPU the check runs behind the loop's back). */
+  private final List<PendingCheck> checking = new ArrayList<>();
+  /** Work to do once the cache's queued work has reached a fence, in fence order. */
+  private final ArrayDeque<AfterFence> afterFence = new ArrayDeque<>();
+
+  private record PendingCheck(SimRequest request, SimKvCache.Check check, long transferNanos) {}
+
+  private record AfterFence(SimKvCache.Fence fence, Runnable action) {}
 
   private static final class RankReports {
     int count;
@@ -151,7 +160,7 @@ public final class SimulatedEngine implements AutoCloseable {
   }
 
   /**
-   * An engine with one worker per TP rank.
+   * An engine with one worker per TP rank, its cache in host memory.
    *
    * @param geometry one rank's geometry: its kvHeads are the rank's share of the heads
    * @param layerRegionsByRank per TP rank (in rank order), its registered layer regions
@@ -168,10 +177,28 @@ public final class SimulatedEngine implements AutoCloseable {
       int tokensPerStep,
       long seed,
       LayerListener layerListener) {
-    if (layerRegionsByRank.size() != workers.size() || workers.isEmpty()) {
+    this(role, engineId, geometry, new HostKvCache(geometry, layerRegionsByRank), scheduler,
+        workers, tokensPerStep, seed, layerListener);
+  }
+
+  /**
+   * An engine with one worker per TP rank over {@code cache} (host or GPU), which holds one set of
+   * layers per worker. The caller closes the cache after the engine.
+   */
+  public SimulatedEngine(
+      Role role,
+      String engineId,
+      KvCacheGeometry geometry,
+      SimKvCache cache,
+      ConnectorScheduler scheduler,
+      List<ConnectorWorker> workers,
+      int tokensPerStep,
+      long seed,
+      LayerListener layerListener) {
+    if (cache.ranks() != workers.size() || workers.isEmpty()) {
       throw new IllegalArgumentException(
-          "one list of layer regions per worker: " + layerRegionsByRank.size() + " lists, "
-              + workers.size() + " workers");
+          "one set of cache layers per worker: " + cache.ranks() + " sets, " + workers.size()
+              + " workers");
     }
     this.layerListener = layerListener;
     this.role = role;
@@ -183,17 +210,8 @@ public final class SimulatedEngine implements AutoCloseable {
     this.allocator = new BlockAllocator(geometry.numBlocks());
     // Scattered block ids, as a cache that has been in use for a while hands out.
     allocator.shuffleFree(seed);
-    for (List<MemoryRegion> regions : layerRegionsByRank) {
-      List<ByteBuffer> layers = new ArrayList<>();
-      for (MemoryRegion r : regions) {
-        if (r.lengthBytes() > Integer.MAX_VALUE) {
-          throw new IllegalArgumentException("simulated engine needs layer regions under 2 GiB");
-        }
-        layers.add(KvPattern.view(r.buffer(0, (int) r.lengthBytes())));
-      }
-      rankLayers.add(layers);
-    }
-    this.layerCount = rankLayers.get(0).size();
+    this.cache = cache;
+    this.layerCount = cache.layers();
     this.loop = new Thread(this::run, "sim-engine-" + engineId);
     loop.setDaemon(true);
   }
@@ -232,7 +250,8 @@ public final class SimulatedEngine implements AutoCloseable {
   }
 
   private void step() throws RuntimeException {
-    boolean idle = waiting.isEmpty() && transferring.isEmpty();
+    boolean idle = waiting.isEmpty() && transferring.isEmpty() && checking.isEmpty()
+        && afterFence.isEmpty();
     SimEngineActor.Submit first;
     try {
       first = inbox.poll(idle ? 5_000 : 200, idle ? TimeUnit.MICROSECONDS : TimeUnit.MICROSECONDS);
@@ -255,7 +274,24 @@ public final class SimulatedEngine implements AutoCloseable {
     for (ConnectorWorker w : workers) {
       handleFinished(w.getFinished());
     }
-    inFlight = waiting.size() + transferring.size();
+    finishChecks();
+    runPastFences();
+    inFlight = waiting.size() + transferring.size() + checking.size();
+  }
+
+  /** Runs {@code action} on this thread once everything the cache has queued so far is done. */
+  private void afterQueuedWork(SimKvCache.Fence fence, Runnable action) {
+    if (afterFence.isEmpty() && fence.isComplete()) {
+      action.run();
+    } else {
+      afterFence.add(new AfterFence(fence, action));
+    }
+  }
+
+  private void runPastFences() {
+    while (!afterFence.isEmpty() && afterFence.peek().fence().isComplete()) {
+      afterFence.poll().action().run();
+    }
   }
 
   private void admit(SimEngineActor.Submit s) {
@@ -311,20 +347,22 @@ public final class SimulatedEngine implements AutoCloseable {
     }
     ConnectorMetadata meta = scheduler.buildConnectorMeta(new SchedulerOutput(fresh, continued));
     workers.forEach(w -> w.startLoadKv(meta));
+    SimKvCache.Fence computed = SimKvCache.Fence.DONE;
     if (!scheduled.isEmpty()) {
+      List<TokenRange> ranges = new ArrayList<>();
+      for (SimRequest r : scheduled) {
+        ranges.add(new TokenRange(KvPattern.requestKey(r.id()), r.blocks, r.chunkFrom, r.chunkTo));
+      }
+      SimKvCache.ForwardPass pass = cache.forward(ranges);
       for (int layer = 0; layer < layerCount; layer++) {
         for (int rank = 0; rank < workers.size(); rank++) {
-          HostLayerEvent event = new HostLayerEvent();
+          // Computed (host) or queued with its event recorded behind it (GPU): never before.
+          LayerEvent event = pass.layer(rank, layer);
           workers.get(rank).saveKvLayer(meta, layer, event);
-          for (SimRequest r : scheduled) {
-            KvPattern.fill(
-                rankLayers.get(rank).get(layer), geometry, firstHead(rank),
-                KvPattern.requestKey(r.id()), layer, r.blocks, r.chunkFrom, r.chunkTo);
-          }
-          event.fire(); // the layer's KV is complete: its writes may start
         }
         layerListener.layerFired(layer, layerCount, System.nanoTime());
       }
+      computed = pass.end();
       workers.forEach(ConnectorWorker::waitForSave);
     }
     for (SimRequest r : scheduled) {
@@ -345,10 +383,13 @@ public final class SimulatedEngine implements AutoCloseable {
         } else {
           allocator.free(r.blocks);
         }
+        // READ: D reads P's blocks as soon as it has the params, so they go out only once the
+        // step's KV is in place (at once on the host; when the GPU has run the step's kernels).
         // WRITE: D names its own blocks to P, so P's ids need not travel back through the
         // router (a long prompt's list can be larger than one cluster message).
-        reply(r, Status.DONE,
-            scheduler.mode() == TransferMode.READ ? d.paramsForPeer() : null, "prefilled");
+        KvTransferParams forPeer =
+            scheduler.mode() == TransferMode.READ ? d.paramsForPeer() : null;
+        afterQueuedWork(computed, () -> reply(r, Status.DONE, forPeer, "prefilled"));
       }
     }
   }
@@ -371,12 +412,7 @@ public final class SimulatedEngine implements AutoCloseable {
       r.blocks = blocks;
       r.cachedBlocks = cached / geometry.blockSize();
       // The prefix D already had: computed locally, so it is filled here, not transferred.
-      for (int rank = 0; rank < workers.size(); rank++) {
-        for (int layer = 0; layer < layerCount; layer++) {
-          KvPattern.fill(rankLayers.get(rank).get(layer), geometry, firstHead(rank),
-              KvPattern.requestKey(r.id()), layer, blocks, 0, cached);
-        }
-      }
+      cache.fill(new TokenRange(KvPattern.requestKey(r.id()), blocks, 0, cached));
       r.transferStartNanos = System.nanoTime();
       transferring.put(r.id(), r);
       scheduler.updateStateAfterAlloc(
@@ -385,11 +421,6 @@ public final class SimulatedEngine implements AutoCloseable {
     ConnectorMetadata meta =
         scheduler.buildConnectorMeta(new SchedulerOutput(List.of(), List.of()));
     workers.forEach(w -> w.startLoadKv(meta));
-  }
-
-  /** The first global KV head of a rank (0 for MLA, whose latent every rank holds whole). */
-  private int firstHead(int rank) {
-    return geometry.layout() == KvCacheGeometry.Layout.MLA ? 0 : rank * geometry.kvHeads();
   }
 
   /**
@@ -443,24 +474,28 @@ public final class SimulatedEngine implements AutoCloseable {
         continue;
       }
       long nanos = System.nanoTime() - r.transferStartNanos;
-      KvPattern.Mismatch bad = null;
-      long key = KvPattern.requestKey(id);
-      for (int rank = 0; rank < workers.size() && bad == null; rank++) {
-        for (int layer = 0; layer < layerCount && bad == null; layer++) {
-          bad = KvPattern.verify(rankLayers.get(rank).get(layer), geometry, firstHead(rank), key,
-              layer, r.blocks, 0, r.request.numPromptTokens());
-          if (bad != null && workers.size() > 1) {
-            bad = new KvPattern.Mismatch(bad.layer(), bad.block(), bad.tokenPosition(), bad.kv(),
-                bad.offsetBytes(), rank);
-          }
-        }
+      SimKvCache.Check check = cache.check(
+          new TokenRange(KvPattern.requestKey(id), r.blocks, 0, r.request.numPromptTokens()));
+      checking.add(new PendingCheck(r, check, nanos));
+    }
+  }
+
+  /** D: replies for the checks that are done, and frees their blocks. */
+  private void finishChecks() {
+    Iterator<PendingCheck> it = checking.iterator();
+    while (it.hasNext()) {
+      PendingCheck c = it.next();
+      if (!c.check().isDone()) {
+        continue;
       }
+      it.remove();
+      SimRequest r = c.request();
+      KvPattern.Mismatch bad = c.check().firstMismatch();
       allocator.free(r.blocks);
-      long bytes = transferredBytes(r);
       if (bad == null) {
-        replyDone(r, bytes, nanos);
+        replyDone(r, transferredBytes(r), c.transferNanos());
       } else {
-        reply(r, Status.MISMATCH, null, "request " + id + ": " + bad);
+        reply(r, Status.MISMATCH, null, "request " + r.id() + ": " + bad);
       }
     }
   }
@@ -468,7 +503,8 @@ public final class SimulatedEngine implements AutoCloseable {
   private void failed(String requestId, String reason) {
     SimRequest r = transferring.remove(requestId);
     if (r != null) {
-      allocator.free(r.blocks);
+      // Not before this engine's own queued kernels (D's prefix fill) are off the blocks.
+      afterQueuedWork(cache.fence(), () -> allocator.free(r.blocks));
       if (role == Role.DECODE) {
         reply(r, Status.FAILED, null, reason);
       }
@@ -501,9 +537,17 @@ public final class SimulatedEngine implements AutoCloseable {
     return out;
   }
 
+  /** Stops the loop and waits for it, so the cache can be freed after. */
   @Override
   public void close() {
     running = false;
     loop.interrupt();
+    if (loop.isAlive() && Thread.currentThread() != loop) {
+      try {
+        loop.join(5_000);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+      }
+    }
   }
 }

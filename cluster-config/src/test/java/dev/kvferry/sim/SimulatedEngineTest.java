@@ -33,26 +33,56 @@ import org.junit.jupiter.api.Test;
 /**
  * The simulated engines on both sides in one actor system, over the local transport: chunked
  * prefill, prefix hits on D, different num_blocks, both modes, and the verifier catching a byte
- * flipped in transit.
+ * flipped in transit. {@link GpuSimulatedEngineTest} runs the same cases with the caches on a GPU.
  */
 class SimulatedEngineTest {
 
-  private static final int LAYERS = 3;
+  static final int LAYERS = 3;
   private final ActorTestKit kit =
       ActorTestKit.create(ConfigFactory.parseString("pekko.loglevel = WARNING")
           .withFallback(ConfigFactory.load()));
+  /** Closed in this order, each list in order: engines first, registries and transports last. */
+  private final List<AutoCloseable> engines = new ArrayList<>();
+  private final List<AutoCloseable> connectorWorkers = new ArrayList<>();
+  private final List<AutoCloseable> caches = new ArrayList<>();
   private final List<AutoCloseable> closeables = new ArrayList<>();
 
   @AfterEach
   void stop() throws Exception {
-    for (AutoCloseable c : closeables) {
-      c.close();
+    for (List<AutoCloseable> group : List.of(engines, connectorWorkers, caches, closeables)) {
+      for (AutoCloseable c : group) {
+        c.close();
+      }
     }
     kit.shutdownTestKit();
   }
 
-  /** Flips one byte of the destination after the first write of a layer-1 region. */
-  private static final class CorruptingTransport implements Transport {
+  /** The transport between P and D, which reach {@code prefill} and {@code decode}. */
+  Transport transport(RegionRegistry prefill, RegionRegistry decode) {
+    return new LocalTransport(prefill, decode);
+  }
+
+  /** A cache of {@link #LAYERS} layers of {@code g} per rank, its regions in {@code registry}. */
+  SimKvCache cache(KvCacheGeometry g, int tp, RegionRegistry registry) {
+    List<List<MemoryRegion>> byRank = new ArrayList<>();
+    for (int rank = 0; rank < tp; rank++) {
+      List<MemoryRegion> layers = new ArrayList<>();
+      for (int l = 0; l < LAYERS; l++) {
+        layers.add(registry.allocateHost(g.layerRegionBytes()));
+      }
+      byRank.add(layers);
+    }
+    return new HostKvCache(g, byRank);
+  }
+
+  /** Flips bit 6 of the byte at {@code offset} of {@code region}. */
+  void flipByte(MemoryRegion region, long offset) {
+    var buf = region.buffer(offset, 1);
+    buf.put(0, (byte) (buf.get(0) ^ 0x40));
+  }
+
+  /** Flips one byte of the destination once the first write of a batch has landed. */
+  private final class CorruptingTransport implements Transport {
     private final Transport inner;
     private final RegionRegistry destination;
     private final AtomicBoolean done = new AtomicBoolean();
@@ -70,12 +100,20 @@ class SimulatedEngineTest {
     @Override
     public TransferStatus write(MemoryRegion local, RegionDescriptor remote, TransferBatch batch) {
       TransferStatus s = inner.write(local, remote, batch);
-      if (s.succeeded() && batch.count() > 0 && !done.getAndSet(true)) {
-        MemoryRegion target = destination.lookup(remote.regionId());
-        var buf = target.buffer(batch.remoteOffsets()[0] + 5, 1);
-        buf.put(0, (byte) (buf.get(0) ^ 0x40));
+      if (batch.count() == 0 || done.getAndSet(true)) {
+        return s;
       }
-      return s;
+      // Reported done only after the flip, so D checks the corrupted bytes.
+      TransferStatus corrupted = TransferStatus.pending();
+      s.completion().whenComplete((status, error) -> {
+        if (status != null && status.succeeded()) {
+          flipByte(destination.lookup(remote.regionId()), batch.remoteOffsets()[0] + 5);
+          corrupted.succeed(status.bytesMoved());
+        } else {
+          corrupted.fail(status != null ? status.failureMessage() : String.valueOf(error));
+        }
+      });
+      return corrupted;
     }
 
     @Override
@@ -100,30 +138,12 @@ class SimulatedEngineTest {
     RegionRegistry dRegistry = new RegionRegistry("decode");
     closeables.add(pRegistry);
     closeables.add(dRegistry);
-    Transport local = new LocalTransport(pRegistry, dRegistry);
-    Transport pTransport = corrupt ? new CorruptingTransport(local, dRegistry) : local;
-    SimulatedEngine p = engine(Role.PREFILL, mode, "prefill", pGeometry, pRegistry, pTransport);
-    SimulatedEngine d = engine(Role.DECODE, mode, "decode", dGeometry, dRegistry, local);
+    Transport between = transport(pRegistry, dRegistry);
+    closeables.add(between);
+    Transport pTransport = corrupt ? new CorruptingTransport(between, dRegistry) : between;
+    SimulatedEngine p = tpEngine(Role.PREFILL, mode, "prefill", pGeometry, 1, pRegistry, pTransport);
+    SimulatedEngine d = tpEngine(Role.DECODE, mode, "decode", dGeometry, 1, dRegistry, between);
     return new Pair(p, d);
-  }
-
-  private SimulatedEngine engine(Role role, TransferMode mode, String id, KvCacheGeometry g,
-      RegionRegistry registry, Transport transport) {
-    List<MemoryRegion> layers = new ArrayList<>();
-    for (int l = 0; l < LAYERS; l++) {
-      layers.add(registry.allocateHost(g.layerRegionBytes()));
-    }
-    ConnectorSettings settings = ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofSeconds(20));
-    ConnectorWorker w = new ConnectorWorker(kit.system(),
-        new EngineIdentity(role, id, 0, 1, 0, 1, mode), transport, settings);
-    w.registerKvCaches(g, layers);
-    ConnectorScheduler s = new ConnectorScheduler(role, mode, id, 0, g.blockSize(),
-        List.of(w.engineRef()), settings, Clock.systemUTC());
-    SimulatedEngine e = new SimulatedEngine(role, id, g, layers, s, w, 40, 7);
-    e.start();
-    closeables.add(e);
-    closeables.add(w);
-    return e;
   }
 
   /**
@@ -136,34 +156,32 @@ class SimulatedEngineTest {
     RegionRegistry dRegistry = new RegionRegistry("decode");
     closeables.add(pRegistry);
     closeables.add(dRegistry);
-    Transport local = new LocalTransport(pRegistry, dRegistry);
+    Transport between = transport(pRegistry, dRegistry);
+    closeables.add(between);
     return new Pair(
-        tpEngine(Role.PREFILL, mode, "prefill-" + name, pRank, tpP, pRegistry, local),
-        tpEngine(Role.DECODE, mode, "decode-" + name, dRank, tpD, dRegistry, local));
+        tpEngine(Role.PREFILL, mode, "prefill-" + name, pRank, tpP, pRegistry, between),
+        tpEngine(Role.DECODE, mode, "decode-" + name, dRank, tpD, dRegistry, between));
   }
 
   private SimulatedEngine tpEngine(Role role, TransferMode mode, String id, KvCacheGeometry g,
       int tp, RegionRegistry registry, Transport transport) {
     ConnectorSettings settings = ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofSeconds(20));
-    List<List<MemoryRegion>> byRank = new ArrayList<>();
+    SimKvCache cache = cache(g, tp, registry);
     List<ConnectorWorker> workers = new ArrayList<>();
     for (int rank = 0; rank < tp; rank++) {
-      List<MemoryRegion> layers = new ArrayList<>();
-      for (int l = 0; l < LAYERS; l++) {
-        layers.add(registry.allocateHost(g.layerRegionBytes()));
-      }
       ConnectorWorker w = new ConnectorWorker(kit.system(),
           new EngineIdentity(role, id, 0, 1, rank, tp, mode), transport, settings);
-      w.registerKvCaches(g, layers);
-      byRank.add(layers);
+      w.registerKvCaches(g, cache.layerRegions(rank));
       workers.add(w);
-      closeables.add(w);
+      connectorWorkers.add(w);
     }
     ConnectorScheduler s = new ConnectorScheduler(role, mode, id, 0, g.blockSize(),
         workers.stream().map(ConnectorWorker::engineRef).toList(), settings, Clock.systemUTC());
-    SimulatedEngine e = new SimulatedEngine(role, id, g, byRank, s, workers, 40, 7);
+    SimulatedEngine e = new SimulatedEngine(role, id, g, cache, s, workers, 40, 7,
+        SimulatedEngine.LayerListener.NONE);
     e.start();
-    closeables.add(0, e);
+    engines.add(e);
+    caches.add(cache);
     return e;
   }
 

@@ -83,12 +83,22 @@ public final class RegionRegistry implements AutoCloseable {
    * keeps it alive until the region is closed.
    */
   public MemoryRegion registerExternal(long address, long lengthBytes, RegionKind kind, int device) {
+    return registerExternal(address, lengthBytes, kind, device, null);
+  }
+
+  /**
+   * As {@link #registerExternal(long, long, RegionKind, int)}, handing the memory over: {@code
+   * free} runs once the region is closed and no transfer uses it any more (on whichever thread
+   * releases it last).
+   */
+  public MemoryRegion registerExternal(
+      long address, long lengthBytes, RegionKind kind, int device, Runnable free) {
     if (address == 0 || lengthBytes <= 0) {
       throw new IllegalArgumentException(
           "external region needs a non-null address and positive length, got 0x"
               + Long.toHexString(address) + " and " + lengthBytes);
     }
-    return add(address, lengthBytes, kind, device, null);
+    return add(address, lengthBytes, kind, device, free);
   }
 
   private MemoryRegion add(long address, long length, RegionKind kind, int device, Runnable free) {

@@ -28,6 +28,7 @@ public final class CudaKernels {
   private final long verifyPattern;
   private final int multiProcessors;
   private final KernelArgs patternArgs = new KernelArgs(7);
+  private final Map<String, Long> functions = new ConcurrentHashMap<>();
 
   private CudaKernels(int device) {
     this.device = device;
@@ -62,6 +63,17 @@ public final class CudaKernels {
 
   public int multiProcessors() {
     return multiProcessors;
+  }
+
+  /**
+   * The handle of kernel {@code entry} of the module (e.g. {@code kvferry_kv_fill}), for {@link
+   * Cuda#launchKernel}: callers that own their kernels' arguments launch them themselves.
+   */
+  public long function(String entry) {
+    return functions.computeIfAbsent(entry, e -> {
+      Cuda.setDevice(device);
+      return Cuda.moduleGetFunction(module, e);
+    });
   }
 
   /** The scatter-copy function handle (launched by {@link ScatterPlan}). */

@@ -53,5 +53,7 @@ class CudaProbeTest {
     assertTrue(ptx.contains(".entry kvferry_scatter_copy("));
     assertTrue(ptx.contains(".entry kvferry_fill_pattern("));
     assertTrue(ptx.contains(".entry kvferry_verify_pattern("));
+    assertTrue(ptx.contains(".entry kvferry_kv_fill("));
+    assertTrue(ptx.contains(".entry kvferry_kv_verify("));
   }
 }

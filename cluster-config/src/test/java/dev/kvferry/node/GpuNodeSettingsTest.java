@@ -1,0 +1,60 @@
+package dev.kvferry.node;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assumptions.assumeFalse;
+
+import dev.kvferry.rdma.cuda.Cuda;
+import dev.kvferry.rdma.cuda.CudaUnavailableException;
+import java.util.Map;
+import org.junit.jupiter.api.Test;
+
+/** Where a node keeps its KV cache: host memory by default, a GPU with kvferry.node.gpu. */
+class GpuNodeSettingsTest {
+
+  private static NodeSettings settings(Map<String, Object> node) {
+    return NodeSettings.fromConfig(KvferryConfig.load(node));
+  }
+
+  @Test
+  void kvCacheIsInHostMemoryByDefault() {
+    NodeSettings s = settings(Map.of());
+    assertEquals(-1, s.gpu());
+    assertFalse(s.onGpu());
+    assertEquals("cma", s.transport());
+  }
+
+  @Test
+  void gpuWithTheCudaTransportIsAccepted() {
+    NodeSettings s = settings(Map.of("kvferry.node.gpu", 1, "kvferry.node.transport", "cuda"));
+    assertTrue(s.onGpu());
+    assertEquals(1, s.gpu());
+  }
+
+  @Test
+  void gpuWithAHostTransportIsRefusedNamingTheFix() {
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> settings(Map.of("kvferry.node.gpu", 0)));
+    assertTrue(e.getMessage().contains("kvferry.node.transport = \"cuda\"")
+        && e.getMessage().contains("not \"cma\""), e.getMessage());
+  }
+
+  @Test
+  void cudaTransportWithoutAGpuIsRefused() {
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> settings(Map.of("kvferry.node.transport", "cuda")));
+    assertTrue(e.getMessage().contains("kvferry.node.gpu (--gpu N)"), e.getMessage());
+  }
+
+  @Test
+  void nodeOnAGpuFailsFastWithoutCuda() {
+    assumeFalse(Cuda.available(), "this host has CUDA");
+    CudaUnavailableException e = assertThrows(CudaUnavailableException.class,
+        () -> EngineNode.start(KvferryConfig.load(Map.of(
+            "kvferry.node.gpu", 0, "kvferry.node.transport", "cuda",
+            "pekko.remote.artery.canonical.port", 0))));
+    assertEquals("CUDA not available: " + Cuda.unavailableReason(), e.getMessage());
+  }
+}

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Packs what scripts/gpu-sim-demo.sh needs on a GPU host without Java into .device/ (under 60 MiB):
+# the jlink runtime from ../shared/tools/device-bundle.sh (jre.tgz, ~31 MiB) and kvferry.jar,
+# trimmed and compressed as app/kvferry.jar.xz (~16 MiB).
+#
+# usage (from the repository root):  scripts/gpu-bundle.sh        (SKIP_BUILD=1: use the built jar)
+#
+# The shaded jar (~48 MiB) is too big as it is. Trimmed from a copy:
+#   - native libraries for every platform but linux-x86-64 (JNA, jline, lz4);
+#   - lmdbjava with jnr-ffi, jffi and asm: Pekko's durable distributed-data store, which kvferry
+#     never configures (no durable keys), so none of it is loaded;
+#   - META-INF/maven (build metadata).
+# The rest is stored uncompressed in the jar and the jar compressed with xz: one solid stream
+# compresses the classes about twice as well as the jar's per-file deflate. The trimmed jar is
+# then run here, as on the GPU host (bundled runtime, jar on the classpath), on a short host demo
+# (cma), so a class it needs and lost shows up now.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+bundler=${DEVICE_BUNDLE:-$root/../shared/tools/device-bundle.sh}
+limit_mib=60
+
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  mvn -B -o -q -Dstyle.color=never -pl cluster-config -am package -DskipTests
+fi
+jar=cluster-config/target/kvferry.jar
+[ -f "$jar" ] || { echo "no $jar: build it first (drop SKIP_BUILD)" >&2; exit 1; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+python3 - "$jar" "$work/kvferry.jar" <<'EOF'
+import sys, zipfile
+src, dst = sys.argv[1], sys.argv[2]
+drop_prefixes = ("jnr/", "com/kenai/jffi/", "jni/", "org/lmdbjava/", "org/objectweb/asm/",
+                 "META-INF/maven/")
+native_suffixes = (".so", ".dll", ".jnilib", ".dylib", ".a")
+linux_x86_64 = ("com/sun/jna/linux-x86-64/", "org/jline/nativ/Linux/x86_64/",
+                "net/jpountz/util/linux/amd64/")
+kept = dropped = 0
+with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+    names = zin.namelist()
+    # The manifest first, as jar tools expect.
+    names.sort(key=lambda n: n != "META-INF/MANIFEST.MF")
+    for name in names:
+        native = name.endswith(native_suffixes) and not name.startswith(linux_x86_64)
+        if name.startswith(drop_prefixes) or native:
+            dropped += 1
+            continue
+        info = zin.getinfo(name)
+        out = zipfile.ZipInfo(name, info.date_time)
+        out.external_attr = info.external_attr
+        zout.writestr(out, zin.read(name), zipfile.ZIP_STORED)
+        kept += 1
+print(f"trimmed jar: kept {kept} entries, dropped {dropped}")
+EOF
+
+# Both the bundled runtime and the trimmed jar come from device-bundle.sh's own packing.
+xz -6 -T2 -c "$work/kvferry.jar" > "$work/kvferry.jar.xz"
+# device-bundle.sh records .device/ in .git/info/exclude, which a git worktree (where .git is a
+# file) does not have: record it where git looks, and accept that one step failing there.
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.device/' "$exclude" 2>/dev/null || echo '/.device/' >> "$exclude"
+if ! "$bundler" "$work/kvferry.jar.xz"; then
+  [ -f .device/jre.tgz ] && [ -f .device/app/kvferry.jar.xz ] \
+    || { echo "$bundler failed" >&2; exit 1; }
+fi
+cp scripts/gpu-sim-demo.sh .device/
+
+# The trimmed jar on the bundled runtime, on the host path: it must still start and verify.
+mkdir -p "$work/run"
+tar xzf .device/jre.tgz -C "$work/run"
+echo "smoke test: trimmed jar, bundled runtime, host demo (cma)"
+(cd "$work/run" && ./jre/bin/java -cp "$work/kvferry.jar" dev.kvferry.cli.KvferryCli demo \
+  --layers 2 --num-blocks-p 64 --num-blocks-d 64 --requests 6 --prompt-tokens 16:200 \
+  --abort-rate 0 > "$work/smoke.log" 2>&1) || { tail -30 "$work/smoke.log"; exit 1; }
+grep -q "^OK: every byte verified" "$work/smoke.log" || { tail -30 "$work/smoke.log"; exit 1; }
+echo "smoke test passed"
+
+size_kib=$(du -sk .device | cut -f1)
+du -sh .device/jre.tgz .device/app/kvferry.jar.xz
+if [ "$size_kib" -gt $((limit_mib * 1024)) ]; then
+  echo "bundle is $((size_kib / 1024)) MiB, over the ${limit_mib} MiB limit" >&2
+  exit 1
+fi
+echo "bundle ready: .device/ ($((size_kib / 1024)) MiB); on the GPU host: bash scripts/gpu-sim-demo.sh P_GPU D_GPU"
