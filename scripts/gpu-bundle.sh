@@ -66,7 +66,24 @@ if ! "$bundler" "$work/kvferry.jar.xz"; then
   [ -f .device/jre.tgz ] && [ -f .device/app/kvferry.jar.xz ] \
     || { echo "$bundler failed" >&2; exit 1; }
 fi
-cp scripts/gpu-sim-demo.sh .device/
+
+# The GPU JUnit classes CI can only skip, for scripts/gpu-junit.sh: every module's test classes,
+# their test-only dependencies and JUnit's console launcher (fetched once from Maven Central).
+m2=${MAVEN_REPO:-$HOME/.m2/repository}
+junit_platform=1.14.4  # the platform of the JUnit BOM in pom.xml
+pekko=$(sed -n 's:.*<pekko.version>\(.*\)</pekko.version>.*:\1:p' pom.xml | head -1)
+console=$m2/org/junit/platform/junit-platform-console-standalone/$junit_platform/junit-platform-console-standalone-$junit_platform.jar
+[ -f "$console" ] || mvn -B -q dependency:get \
+  -Dartifact=org.junit.platform:junit-platform-console-standalone:$junit_platform
+rm -rf .device/tests && mkdir -p .device/tests
+for module in rdma-jni actors cluster-config; do
+  jar cf ".device/tests/kvferry-$module-tests.jar" -C "$module/target/test-classes" .
+done
+cp "$console" \
+  "$m2/org/apache/pekko/pekko-actor-testkit-typed_2.13/$pekko/pekko-actor-testkit-typed_2.13-$pekko.jar" \
+  "$m2/org/apache/pekko/pekko-testkit_2.13/$pekko/pekko-testkit_2.13-$pekko.jar" .device/tests/
+cp scripts/gpu-env.sh scripts/gpu-sim-demo.sh scripts/gpu-junit.sh scripts/gpu-demo.sh \
+  scripts/gpu_torch_peer.py scripts/gpu-actors.sh scripts/gpu-tcp.sh .device/
 
 # The trimmed jar on the bundled runtime, on the host path: it must still start and verify.
 mkdir -p "$work/run"

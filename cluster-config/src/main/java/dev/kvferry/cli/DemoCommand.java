@@ -21,14 +21,16 @@ import picocli.CommandLine.Spec;
       "cache of a simulated workload in WRITE then READ mode, verify every byte on the decode side",
       "and check that no block leaked on either side. Exits 0 only if all of that holds.",
       "With --p-gpu and --d-gpu the KV caches are on GPUs: P fills each layer with a",
-      "kernel on its compute stream, the cuda transport moves it, D checks it with a kernel."
+      "kernel on its compute stream, the cuda transport moves it (or tcp, staged through pinned",
+      "host buffers), D checks it with a kernel."
     })
 public final class DemoCommand implements Callable<Integer> {
 
   private static final DemoOptions D = DemoOptions.defaults();
 
   @Option(names = "--transport",
-      description = "cma or tcp for host memory, cuda for GPUs (default: cma; cuda with --p-gpu).")
+      description = "cma or tcp for host memory, cuda or tcp for GPUs (default: cma; cuda with "
+          + "--p-gpu).")
   String transport;
 
   @Option(names = "--p-gpu", paramLabel = "N",

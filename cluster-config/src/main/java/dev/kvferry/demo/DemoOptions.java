@@ -9,7 +9,7 @@ import java.util.List;
  * <p>{@code kvHeads} are the model's KV heads, split over each side's TP ranks; {@code blockSize}
  * is the default block size, {@code blockSizeP} and {@code blockSizeD} what each side runs.
  * {@code pGpu} and {@code dGpu} are the CUDA devices holding each side's KV cache (both -1: host
- * memory; the same id: one GPU); GPU caches are moved by the cuda transport.
+ * memory; the same id: one GPU); GPU caches are moved by the cuda transport, or by tcp.
  */
 public record DemoOptions(
     String transport,
@@ -56,6 +56,13 @@ public record DemoOptions(
   }
 
   /** The same options with P and D shaped differently. */
+  /** The same options, moved by {@code otherTransport} (cma, tcp, cuda). */
+  public DemoOptions withTransport(String otherTransport) {
+    return new DemoOptions(otherTransport, modes, layers, kvHeads, headDim, blockSize, dtypeBytes,
+        mla, latent, numBlocksP, numBlocksD, requests, promptMin, promptMax, abortRate,
+        prefixHitRate, concurrency, seed, progress, tpP, tpD, blockSizeP, blockSizeD, pGpu, dGpu);
+  }
+
   public DemoOptions withShapes(int tpP, int tpD, int blockSizeP, int blockSizeD) {
     return new DemoOptions(transport, modes, layers, kvHeads, headDim, blockSize, dtypeBytes, mla,
         latent, numBlocksP, numBlocksD, requests, promptMin, promptMax, abortRate, prefixHitRate,
@@ -64,10 +71,13 @@ public record DemoOptions(
 
   /**
    * The same options with P's KV cache on CUDA device {@code pGpu} and D's on {@code dGpu}, and
-   * the cuda transport; -1 and -1 put both back in host memory (cma unless tcp was chosen).
+   * the cuda transport (tcp if it was chosen: staged through pinned buffers); -1 and -1 put both
+   * back in host memory (cma unless tcp was chosen).
    */
   public DemoOptions withGpus(int pGpu, int dGpu) {
-    String moves = pGpu >= 0 ? "cuda" : transport.equals("cuda") ? "cma" : transport;
+    String moves =
+        pGpu >= 0 ? (transport.equals("tcp") ? "tcp" : "cuda")
+            : transport.equals("cuda") ? "cma" : transport;
     return new DemoOptions(moves, modes, layers, kvHeads, headDim,
         blockSize, dtypeBytes, mla, latent, numBlocksP, numBlocksD, requests, promptMin,
         promptMax, abortRate, prefixHitRate, concurrency, seed, progress, tpP, tpD, blockSizeP,
@@ -111,9 +121,10 @@ public record DemoOptions(
           + " the same id puts P and D on one GPU), got " + gpuName(pGpu) + " and "
           + gpuName(dGpu));
     }
-    if (pGpu >= 0 && !transport.equals("cuda")) {
-      throw new IllegalArgumentException("KV caches on GPUs are moved by the cuda transport, not "
-          + transport + ": drop --transport or give --transport cuda");
+    if (pGpu >= 0 && !transport.equals("cuda") && !transport.equals("tcp")) {
+      throw new IllegalArgumentException("KV caches on GPUs are moved by the cuda transport (CUDA"
+          + " IPC) or by tcp (staged through pinned host buffers), not " + transport
+          + ": drop --transport or give --transport cuda or tcp");
     }
     if (pGpu < 0 && transport.equals("cuda")) {
       throw new IllegalArgumentException(

@@ -72,16 +72,19 @@ public record NodeSettings(
         connectorSettings(root));
   }
 
-  /** A KV cache on a GPU is moved by the cuda transport, and the cuda transport moves only that. */
+  /**
+   * A KV cache on a GPU is moved by the cuda transport (CUDA IPC, same host) or by tcp (staged
+   * through pinned host buffers, any host); the cuda transport moves only GPU memory.
+   */
   static void checkGpu(int gpu, String transport) {
     if (gpu < -1) {
       throw new IllegalArgumentException(
           "kvferry.node.gpu must be a CUDA device id, or -1 for host memory; got " + gpu);
     }
-    if (gpu >= 0 && !transport.equals("cuda")) {
+    if (gpu >= 0 && !transport.equals("cuda") && !transport.equals("tcp")) {
       throw new IllegalArgumentException("kvferry.node.gpu = " + gpu + " puts the KV cache on GPU "
-          + gpu + ", which only the cuda transport moves; set kvferry.node.transport = \"cuda\""
-          + " (--transport cuda), not \"" + transport + "\"");
+          + gpu + ", which the cuda transport (same host) or tcp (any host) moves; set"
+          + " kvferry.node.transport = \"cuda\" or \"tcp\", not \"" + transport + "\"");
     }
     if (gpu < 0 && transport.equals("cuda")) {
       throw new IllegalArgumentException("the cuda transport moves GPU memory: give the node a GPU"

@@ -50,9 +50,9 @@ class GpuCommandsTest {
 
   @Test
   void demoRefusesAHostTransportForGpus() {
-    Result r = run("demo", "--p-gpu", "0", "--d-gpu", "0", "--transport", "tcp");
+    Result r = run("demo", "--p-gpu", "0", "--d-gpu", "0", "--transport", "cma");
     assertEquals(2, r.code());
-    assertTrue(r.err().contains("not tcp"), r.err());
+    assertTrue(r.err().contains("not cma"), r.err());
   }
 
   @Test

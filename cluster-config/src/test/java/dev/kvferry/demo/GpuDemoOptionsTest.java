@@ -24,6 +24,12 @@ class GpuDemoOptionsTest {
   }
 
   @Test
+  void gpusKeepTcpWhenItWasChosen() {
+    DemoOptions o = DemoOptions.defaults().withTransport("tcp").withGpus(0, 1);
+    assertEquals(List.of("--transport", "tcp", "--gpu", "0"), o.kvCacheFlags(true));
+  }
+
+  @Test
   void oneGpuForBothSidesIsAllowed() {
     DemoOptions o = DemoOptions.defaults().withShapes(2, 1, 16, 32).withGpus(0, 0);
     assertEquals(0, o.pGpu());

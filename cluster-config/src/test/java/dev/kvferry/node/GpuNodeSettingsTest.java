@@ -27,6 +27,13 @@ class GpuNodeSettingsTest {
   }
 
   @Test
+  void gpuWithTheTcpTransportIsAcceptedItStagesThroughPinnedBuffers() {
+    NodeSettings s = settings(Map.of("kvferry.node.gpu", 0, "kvferry.node.transport", "tcp"));
+    assertTrue(s.onGpu());
+    assertEquals("tcp", s.transport());
+  }
+
+  @Test
   void gpuWithTheCudaTransportIsAccepted() {
     NodeSettings s = settings(Map.of("kvferry.node.gpu", 1, "kvferry.node.transport", "cuda"));
     assertTrue(s.onGpu());
