@@ -23,7 +23,7 @@ done
 reports=()
 [ -n "${OUT:-}" ] && reports=(--reports-dir "$OUT/junit")
 "$JAVA" -Xmx4g "${CUDA_PROPS[@]}" -jar "$tests"/junit-platform-console-standalone-*.jar execute \
-  --class-path "$classpath" --disable-banner --details=tree "${reports[@]}" \
+  --class-path "$classpath" --disable-banner --disable-ansi-colors --details=tree "${reports[@]}" \
   --select-class dev.kvferry.rdma.cuda.CudaProbeTest \
   --select-class dev.kvferry.rdma.cuda.SharedDoneWordsTest \
   --select-class dev.kvferry.rdma.CudaTransportTest \
