@@ -55,7 +55,9 @@ public record NodeSettings(
     TransportOptions options =
         TransportOptions.defaults()
             .withTcpBind(tcp.getString("bind-host"), tcp.getInt("port"))
-            .withTcpAdvertisedHost(tcp.getString("advertised-host"));
+            .withTcpAdvertisedHost(tcp.getString("advertised-host"))
+            .withTcpStaging(tcp.getInt("staging-buffers"),
+                (int) Math.min(Integer.MAX_VALUE, tcp.getBytes("staging-buffer-bytes")));
     return new NodeSettings(
         role,
         engineId,

@@ -34,6 +34,17 @@ class GpuNodeSettingsTest {
   }
 
   @Test
+  void tcpStagingComesFromTheNodeConfig() {
+    NodeSettings defaults = settings(Map.of());
+    assertEquals(2, defaults.transportOptions().tcpStagingBuffers());
+    assertEquals(4 << 20, defaults.transportOptions().tcpStagingBufferBytes());
+    NodeSettings s = settings(Map.of("kvferry.node.tcp.staging-buffers", 3,
+        "kvferry.node.tcp.staging-buffer-bytes", "1 MiB"));
+    assertEquals(3, s.transportOptions().tcpStagingBuffers());
+    assertEquals(1 << 20, s.transportOptions().tcpStagingBufferBytes());
+  }
+
+  @Test
   void gpuWithTheCudaTransportIsAccepted() {
     NodeSettings s = settings(Map.of("kvferry.node.gpu", 1, "kvferry.node.transport", "cuda"));
     assertTrue(s.onGpu());
