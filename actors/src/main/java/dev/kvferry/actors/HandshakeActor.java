@@ -63,6 +63,8 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
     }
   }
 
+  private static final String CLUSTER_PROVIDER = "org.apache.pekko.cluster.ClusterActorRefProvider";
+
   private final AgentMetadata local;
   private final byte[] localBlob;
   private final ConnectorSettings settings;
@@ -116,8 +118,8 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   }
 
   private boolean isClusterMember(Address address) {
-    if (!"cluster".equals(getContext().getSystem().settings().config()
-        .getString("pekko.actor.provider"))) {
+    String provider = getContext().getSystem().settings().config().getString("pekko.actor.provider");
+    if (!provider.equals("cluster") && !provider.equals(CLUSTER_PROVIDER)) {
       return false; // no membership to check: only local askers are served
     }
     for (Member member : Cluster.get(getContext().getSystem()).state().getMembers()) {

@@ -16,6 +16,7 @@ import dev.kvferry.rdma.cuda.KernelArgs;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.locks.LockSupport;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -49,7 +50,16 @@ public final class GpuKvCache implements SimKvCache {
   private final List<long[]> layerAddresses = new ArrayList<>();
   /** Per rank, a device array of its layers' addresses (for the check over all layers). */
   private final List<Long> layerTables = new ArrayList<>();
-  private final List<CudaEvent[]> layerEvents = new ArrayList<>();
+  /**
+   * Per step slot, per rank, its layers' events. A step records into the events of slot {@code
+   * step % EVENT_SLOTS}, and waits for the step that last used that slot to finish first: an
+   * event handed to the connector is recorded again only steps later, after it completed, so a
+   * waiter (the tcp path polls the event) never sees it go back to pending before it saw it done.
+   */
+  private static final int EVENT_SLOTS = 4;
+  private final List<List<CudaEvent[]>> layerEvents = new ArrayList<>();
+  private final Fence[] slotFences = new Fence[EVENT_SLOTS];
+  private long steps;
   private final List<Staging> staging = new ArrayList<>();
   private final List<CudaEvent> fenceEvents = new ArrayList<>();
   private final ArrayDeque<CudaEvent> spareFenceEvents = new ArrayDeque<>();
@@ -137,10 +147,15 @@ public final class GpuKvCache implements SimKvCache {
         }
         layerAddresses.add(addresses);
         layerTables.add(upload(addresses));
-        CudaEvent[] events = new CudaEvent[layers];
-        layerEvents.add(events);
-        for (int l = 0; l < layers; l++) {
-          events[l] = CudaEvent.create(device, false);
+        for (int slot = 0; slot < EVENT_SLOTS; slot++) {
+          if (layerEvents.size() <= slot) {
+            layerEvents.add(new ArrayList<>());
+          }
+          CudaEvent[] events = new CudaEvent[layers];
+          layerEvents.get(slot).add(events);
+          for (int l = 0; l < layers; l++) {
+            events[l] = CudaEvent.create(device, false);
+          }
         }
       }
     } catch (RuntimeException e) {
@@ -191,12 +206,15 @@ public final class GpuKvCache implements SimKvCache {
     Cuda.setDevice(device);
     int tokens = ranges.stream().mapToInt(TokenRange::tokens).sum();
     Staging s = stage(tokenTable(ranges, tokens, 0));
+    int slot = (int) (steps++ % EVENT_SLOTS);
+    awaitSlot(slot);
+    List<CudaEvent[]> events = layerEvents.get(slot);
     return new ForwardPass() {
       @Override
       public LayerEvent layer(int rank, int layer) {
         Cuda.setDevice(device);
         launchFill(rank, layer, s.device, tokens);
-        CudaEvent e = layerEvents.get(rank)[layer];
+        CudaEvent e = events.get(rank)[layer];
         e.record(stream);
         return new CudaLayerEvent(e);
       }
@@ -204,7 +222,9 @@ public final class GpuKvCache implements SimKvCache {
       @Override
       public Fence end() {
         release(s);
-        return fence();
+        Fence f = fence();
+        slotFences[slot] = f;
+        return f;
       }
     };
   }
@@ -319,6 +339,14 @@ public final class GpuKvCache implements SimKvCache {
     return new KvPattern.Mismatch(layer, block, position, kv, offset);
   }
 
+  /** Waits (on the GPU's pace, EVENT_SLOTS steps behind) until the slot's last step is done. */
+  private void awaitSlot(int slot) {
+    Fence last = slotFences[slot];
+    while (last != null && !last.isComplete()) {
+      LockSupport.parkNanos(20_000L);
+    }
+  }
+
   @Override
   public Fence fence() {
     Cuda.setDevice(device);
@@ -431,13 +459,13 @@ public final class GpuKvCache implements SimKvCache {
     }
     regions.forEach(rank -> rank.forEach(MemoryRegion::close));
     List<Runnable> frees = new ArrayList<>();
-    layerEvents.forEach(events -> {
+    layerEvents.forEach(slot -> slot.forEach(events -> {
       for (CudaEvent e : events) {
         if (e != null) {
           frees.add(e::close);
         }
       }
-    });
+    }));
     fenceEvents.forEach(e -> frees.add(e::close));
     for (Staging s : staging) {
       frees.add(s.done::close);

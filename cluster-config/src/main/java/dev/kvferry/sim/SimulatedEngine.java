@@ -5,8 +5,8 @@ import dev.kvferry.actors.connector.ConnectorRequest;
 import dev.kvferry.actors.connector.ConnectorScheduler;
 import dev.kvferry.actors.connector.ConnectorWorker;
 import dev.kvferry.actors.connector.FinishDecision;
-import dev.kvferry.actors.connector.KvTransferParams;
 import dev.kvferry.actors.connector.Finished;
+import dev.kvferry.actors.connector.KvTransferParams;
 import dev.kvferry.actors.connector.LayerEvent;
 import dev.kvferry.actors.connector.MatchedTokens;
 import dev.kvferry.actors.connector.Role;
@@ -14,18 +14,21 @@ import dev.kvferry.actors.connector.SchedulerOutput;
 import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.rdma.MemoryRegion;
+import dev.kvferry.rdma.cuda.CudaException;
 import dev.kvferry.sim.SimEngineActor.Outcome;
 import dev.kvferry.sim.SimEngineActor.Outcome.Status;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
+import java.util.IdentityHashMap;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.locks.LockSupport;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -58,6 +61,8 @@ public final class SimulatedEngine implements AutoCloseable {
   private final Thread loop;
   private final LayerListener layerListener;
   private volatile boolean running = true;
+  /** Why the engine stopped serving (its GPU failed), or null while it serves. */
+  private volatile String stoppedBecause;
   private volatile int inFlight;
 
   /** Told on the engine's thread each time the forward pass fires a layer's event (benchmarks). */
@@ -230,6 +235,12 @@ public final class SimulatedEngine implements AutoCloseable {
 
   /** Called from any thread (the actor): the loop picks it up at its next step. */
   public void submit(SimEngineActor.Submit s) {
+    String stopped = stoppedBecause;
+    if (stopped != null) {
+      s.replyTo().tell(new Outcome(s.spec().requestId(), engineId, role, Status.FAILED, null, 0, 0,
+          stopped));
+      return;
+    }
     inbox.add(s);
   }
 
@@ -243,10 +254,41 @@ public final class SimulatedEngine implements AutoCloseable {
     while (running) {
       try {
         step();
+      } catch (CudaException e) {
+        // CUDA errors are sticky (every later call fails too): answer every request, then stop.
+        log.error("simulated engine {}: the GPU failed; failing every request and stopping",
+            engineId, e);
+        stopAndFailEverything("simulated engine " + engineId + " stopped, its GPU failed: "
+            + e.getMessage());
       } catch (RuntimeException e) {
         log.error("simulated engine {} step failed", engineId, e);
+        // A failure that repeats every step must not flood the log.
+        LockSupport.parkNanos(100_000_000L);
       }
     }
+  }
+
+  private void stopAndFailEverything(String reason) {
+    stoppedBecause = reason;
+    running = false;
+    Map<SimRequest, Boolean> pending = new IdentityHashMap<>();
+    waiting.values().forEach(r -> pending.put(r, true));
+    transferring.values().forEach(r -> pending.put(r, true));
+    checking.forEach(c -> pending.put(c.request(), true));
+    waiting.clear();
+    transferring.clear();
+    checking.clear();
+    afterFence.clear();
+    for (SimRequest r : pending.keySet()) {
+      allocator.free(r.blocks);
+      reply(r, Status.FAILED, null, reason);
+    }
+    SimEngineActor.Submit s;
+    while ((s = inbox.poll()) != null) {
+      s.replyTo().tell(new Outcome(s.spec().requestId(), engineId, role, Status.FAILED, null, 0, 0,
+          reason));
+    }
+    inFlight = 0;
   }
 
   private void step() throws RuntimeException {

@@ -327,12 +327,20 @@ final class PinnedStaging implements AutoCloseable {
         return; // a copy already timed out: waiting again would only delay the failure
       }
       try {
+        // Recorded now, buffer 0's event completes after every copy queued so far, also one that
+        // a failure left without an event of its own.
+        Cuda.eventRecord(events[0], stream);
         for (int b = 0; b < depth; b++) {
           await(b);
         }
       } catch (StagingException | CudaException e) {
         unsettled = true;
       }
+    }
+
+    /** A READ whose ack could not go out: its staged copies may still run; settle them. */
+    void abandonSend() {
+      settle();
     }
 
     private StagingException failed(CudaException e) {

@@ -329,7 +329,12 @@ final class TcpListener implements AutoCloseable {
           throw new Refusal(
               "read from region " + region.id() + " of " + owner() + " failed: " + e.getMessage());
         }
-        TcpWire.writeFully(channel, TcpWire.ack(ack, null), progress);
+        try {
+          TcpWire.writeFully(channel, TcpWire.ack(ack, null), progress);
+        } catch (IOException e) {
+          lane.abandonSend(); // the lane goes back only once its copies are done
+          throw e;
+        }
         lane.finishSend(channel, progress);
       }
     }

@@ -23,6 +23,10 @@ final class NetworkLab implements AutoCloseable {
   private final String prefix;
   private final String subnet;
   private final Map<String, Integer> hostIndex = new LinkedHashMap<>();
+  /** What this lab created, so close() removes exactly that (never another run's). */
+  private final List<String> createdNamespaces = new ArrayList<>();
+  private boolean createdBridge;
+  private final Thread cleanupOnExit = new Thread(this::close, "network-lab-cleanup");
   private boolean closed;
 
   private NetworkLab(String prefix, String subnet) {
@@ -32,7 +36,7 @@ final class NetworkLab implements AutoCloseable {
 
   /** Why this machine cannot make namespaces, or empty when it can. */
   static Optional<String> unavailableReason() {
-    String probe = "kvfprobe" + ProcessHandle.current().pid() % 100000;
+    String probe = String.format("kvfprobe%06x", new java.security.SecureRandom().nextInt(1 << 24));
     try {
       ip("netns", "add", probe);
       ip("netns", "del", probe);
@@ -45,10 +49,11 @@ final class NetworkLab implements AutoCloseable {
 
   /** Creates the bridge and one namespace per name (at most 200). */
   static NetworkLab create(List<String> names) throws IOException {
-    long pid = ProcessHandle.current().pid();
-    // Interface names are at most 15 bytes: "kvf" + 5 digits + a suffix of up to 4.
-    String prefix = "kvf" + pid % 100000;
-    NetworkLab lab = new NetworkLab(prefix, freeSubnet(pid));
+    // Interface names are at most 15 bytes: "kvf" + 6 random hex digits + a suffix of up to 4.
+    // Random, not the pid: containers with their own pid namespaces share pids.
+    String prefix = String.format("kvf%06x", new java.security.SecureRandom().nextInt(1 << 24));
+    NetworkLab lab = new NetworkLab(prefix, freeSubnet());
+    Runtime.getRuntime().addShutdownHook(lab.cleanupOnExit);
     try {
       lab.build(names);
     } catch (IOException | RuntimeException e) {
@@ -60,6 +65,7 @@ final class NetworkLab implements AutoCloseable {
 
   private void build(List<String> names) throws IOException {
     ip("link", "add", bridge(), "type", "bridge");
+    createdBridge = true;
     ip("addr", "add", subnet + ".1/24", "dev", bridge());
     ip("link", "set", bridge(), "up");
     int index = 2;
@@ -67,6 +73,7 @@ final class NetworkLab implements AutoCloseable {
       hostIndex.put(name, index);
       String ns = namespace(name);
       ip("netns", "add", ns);
+      createdNamespaces.add(ns);
       ip("link", "add", outside(name), "type", "veth", "peer", "name", "eth0", "netns", ns);
       ip("link", "set", outside(name), "master", bridge());
       ip("link", "set", outside(name), "up");
@@ -108,10 +115,19 @@ final class NetworkLab implements AutoCloseable {
     }
     closed = true;
     // Deleting a namespace deletes its veth end and with it the peer.
-    for (String name : hostIndex.keySet()) {
-      quietly("netns", "del", namespace(name));
+    for (String ns : createdNamespaces) {
+      quietly("netns", "del", ns);
     }
-    quietly("link", "del", bridge());
+    if (createdBridge) {
+      quietly("link", "del", bridge());
+    }
+    if (Thread.currentThread() != cleanupOnExit) {
+      try {
+        Runtime.getRuntime().removeShutdownHook(cleanupOnExit);
+      } catch (IllegalStateException shuttingDown) {
+        // the hook runs anyway; close() is idempotent
+      }
+    }
   }
 
   private int index(String name) {
@@ -134,16 +150,60 @@ final class NetworkLab implements AutoCloseable {
     return prefix + "v" + index(name);
   }
 
-  /** A 10.213.x.0/24 no route of this namespace uses yet. */
-  private static String freeSubnet(long pid) throws IOException {
-    String routes = ip("-4", "route", "show", "table", "all");
-    for (int i = 0; i < 250; i++) {
-      String candidate = "10.213." + (1 + (pid + i) % 250);
-      if (!routes.contains(candidate + ".")) {
-        return candidate;
+  /**
+   * A /24 in 198.18.0.0/15 (reserved for network tests, RFC 2544) that overlaps no route of this
+   * namespace, so the bridge's address can never shadow a real network.
+   */
+  private static String freeSubnet() throws IOException {
+    List<long[]> routes = new ArrayList<>();
+    for (String line : ip("-4", "route", "show", "table", "all").split("\n")) {
+      String[] words = line.trim().split("\\s+");
+      String target = words.length > 1 && isRouteType(words[0]) ? words[1] : words[0];
+      long[] range = cidr(target);
+      if (range != null) {
+        routes.add(range);
       }
     }
-    throw new IOException("no free 10.213.x.0/24 subnet for the test network");
+    int start = new java.security.SecureRandom().nextInt(512);
+    for (int i = 0; i < 512; i++) {
+      int third = (start + i) % 512; // 198.18.0.0 - 198.19.255.0
+      long first = (198L << 24) | ((18L + third / 256) << 16) | ((long) (third % 256) << 8);
+      long last = first + 255;
+      boolean overlaps = false;
+      for (long[] r : routes) {
+        overlaps |= r[0] <= last && first <= r[1];
+      }
+      if (!overlaps) {
+        return "198." + (18 + third / 256) + "." + (third % 256);
+      }
+    }
+    throw new IOException("no free /24 in 198.18.0.0/15 for the test network");
+  }
+
+  private static boolean isRouteType(String word) {
+    return List.of("local", "broadcast", "unicast", "blackhole", "unreachable", "prohibit",
+        "multicast", "anycast", "throw").contains(word);
+  }
+
+  /** First and last address of an IPv4 "a.b.c.d/n" or "a.b.c.d", or null ("default" excluded). */
+  private static long[] cidr(String text) {
+    String[] parts = text.split("/");
+    String[] octets = parts[0].split("\\.");
+    if (octets.length != 4) {
+      return null;
+    }
+    try {
+      long address = 0;
+      for (String o : octets) {
+        address = (address << 8) | Integer.parseInt(o);
+      }
+      int bits = parts.length > 1 ? Integer.parseInt(parts[1]) : 32;
+      long size = 1L << (32 - bits);
+      long first = address & ~(size - 1) & 0xFFFFFFFFL;
+      return new long[] {first, first + size - 1};
+    } catch (NumberFormatException e) {
+      return null;
+    }
   }
 
   private static void quietly(String... args) {

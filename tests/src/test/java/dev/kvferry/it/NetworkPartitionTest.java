@@ -76,12 +76,15 @@ class NetworkPartitionTest {
 
   @AfterAll
   void tearDown() {
-    if (demo != null) {
-      System.out.println("NetworkPartitionTest logs: " + demo.logDir());
-      demo.close();
-    }
-    if (lab != null) {
-      lab.close();
+    try {
+      if (demo != null) {
+        System.out.println("NetworkPartitionTest logs: " + demo.logDir());
+        demo.close();
+      }
+    } finally {
+      if (lab != null) {
+        lab.close(); // never leave namespaces or the bridge behind
+      }
     }
   }
 
