@@ -12,6 +12,7 @@ import dev.kvferry.actors.plan.InvalidBlockIdsException;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.actors.plan.TensorParallelSplit;
 import dev.kvferry.actors.plan.TransferPlanner;
+import dev.kvferry.rdma.CudaTransport;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionDescriptor;
 import dev.kvferry.rdma.TransferBatch;
@@ -32,6 +33,7 @@ import java.util.concurrent.Executor;
 import java.util.function.IntConsumer;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
+import org.apache.pekko.actor.typed.PostStop;
 import org.apache.pekko.actor.typed.DispatcherSelector;
 import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
 import org.apache.pekko.actor.typed.javadsl.ActorContext;
@@ -93,14 +95,41 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
       int[] blockIds,
       String decodeEngineId,
       int decodeDpRank,
-      int decodeTpRank)
+      int decodeTpRank,
+      String doneWords,
+      int doneSlots,
+      int doneSlot,
+      long doneValue)
       implements Command, CborSerializable {
+    /**
+     * {@code doneWords} (cuda transport, same host): the file of D's done words; P's copy stream
+     * stores {@code doneValue} into word {@code doneSlot} of {@code doneSlots} behind the
+     * transfer's last copy, so D learns before WriteDone arrives. Empty: messages only.
+     */
+    public RemoteBlocks {
+      doneWords = doneWords == null ? "" : doneWords;
+    }
+
+    public RemoteBlocks(
+        String transferId, String requestId, int[] blockIds, String decodeEngineId,
+        int decodeDpRank, int decodeTpRank) {
+      this(transferId, requestId, blockIds, decodeEngineId, decodeDpRank, decodeTpRank, "", 0, -1,
+          0);
+    }
+
     public RemoteBlocks(
         String transferId, String requestId, int[] blockIds, String decodeEngineId,
         int decodeDpRank) {
       this(transferId, requestId, blockIds, decodeEngineId, decodeDpRank, -1);
     }
+
+    boolean hasDoneWord() {
+      return !doneWords.isEmpty() && doneSlot >= 0 && doneSlot < doneSlots;
+    }
   }
+
+  /** D, from its {@link DoneWordWatcher}: P's copies of a transfer landed (source rank known). */
+  private record DoneWordSeen(String transferId) implements Command, LocalOnly {}
 
   /**
    * P to D, WRITE: every layer of a transfer has been written by P's worker {@code
@@ -187,6 +216,11 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   private final ActorRef<WriterActor.Command> writer;
   private final ActorRef<RequestTrackerActor.Command> tracker;
   private final ClusterMessageLimit messageLimit;
+  /** D, cuda transport: done words P's copy streams store into (null until first needed). */
+  private DoneWordWatcher doneWords;
+  private boolean doneWordsUnavailable;
+  /** Transfers watched by a done word, with the P worker that writes them. */
+  private final Map<String, Integer> doneWordSources = new HashMap<>();
   private final ActorRef<HandshakeActor.Result> readHandshakeAdapter;
   private final Map<String, ReadJob> reads = new HashMap<>();
   private final Map<String, List<ReqMeta>> readsAwaitingPeer = new HashMap<>();
@@ -284,6 +318,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
             m -> {
               String reason = "engine " + m.engineId() + ": " + m.reason();
               writeDonesDue.remove(m.transferId());
+              forgetDoneWord(m.transferId());
               tracker.tell(new RequestTrackerActor.TransferFailed(m.transferId(), reason));
               // P, WRITE: D gave up (maybe before P finished prefill): no write may land, and the
               // request's blocks are freed now or as soon as its layers are saved.
@@ -324,6 +359,13 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
               tracker.tell(new RequestTrackerActor.GetSnapshot(m.replyTo()));
               return this;
             })
+        .onMessage(DoneWordSeen.class, this::onDoneWordSeen)
+        .onSignal(PostStop.class, sig -> {
+          if (doneWords != null) {
+            doneWords.close();
+          }
+          return this;
+        })
         .onMessage(ListingChanged.class, this::onListingChanged)
         .onMessage(ReadPeerReady.class, this::onReadPeerReady)
         .onMessage(LayerRead.class, this::onLayerRead)
@@ -346,15 +388,23 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
           for (int source : sources) {
             due.add(source);
           }
+          DoneWordWatcher.Ticket ticket =
+              sources.length == 1 ? doneWordTicket(r.transferId(), sources[0]) : null;
           RemoteBlocks blocks =
-              new RemoteBlocks(
-                  r.transferId(), r.requestId(), r.localBlockIds(), self.engineId(),
-                  self.dpRank(), self.tpRank());
+              ticket == null
+                  ? new RemoteBlocks(
+                      r.transferId(), r.requestId(), r.localBlockIds(), self.engineId(),
+                      self.dpRank(), self.tpRank())
+                  : new RemoteBlocks(
+                      r.transferId(), r.requestId(), r.localBlockIds(), self.engineId(),
+                      self.dpRank(), self.tpRank(), ticket.path(), ticket.slots(), ticket.slot(),
+                      ticket.value());
           Optional<String> tooBig =
               messageLimit.whyNotSendable(blocks, r.localBlockIds().length,
                   "the list of " + r.localBlockIds().length + " block ids of request "
                       + r.requestId());
           if (tooBig.isPresent()) {
+            forgetDoneWord(r.transferId());
             // Artery would drop it and P would wait for its defer timeout: fail both sides now.
             tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(), tooBig.get()));
             for (int source : sources) {
@@ -371,7 +421,43 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     return this;
   }
 
+  /**
+   * A done word for a transfer written by one P worker over the cuda transport; null (messages
+   * only) otherwise.
+   */
+  private DoneWordWatcher.Ticket doneWordTicket(String transferId, int source) {
+    if (!(setup.transport() instanceof CudaTransport)) {
+      return null;
+    }
+    if (doneWords == null && !doneWordsUnavailable) {
+      ActorRef<Command> me = getContext().getSelf();
+      doneWords = DoneWordWatcher.tryCreate(self.label(), id -> me.tell(new DoneWordSeen(id)));
+      doneWordsUnavailable = doneWords == null;
+    }
+    if (doneWords == null) {
+      return null;
+    }
+    doneWordSources.put(transferId, source);
+    return doneWords.register(transferId);
+  }
+
+  private void forgetDoneWord(String transferId) {
+    if (doneWords != null) {
+      doneWords.forget(transferId);
+      doneWordSources.remove(transferId);
+    }
+  }
+
+  private Behavior<Command> onDoneWordSeen(DoneWordSeen m) {
+    Integer source = doneWordSources.remove(m.transferId());
+    if (source != null) {
+      onWriteDone(new WriteDone(m.transferId(), "", source));
+    }
+    return this;
+  }
+
   private Behavior<Command> onWriteDone(WriteDone m) {
+    forgetDoneWord(m.transferId());
     Set<Integer> due = writeDonesDue.get(m.transferId());
     if (due != null) {
       due.remove(m.producerTpRank() < 0 ? self.tpRank() : m.producerTpRank());

@@ -18,6 +18,8 @@ import dev.kvferry.rdma.TransferBatch;
 import dev.kvferry.rdma.TransferStatus;
 import dev.kvferry.rdma.Transport;
 import dev.kvferry.rdma.cuda.CudaEvent;
+import dev.kvferry.rdma.cuda.SharedDoneWords;
+import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -28,6 +30,7 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
+import org.apache.pekko.actor.typed.PostStop;
 import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
 import org.apache.pekko.actor.typed.javadsl.ActorContext;
 import org.apache.pekko.actor.typed.javadsl.Behaviors;
@@ -81,6 +84,11 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     /** How many of the job's fired layers have been issued to this target. */
     int issued;
     boolean handshakeRequested;
+    /** D's done word for this target (cuda transport), from its RemoteBlocks; null: none. */
+    EngineActor.RemoteBlocks doneWord;
+    /** Each issued layer's submission (the copies queued on the stream, not yet done). */
+    final List<CompletableFuture<?>> submitted = new ArrayList<>();
+    boolean doneWordQueued;
 
     Target(int tpRank) {
       this.tpRank = tpRank;
@@ -135,6 +143,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     }
   }
 
+  private static final org.slf4j.Logger log = org.slf4j.LoggerFactory.getLogger(WriterActor.class);
+
   private final EngineIdentity self;
   private final KvCacheGeometry geometry;
   private final List<MemoryRegion> layerRegions;
@@ -149,6 +159,9 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private final ActorRef<HandshakeActor.Result> handshakeAdapter;
   private EngineDirectory directory = EngineDirectory.EMPTY;
   private final TransferPlanner planner = new TransferPlanner(); // not thread-safe: one per actor
+  /** D's done-word files, mapped for our GPUs, by path (cuda transport only). */
+  private final Map<String, SharedDoneWords> doneWords = new HashMap<>();
+  private final java.util.Set<String> unusableDoneWords = new java.util.HashSet<>();
 
   public static Behavior<Command> create(
       EngineIdentity self,
@@ -207,6 +220,10 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
         .onMessage(DeferExpired.class, this::onDeferExpired)
         .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
         .onMessage(Abandon.class, this::onAbandon)
+        .onSignal(PostStop.class, sig -> {
+          doneWords.values().forEach(SharedDoneWords::close);
+          return this;
+        })
         .build();
   }
 
@@ -280,6 +297,9 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       return this;
     }
     t.remoteBlockIds = b.blockIds();
+    if (b.hasDoneWord() && transport instanceof CudaTransport) {
+      t.doneWord = b;
+    }
     if (j.decodeEngineId == null) {
       j.decodeEngineId = b.decodeEngineId();
     }
@@ -400,7 +420,59 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
         int layer = j.firedLayers.get(t.issued++);
         issue(j, t, layer);
       }
+      queueDoneWord(j, t);
     }
+  }
+
+  /**
+   * Once every layer of a target is queued: the store of D's done word, on the same copy stream,
+   * behind them all (queued only after every submission returned, since they run on the io pool
+   * in any order). D then learns as soon as the last byte landed; WriteDone still follows.
+   */
+  private void queueDoneWord(WriteJob j, Target t) {
+    if (t.doneWord == null || t.doneWordQueued || j.expected < 0 || t.issued < j.expected
+        || t.peer == null || t.peer.layers().isEmpty() || layerRegions.isEmpty()) {
+      return;
+    }
+    t.doneWordQueued = true;
+    EngineActor.RemoteBlocks w = t.doneWord;
+    SharedDoneWords words = doneWordsOf(w);
+    if (words == null) {
+      return;
+    }
+    MemoryRegion local = layerRegions.get(0);
+    var remote = t.peer.layers().get(0);
+    CudaTransport cuda = (CudaTransport) transport;
+    String id = j.transferId;
+    CompletableFuture.allOf(t.submitted.toArray(CompletableFuture[]::new))
+        .thenRunAsync(() -> cuda.signalWhenCopied(local, remote, words.deviceAddress(w.doneSlot()),
+            w.doneValue()), io)
+        .whenComplete((ok, error) -> {
+          if (error != null) {
+            log.debug("done word of transfer {} not stored ({}); D learns from WriteDone", id,
+                error.toString());
+          }
+        });
+  }
+
+  /** D's done words, mapped for this process's GPUs once per file; null if they cannot be. */
+  private SharedDoneWords doneWordsOf(EngineActor.RemoteBlocks w) {
+    if (unusableDoneWords.contains(w.doneWords())) {
+      return null;
+    }
+    SharedDoneWords words = doneWords.get(w.doneWords());
+    if (words == null) {
+      try {
+        words = SharedDoneWords.openForGpuWrites(Path.of(w.doneWords()), w.doneSlots());
+        doneWords.put(w.doneWords(), words);
+      } catch (RuntimeException e) {
+        unusableDoneWords.add(w.doneWords());
+        getContext().getLog().info("done words {} unusable here ({}); D learns from WriteDone",
+            w.doneWords(), e.getMessage());
+        return null;
+      }
+    }
+    return words;
   }
 
   private void issue(WriteJob j, Target t, int layer) {
@@ -409,14 +481,15 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     var remote = t.peer.layers().get(layer);
     TransferBatch plan = t.plan;
     CudaEvent after = j.gpuEvents.get(layer);
-    CompletableFuture<TransferStatus> done =
+    CompletableFuture<TransferStatus> submission =
         CompletableFuture.supplyAsync(
-                () ->
-                    after != null
-                        ? ((CudaTransport) transport).writeAfter(after, local, remote, plan)
-                        : transport.write(local, remote, plan),
-                io)
-            .thenCompose(TransferStatus::completion);
+            () ->
+                after != null
+                    ? ((CudaTransport) transport).writeAfter(after, local, remote, plan)
+                    : transport.write(local, remote, plan),
+            io);
+    t.submitted.add(submission);
+    CompletableFuture<TransferStatus> done = submission.thenCompose(TransferStatus::completion);
     String id = j.transferId;
     int rank = t.tpRank;
     getContext()
@@ -454,6 +527,14 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       if (j != null) {
         // Sealed after the forward pass: hybrid models fire fewer save hooks than layers.
         j.expected = m.layers();
+        if (j.targetRanks != null) {
+          for (int rank : j.targetRanks) {
+            Target t = j.targets.get(rank);
+            if (t != null) {
+              queueDoneWord(j, t);
+            }
+          }
+        }
         completeIfDone(j);
       }
     }

@@ -1,0 +1,136 @@
+package dev.kvferry.actors;
+
+import dev.kvferry.rdma.cuda.SharedDoneWords;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.locks.LockSupport;
+import java.util.function.Consumer;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * D, WRITE mode over the cuda transport: learns that P's copies of a transfer have landed from a
+ * done word P's copy stream stores right behind them ({@link SharedDoneWords}), instead of waiting
+ * for P to see its own copies complete and send WriteDone (milliseconds through two actor systems;
+ * the word shows within microseconds of the last byte). The WriteDone message still comes and
+ * still completes the transfer when the word is not used or not seen (a slot reused under it, P
+ * unable to map the words): the word only makes D learn sooner, never the only way.
+ *
+ * <p>One thread polls the words of the transfers in flight: spinning for a while after news,
+ * then in short parks, and asleep when nothing is in flight.
+ */
+final class DoneWordWatcher implements AutoCloseable {
+  private static final Logger log = LoggerFactory.getLogger(DoneWordWatcher.class);
+  static final int SLOTS = 4096;
+  private static final long SPIN_NS = TimeUnit.MILLISECONDS.toNanos(2);
+  private static final long PARK_NS = TimeUnit.MICROSECONDS.toNanos(20);
+
+  /** What D puts in its RemoteBlocks so P can store the word. */
+  record Ticket(String path, int slots, int slot, long value) {}
+
+  private record Pending(String transferId, int slot, long value) {}
+
+  private final SharedDoneWords words;
+  private final Consumer<String> onDone;
+  private final Map<String, Pending> pending = new ConcurrentHashMap<>();
+  private final Pending[] bySlot = new Pending[SLOTS];
+  private final Thread thread;
+  private long sequence;
+  private volatile boolean running = true;
+
+  private DoneWordWatcher(SharedDoneWords words, String label, Consumer<String> onDone) {
+    this.words = words;
+    this.onDone = onDone;
+    this.thread = new Thread(this::run, "kvferry-done-words-" + label);
+    thread.setDaemon(true);
+    thread.start();
+  }
+
+  /** A watcher with fresh words under /dev/shm, or null where there is none (then: messages). */
+  static DoneWordWatcher tryCreate(String label, Consumer<String> onDone) {
+    Path dir = Path.of("/dev/shm");
+    if (!Files.isDirectory(dir) || !Files.isWritable(dir)) {
+      return null;
+    }
+    String name = "kvferry-done-" + label.replaceAll("[^A-Za-z0-9._-]", "_") + "-"
+        + ProcessHandle.current().pid() + "-" + Long.toHexString(ThreadLocalRandom.current().nextLong());
+    try {
+      return new DoneWordWatcher(SharedDoneWords.create(dir, name, SLOTS), label, onDone);
+    } catch (RuntimeException e) {
+      log.info("done words unavailable for {} ({}); D learns of writes from messages only", label,
+          e.getMessage());
+      return null;
+    }
+  }
+
+  /** Watches a word for {@code transferId}; P stores {@link Ticket#value} there when done. */
+  Ticket register(String transferId) {
+    Pending p;
+    synchronized (this) {
+      long value = ++sequence;
+      int slot = (int) (value % SLOTS);
+      // A transfer still pending on this slot 4096 registrations later would see the new value:
+      // it goes back to waiting for its WriteDone message instead.
+      Pending stale = bySlot[slot];
+      if (stale != null) {
+        pending.remove(stale.transferId(), stale);
+      }
+      p = new Pending(transferId, slot, value);
+      bySlot[slot] = p;
+      pending.put(transferId, p);
+    }
+    LockSupport.unpark(thread);
+    return new Ticket(words.path().toString(), SLOTS, p.slot(), p.value());
+  }
+
+  /** Stops watching (the transfer ended another way). */
+  void forget(String transferId) {
+    pending.remove(transferId);
+  }
+
+  private void run() {
+    long lastNews = System.nanoTime();
+    while (running) {
+      if (pending.isEmpty()) {
+        LockSupport.park(this);
+        lastNews = System.nanoTime();
+        continue;
+      }
+      boolean news = false;
+      for (Pending p : pending.values()) {
+        if (words.get(p.slot()) >= p.value() && pending.remove(p.transferId(), p)) {
+          news = true;
+          try {
+            onDone.accept(p.transferId());
+          } catch (RuntimeException e) {
+            log.warn("done word of transfer {}: {}", p.transferId(), e.toString());
+          }
+        }
+      }
+      long now = System.nanoTime();
+      if (news) {
+        lastNews = now;
+      } else if (now - lastNews < SPIN_NS) {
+        Thread.onSpinWait();
+      } else {
+        LockSupport.parkNanos(this, PARK_NS);
+      }
+    }
+  }
+
+  @Override
+  public void close() {
+    running = false;
+    LockSupport.unpark(thread);
+    try {
+      thread.join(1000);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    }
+    words.close();
+  }
+}
