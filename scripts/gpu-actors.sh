@@ -15,5 +15,6 @@ shift 2
 GPU_ENV_WORK=$(mktemp -d)
 trap 'rm -rf "$GPU_ENV_WORK"' EXIT
 source "$here/gpu-env.sh"
-"$JAVA" -Xmx2g "${CUDA_PROPS[@]}" -cp "$CP" dev.kvferry.actors.bench.GpuConnectorRun \
+# KVFERRY_JAVA_OPTS: extra JVM flags (e.g. -Dkvferry.done-words.spin-us=...) for experiments.
+"$JAVA" -Xmx2g ${KVFERRY_JAVA_OPTS:-} "${CUDA_PROPS[@]}" -cp "$CP" dev.kvferry.actors.bench.GpuConnectorRun \
   --p-gpu "$P" --d-gpu "$D" "$@"

@@ -26,7 +26,9 @@ import org.slf4j.LoggerFactory;
 final class DoneWordWatcher implements AutoCloseable {
   private static final Logger log = LoggerFactory.getLogger(DoneWordWatcher.class);
   static final int SLOTS = 4096;
-  private static final long SPIN_NS = TimeUnit.MILLISECONDS.toNanos(2);
+  /** How long the watcher spins after news before it parks ({@code -Dkvferry.done-words.spin-us}). */
+  private static final long SPIN_NS =
+      TimeUnit.MICROSECONDS.toNanos(Long.getLong("kvferry.done-words.spin-us", 2000));
   private static final long PARK_NS = TimeUnit.MICROSECONDS.toNanos(20);
 
   /** What D puts in its RemoteBlocks so P can store the word. */
