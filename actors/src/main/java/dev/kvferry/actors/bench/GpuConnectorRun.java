@@ -55,7 +55,7 @@ import org.apache.pekko.cluster.typed.Join;
  * the request; then every word of the request's blocks is checked on D's GPU by a kernel.
  *
  * <p>Usage: {@code GpuConnectorRun --p-gpu 0 --d-gpu 1 [--layers 32] [--blocks 2048] [--capacity
- * 4096] [--requests 9] [--spin-us 300]}. One JVM, so the IPC path is not taken: CUDA IPC is
+ * 4096] [--requests 9] [--spin-us 300] [--fill-ctas SMs]}. One JVM, so the IPC path is not taken: CUDA IPC is
  * exercised by {@link GpuTransferBench}'s two processes. Loopback cluster config lives here, not in
  * a config file, because this is a self-contained run, not a node.
  */
@@ -80,11 +80,13 @@ public final class GpuConnectorRun {
     int capacity = Integer.parseInt(o.getOrDefault("capacity", "4096"));
     int requests = Integer.parseInt(o.getOrDefault("requests", "9"));
     long spinNs = Long.parseLong(o.getOrDefault("spin-us", "300")) * 1000;
+    // CTAs of the stand-in compute kernel (default: one per SM, i.e. every SM busy all layer).
+    int fillCtas = Integer.parseInt(o.getOrDefault("fill-ctas", "0"));
     if (!Cuda.available()) {
       System.err.println("CUDA not available: " + Cuda.unavailableReason());
       System.exit(2);
     }
-    System.exit(run(pGpu, dGpu, layers, blocks, capacity, requests, spinNs) ? 0 : 1);
+    System.exit(run(pGpu, dGpu, layers, blocks, capacity, requests, spinNs, fillCtas) ? 0 : 1);
   }
 
   private static Config clusterConfig(String role) {
@@ -103,7 +105,7 @@ public final class GpuConnectorRun {
   }
 
   private static boolean run(int pGpu, int dGpu, int layers, int blocks, int capacity,
-      int requests, long spinNs) throws Exception {
+      int requests, long spinNs, int fillCtas) throws Exception {
     KvCacheGeometry geometry =
         KvCacheGeometry.standard(capacity, BLOCK_TOKENS, KV_HEADS, HEAD_DIM, ELEMENT_BYTES);
     long blockBytes = geometry.blockBytes();
@@ -189,7 +191,7 @@ public final class GpuConnectorRun {
           long t0 = System.nanoTime();
           for (int l = 0; l < layers; l++) {
             k.fillPattern(compute, pKv.regions.get(l).address(), pOffsets, pSlots.length,
-                blockBytes, l, seed, spinNs, k.multiProcessors());
+                blockBytes, l, seed, spinNs, fillCtas > 0 ? fillCtas : k.multiProcessors());
             events.get(l).record(compute);
             pWorker.saveKvLayer(meta, l, new CudaLayerEvent(events.get(l)));
           }
