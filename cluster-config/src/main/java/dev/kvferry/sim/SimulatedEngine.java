@@ -119,6 +119,8 @@ public final class SimulatedEngine implements AutoCloseable {
   }
 
   /**
+   * One worker, its cache in host memory.
+   *
    * @param layerRegions the worker's registered layer regions (host memory, under 2 GiB each)
    * @param tokensPerStep prefill token budget per step: longer prompts are chunked
    */
@@ -131,8 +133,8 @@ public final class SimulatedEngine implements AutoCloseable {
       ConnectorWorker worker,
       int tokensPerStep,
       long seed) {
-    this(role, engineId, geometry, List.of(layerRegions), scheduler, List.of(worker),
-        tokensPerStep, seed, LayerListener.NONE);
+    this(role, engineId, geometry, layerRegions, scheduler, worker, tokensPerStep, seed,
+        LayerListener.NONE);
   }
 
   /** One worker, telling {@code layerListener} when each layer's event fires (benchmarks). */
@@ -146,49 +148,17 @@ public final class SimulatedEngine implements AutoCloseable {
       int tokensPerStep,
       long seed,
       LayerListener layerListener) {
-    this(role, engineId, geometry, List.of(layerRegions), scheduler, List.of(worker),
-        tokensPerStep, seed, layerListener);
-  }
-
-  /** An engine with one worker per TP rank (see below), telling no one of layer events. */
-  public SimulatedEngine(
-      Role role,
-      String engineId,
-      KvCacheGeometry geometry,
-      List<List<MemoryRegion>> layerRegionsByRank,
-      ConnectorScheduler scheduler,
-      List<ConnectorWorker> workers,
-      int tokensPerStep,
-      long seed) {
-    this(role, engineId, geometry, layerRegionsByRank, scheduler, workers, tokensPerStep, seed,
-        LayerListener.NONE);
-  }
-
-  /**
-   * An engine with one worker per TP rank, its cache in host memory.
-   *
-   * @param geometry one rank's geometry: its kvHeads are the rank's share of the heads
-   * @param layerRegionsByRank per TP rank (in rank order), its registered layer regions
-   * @param workers per TP rank, its worker
-   * @param layerListener told when each layer's events have fired on every rank
-   */
-  public SimulatedEngine(
-      Role role,
-      String engineId,
-      KvCacheGeometry geometry,
-      List<List<MemoryRegion>> layerRegionsByRank,
-      ConnectorScheduler scheduler,
-      List<ConnectorWorker> workers,
-      int tokensPerStep,
-      long seed,
-      LayerListener layerListener) {
-    this(role, engineId, geometry, new HostKvCache(geometry, layerRegionsByRank), scheduler,
-        workers, tokensPerStep, seed, layerListener);
+    this(role, engineId, geometry, new HostKvCache(geometry, List.of(layerRegions)), scheduler,
+        List.of(worker), tokensPerStep, seed, layerListener);
   }
 
   /**
    * An engine with one worker per TP rank over {@code cache} (host or GPU), which holds one set of
    * layers per worker. The caller closes the cache after the engine.
+   *
+   * @param geometry one rank's geometry: its kvHeads are the rank's share of the heads
+   * @param workers per TP rank (in rank order), its worker
+   * @param layerListener told when each layer's events have fired on every rank
    */
   public SimulatedEngine(
       Role role,
