@@ -1,5 +1,6 @@
 package dev.kvferry.jmh;
 
+import dev.kvferry.actors.plan.BlockIdSamples;
 import dev.kvferry.actors.plan.InvalidBlockIdsException;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.actors.plan.TransferPlanner;
@@ -56,12 +57,12 @@ public class PlannerBenchmark {
         remote = inOrder.clone();
       }
       case "scattered" -> {
-        local = pick(blocks, 2 * blocks, r);
-        remote = pick(blocks, 2 * blocks, r);
+        local = BlockIdSamples.distinct(r, blocks, 2 * blocks);
+        remote = BlockIdSamples.distinct(r, blocks, 2 * blocks);
       }
       case "remote-scattered" -> {
         local = inOrder;
-        remote = pick(blocks, 2 * blocks, r);
+        remote = BlockIdSamples.distinct(r, blocks, 2 * blocks);
       }
       default -> throw new IllegalArgumentException("ids: " + ids);
     }
@@ -72,17 +73,4 @@ public class PlannerBenchmark {
     return planner.plan(geometry, geometry.numBlocks(), local, remote);
   }
 
-  static int[] pick(int n, int of, Random r) {
-    int[] all = new int[of];
-    for (int i = 0; i < of; i++) {
-      all[i] = i;
-    }
-    for (int i = of - 1; i > 0; i--) {
-      int j = r.nextInt(i + 1);
-      int t = all[i];
-      all[i] = all[j];
-      all[j] = t;
-    }
-    return java.util.Arrays.copyOf(all, n);
-  }
 }

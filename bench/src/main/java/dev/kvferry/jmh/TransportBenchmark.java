@@ -1,5 +1,6 @@
 package dev.kvferry.jmh;
 
+import dev.kvferry.actors.plan.BlockIdSamples;
 import dev.kvferry.rdma.CmaTransport;
 import dev.kvferry.rdma.LocalTransport;
 import dev.kvferry.rdma.MemoryRegion;
@@ -101,6 +102,6 @@ public class TransportBenchmark {
       }
       return inOrder;
     }
-    return PlannerBenchmark.pick(n, of, new Random(seed));
+    return BlockIdSamples.distinct(new Random(seed), n, of);
   }
 }

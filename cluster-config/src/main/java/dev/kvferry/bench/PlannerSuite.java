@@ -2,6 +2,7 @@ package dev.kvferry.bench;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
+import dev.kvferry.actors.plan.BlockIdSamples;
 import dev.kvferry.actors.plan.InvalidBlockIdsException;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.actors.plan.TransferPlanner;
@@ -93,22 +94,9 @@ public final class PlannerSuite {
     KvCacheGeometry g = KvCacheGeometry.standard(2 * n, Geometry.BLOCK_TOKENS, Geometry.KV_HEADS,
         Geometry.HEAD_DIM, Geometry.ELEMENT_BYTES);
     Random r = new Random(seed);
-    return new Request(g, pick(n, 2 * n, r), pick(n, 2 * n, r));
+    return new Request(g, BlockIdSamples.distinct(r, n, 2 * n), BlockIdSamples.distinct(r, n, 2 * n));
   }
 
-  private static int[] pick(int n, int of, Random r) {
-    int[] all = new int[of];
-    for (int i = 0; i < of; i++) {
-      all[i] = i;
-    }
-    for (int i = of - 1; i > 0; i--) {
-      int j = r.nextInt(i + 1);
-      int t = all[i];
-      all[i] = all[j];
-      all[j] = t;
-    }
-    return Arrays.copyOf(all, n);
-  }
 
   /** Times kvferry's planner on one request: warmed up for 2 s, then rounds of >= 50 ms. */
   private static final class TransferPlan {

@@ -1,5 +1,6 @@
 package dev.kvferry.cli;
 
+import dev.kvferry.actors.plan.BlockIdSamples;
 import static java.nio.charset.StandardCharsets.UTF_8;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -9,10 +10,8 @@ import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
-import java.util.HashSet;
 import java.util.List;
 import java.util.Random;
-import java.util.Set;
 import java.util.StringJoiner;
 import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.BeforeAll;
@@ -132,7 +131,7 @@ class PlanCommandMatchesSeedTest {
       case 1 -> { // runs, shuffled
         local = runs(random, n, numBlocks);
         remote = runs(random, n, remoteNumBlocks);
-        shuffleTogether(random, local, remote);
+        BlockIdSamples.shuffleTogether(random, local, remote);
       }
       case 2 -> { // the last block of each side, then block 0: K's end meets V's start
         n = Math.min(n, 2);
@@ -140,8 +139,8 @@ class PlanCommandMatchesSeedTest {
         remote = n == 2 ? new int[] {remoteNumBlocks - 1, 0} : new int[n];
       }
       default -> { // scattered
-        local = distinct(random, n, numBlocks);
-        remote = distinct(random, n, remoteNumBlocks);
+        local = BlockIdSamples.distinct(random, n, numBlocks);
+        remote = BlockIdSamples.distinct(random, n, remoteNumBlocks);
       }
     }
     StringBuilder json = new StringBuilder("{");
@@ -180,30 +179,7 @@ class PlanCommandMatchesSeedTest {
     return ids;
   }
 
-  private static int[] distinct(Random random, int n, int limit) {
-    Set<Integer> used = new HashSet<>();
-    int[] ids = new int[n];
-    for (int i = 0; i < n; i++) {
-      int id;
-      do {
-        id = random.nextInt(limit);
-      } while (!used.add(id));
-      ids[i] = id;
-    }
-    return ids;
-  }
 
-  private static void shuffleTogether(Random random, int[] a, int[] b) {
-    for (int i = a.length - 1; i > 0; i--) {
-      int j = random.nextInt(i + 1);
-      int t = a[i];
-      a[i] = a[j];
-      a[j] = t;
-      t = b[i];
-      b[i] = b[j];
-      b[j] = t;
-    }
-  }
 
   private static String list(int[] ids) {
     StringJoiner joiner = new StringJoiner(", ", "[", "]");

@@ -7,9 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvferry.rdma.TransferBatch;
 import java.util.Arrays;
-import java.util.HashSet;
 import java.util.Random;
-import java.util.Set;
 import net.jqwik.api.Arbitraries;
 import net.jqwik.api.Arbitrary;
 import net.jqwik.api.Combinators;
@@ -143,12 +141,12 @@ class TransferPlannerPropertiesTest {
         local = runs(random, n, g.numBlocks());
         remote = runs(random, n, remoteNumBlocks);
         if (shape == Shape.SHUFFLED_RUNS) {
-          shuffleTogether(random, local, remote);
+          BlockIdSamples.shuffleTogether(random, local, remote);
         }
       }
       case SCATTERED, SCATTERED_SORTED -> {
-        local = distinct(random, n, g.numBlocks());
-        remote = distinct(random, n, remoteNumBlocks);
+        local = BlockIdSamples.distinct(random, n, g.numBlocks());
+        remote = BlockIdSamples.distinct(random, n, remoteNumBlocks);
         if (shape == Shape.SCATTERED_SORTED) {
           sortByLocal(local, remote);
         }
@@ -167,7 +165,7 @@ class TransferPlannerPropertiesTest {
           remote[k - 1] = 0;
         }
         if (random.nextBoolean()) {
-          shuffleTogether(random, local, remote);
+          BlockIdSamples.shuffleTogether(random, local, remote);
         }
       }
       default -> throw new AssertionError(shape);
@@ -192,30 +190,7 @@ class TransferPlannerPropertiesTest {
     return ids;
   }
 
-  private static int[] distinct(Random random, int n, int limit) {
-    int[] ids = new int[n];
-    Set<Integer> used = new HashSet<>();
-    for (int i = 0; i < n; i++) {
-      int id;
-      do {
-        id = random.nextInt(limit);
-      } while (!used.add(id));
-      ids[i] = id;
-    }
-    return ids;
-  }
 
-  private static void shuffleTogether(Random random, int[] a, int[] b) {
-    for (int i = a.length - 1; i > 0; i--) {
-      int j = random.nextInt(i + 1);
-      int t = a[i];
-      a[i] = a[j];
-      a[j] = t;
-      t = b[i];
-      b[i] = b[j];
-      b[j] = t;
-    }
-  }
 
   private static void sortByLocal(int[] local, int[] remote) {
     long[] packed = new long[local.length];
