@@ -128,7 +128,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     }
   }
 
-  /** D, from its {@link DoneWordWatcher}: P's copies of a transfer landed (source rank known). */
+  /** D, from its {@link DoneWordWatcher}: the one P worker's copies of a transfer landed. */
   private record DoneWordSeen(String transferId) implements Command, LocalOnly {}
 
   /**
@@ -219,8 +219,6 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   /** D, cuda transport: done words P's copy streams store into (null until first needed). */
   private DoneWordWatcher doneWords;
   private boolean doneWordsUnavailable;
-  /** Transfers watched by a done word, with the P worker that writes them. */
-  private final Map<String, Integer> doneWordSources = new HashMap<>();
   private final ActorRef<HandshakeActor.Result> readHandshakeAdapter;
   private final Map<String, ReadJob> reads = new HashMap<>();
   private final Map<String, List<ReqMeta>> readsAwaitingPeer = new HashMap<>();
@@ -389,7 +387,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
             due.add(source);
           }
           DoneWordWatcher.Ticket ticket =
-              sources.length == 1 ? doneWordTicket(r.transferId(), sources[0]) : null;
+              sources.length == 1 ? doneWordTicket(r.transferId()) : null;
           RemoteBlocks blocks =
               ticket == null
                   ? new RemoteBlocks(
@@ -425,7 +423,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
    * A done word for a transfer written by one P worker over the cuda transport; null (messages
    * only) otherwise.
    */
-  private DoneWordWatcher.Ticket doneWordTicket(String transferId, int source) {
+  private DoneWordWatcher.Ticket doneWordTicket(String transferId) {
     if (!(setup.transport() instanceof CudaTransport)) {
       return null;
     }
@@ -437,21 +435,21 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     if (doneWords == null) {
       return null;
     }
-    doneWordSources.put(transferId, source);
     return doneWords.register(transferId);
   }
 
   private void forgetDoneWord(String transferId) {
     if (doneWords != null) {
       doneWords.forget(transferId);
-      doneWordSources.remove(transferId);
     }
   }
 
   private Behavior<Command> onDoneWordSeen(DoneWordSeen m) {
-    Integer source = doneWordSources.remove(m.transferId());
-    if (source != null) {
-      onWriteDone(new WriteDone(m.transferId(), "", source));
+    // Words are handed out only for one writer, so its rank is the one still due; nothing is due
+    // once its WriteDone overtook the word.
+    Set<Integer> due = writeDonesDue.get(m.transferId());
+    if (due != null && due.size() == 1) {
+      onWriteDone(new WriteDone(m.transferId(), "", due.iterator().next()));
     }
     return this;
   }

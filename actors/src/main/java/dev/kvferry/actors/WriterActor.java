@@ -86,7 +86,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     boolean handshakeRequested;
     /** D's done word for this target (cuda transport), from its RemoteBlocks; null: none. */
     EngineActor.RemoteBlocks doneWord;
-    /** Each issued layer's submission (the copies queued on the stream, not yet done). */
+    /** With a done word: each issued layer's submission (copies queued, not yet done). */
     final List<CompletableFuture<?>> submitted = new ArrayList<>();
     boolean doneWordQueued;
 
@@ -488,7 +488,9 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
                     ? ((CudaTransport) transport).writeAfter(after, local, remote, plan)
                     : transport.write(local, remote, plan),
             io);
-    t.submitted.add(submission);
+    if (t.doneWord != null) {
+      t.submitted.add(submission); // the done word is stored behind every layer's copies
+    }
     CompletableFuture<TransferStatus> done = submission.thenCompose(TransferStatus::completion);
     String id = j.transferId;
     int rank = t.tpRank;
