@@ -17,6 +17,7 @@ import java.net.http.HttpResponse;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
 import java.util.stream.StreamSupport;
@@ -30,6 +31,19 @@ import org.apache.pekko.cluster.typed.Cluster;
  * allocators full, no open transfers, the dead members gone.
  */
 final class ClusterChecks {
+  /**
+   * Cluster settings for fault tests: a silent member is unreachable after ~6 s (kvferry's
+   * default; shorter pauses made this loaded two-core host flag healthy nodes) and downed 3 s
+   * later, while every connector timer is ten minutes, so whatever frees a block within a test's
+   * deadline is the cluster reacting to the fault, not a timer.
+   */
+  static final Map<String, String> FAST_DOWNING = Map.of(
+      "pekko.cluster.failure-detector.acceptable-heartbeat-pause", "6s",
+      "pekko.cluster.split-brain-resolver.stable-after", "3s",
+      "kvferry.connector.defer-timeout", "10m",
+      "kvferry.connector.transfer-timeout", "10m",
+      "kvferry.connector.read-abort-timeout", "10m");
+
   private final Demo demo;
   private final ActorTestKit kit;
   private final Duration within;

@@ -17,7 +17,6 @@ import java.nio.file.Files;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
-import java.util.Map;
 import java.util.Optional;
 import java.util.concurrent.CompletableFuture;
 import org.apache.pekko.actor.testkit.typed.javadsl.TestProbe;
@@ -39,13 +38,6 @@ import org.junit.jupiter.api.TestInstance;
 @TestInstance(TestInstance.Lifecycle.PER_CLASS)
 class NetworkPartitionTest {
 
-  /** Unreachable after 6 s of silence, decided 3 s later; connector timers far beyond that. */
-  private static final Map<String, String> FAST_DOWNING = Map.of(
-      "pekko.cluster.failure-detector.acceptable-heartbeat-pause", "6s",
-      "pekko.cluster.split-brain-resolver.stable-after", "3s",
-      "kvferry.connector.defer-timeout", "10m",
-      "kvferry.connector.transfer-timeout", "10m",
-      "kvferry.connector.read-abort-timeout", "10m");
   private static final Duration DECIDED_WITHIN = Duration.ofSeconds(90);
   private static final Duration ROUTE_TIMEOUT = Duration.ofSeconds(120);
 
@@ -61,7 +53,7 @@ class NetworkPartitionTest {
     lab = NetworkLab.create(List.of("prefill", "decode"));
     DemoOptions options = new DemoOptions("tcp", List.of("write", "read"), 3, 2, 16, 4, 2, false,
         24, 256, 256, 1, 1, 120, 0, 0, 1, 7, false);
-    demo = new Demo(options, FAST_DOWNING, lab.bridgeHost());
+    demo = new Demo(options, ClusterChecks.FAST_DOWNING, lab.bridgeHost());
     demo.startCluster(lab.placement("prefill"), lab.placement("decode"));
     checks = new ClusterChecks(demo, DECIDED_WITHIN, ROUTE_TIMEOUT);
     for (String mode : List.of("write", "read")) {

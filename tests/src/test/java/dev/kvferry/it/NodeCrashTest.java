@@ -43,17 +43,7 @@ import org.junit.jupiter.api.TestMethodOrder;
 @TestMethodOrder(MethodOrderer.OrderAnnotation.class)
 class NodeCrashTest {
 
-  /**
-   * Downing in seconds: unreachable after ~6 s of silence (kvferry's default; shorter pauses made
-   * this loaded two-core host flag healthy nodes), downed 3 s later.
-   */
-  private static final Map<String, String> FAST_FAILURE_DETECTION = Map.of(
-      "pekko.cluster.failure-detector.acceptable-heartbeat-pause", "6s",
-      "pekko.cluster.split-brain-resolver.stable-after", "3s",
-      "kvferry.connector.defer-timeout", "10m",
-      "kvferry.connector.transfer-timeout", "10m",
-      "kvferry.connector.read-abort-timeout", "10m");
-  /** Far below every connector timeout above. */
+  /** Far below every connector timeout of ClusterChecks.FAST_DOWNING (ten minutes). */
   private static final Duration FREED_WITHIN = Duration.ofSeconds(60);
   private static final Duration ROUTE_TIMEOUT = Duration.ofSeconds(90);
 
@@ -65,7 +55,7 @@ class NodeCrashTest {
   void startCluster() throws Exception {
     DemoOptions options = new DemoOptions("cma", List.of("write", "read"), 3, 2, 16, 4, 2, false,
         24, 256, 256, 1, 1, 120, 0, 0, 1, 5, false);
-    demo = new Demo(options, FAST_FAILURE_DETECTION);
+    demo = new Demo(options, ClusterChecks.FAST_DOWNING);
     demo.startCluster();
     // The second node of each role is DP rank 1 (the first ones are rank 0).
     demo.startNode("prefill-b", Role.PREFILL, 1, 2);
