@@ -63,10 +63,10 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
     }
   }
 
-  private static final String CLUSTER_PROVIDER = "org.apache.pekko.cluster.ClusterActorRefProvider";
-
   private final AgentMetadata local;
   private final byte[] localBlob;
+  /** Whether this system has cluster membership to check askers against. */
+  private final boolean clustered;
   private final ConnectorSettings settings;
   private final TimerScheduler<Command> timers;
   private final Map<PeerKey, AgentMetadata> cache = new HashMap<>();
@@ -89,6 +89,9 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
     this.timers = timers;
     this.local = local;
     this.localBlob = local.pack();
+    // Pekko's resolved provider class ("cluster" in config and its class name both end here).
+    this.clustered = ctx.getSystem().settings().classicSettings().ProviderClass()
+        .equals("org.apache.pekko.cluster.ClusterActorRefProvider");
     this.settings = settings;
   }
 
@@ -118,8 +121,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   }
 
   private boolean isClusterMember(Address address) {
-    String provider = getContext().getSystem().settings().config().getString("pekko.actor.provider");
-    if (!provider.equals("cluster") && !provider.equals(CLUSTER_PROVIDER)) {
+    if (!clustered) {
       return false; // no membership to check: only local askers are served
     }
     for (Member member : Cluster.get(getContext().getSystem()).state().getMembers()) {

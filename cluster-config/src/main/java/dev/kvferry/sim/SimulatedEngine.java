@@ -20,12 +20,14 @@ import dev.kvferry.sim.SimEngineActor.Outcome.Status;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collections;
 import java.util.HashMap;
 import java.util.IdentityHashMap;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.LockSupport;
@@ -241,15 +243,15 @@ public final class SimulatedEngine implements AutoCloseable {
   private void stopAndFailEverything(String reason) {
     stoppedBecause = reason;
     running = false;
-    Map<SimRequest, Boolean> pending = new IdentityHashMap<>();
-    waiting.values().forEach(r -> pending.put(r, true));
-    transferring.values().forEach(r -> pending.put(r, true));
-    checking.forEach(c -> pending.put(c.request(), true));
+    Set<SimRequest> pending = Collections.newSetFromMap(new IdentityHashMap<>());
+    pending.addAll(waiting.values());
+    pending.addAll(transferring.values());
+    checking.forEach(c -> pending.add(c.request()));
     waiting.clear();
     transferring.clear();
     checking.clear();
     afterFence.clear();
-    for (SimRequest r : pending.keySet()) {
+    for (SimRequest r : pending) {
       allocator.free(r.blocks);
       reply(r, Status.FAILED, null, reason);
     }
