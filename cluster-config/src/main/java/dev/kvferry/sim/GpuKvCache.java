@@ -57,7 +57,7 @@ public final class GpuKvCache implements SimKvCache {
    * waiter (the tcp path polls the event) never sees it go back to pending before it saw it done.
    */
   private static final int EVENT_SLOTS = 4;
-  private final List<List<CudaEvent[]>> layerEvents = new ArrayList<>();
+  private final List<CudaEvent[]> layerEvents = new ArrayList<>();
   private final Fence[] slotFences = new Fence[EVENT_SLOTS];
   private long steps;
   private final List<Staging> staging = new ArrayList<>();
@@ -147,15 +147,12 @@ public final class GpuKvCache implements SimKvCache {
         }
         layerAddresses.add(addresses);
         layerTables.add(upload(addresses));
-        for (int slot = 0; slot < EVENT_SLOTS; slot++) {
-          if (layerEvents.size() <= slot) {
-            layerEvents.add(new ArrayList<>());
-          }
-          CudaEvent[] events = new CudaEvent[layers];
-          layerEvents.get(slot).add(events);
-          for (int l = 0; l < layers; l++) {
-            events[l] = CudaEvent.create(device, false);
-          }
+      }
+      for (int slot = 0; slot < EVENT_SLOTS; slot++) {
+        CudaEvent[] events = new CudaEvent[ranks * layers]; // by rank * layers + layer
+        layerEvents.add(events); // listed first, so close() frees those created if one fails
+        for (int i = 0; i < events.length; i++) {
+          events[i] = CudaEvent.create(device, false);
         }
       }
     } catch (RuntimeException e) {
@@ -208,13 +205,13 @@ public final class GpuKvCache implements SimKvCache {
     Staging s = stage(tokenTable(ranges, tokens, 0));
     int slot = (int) (steps++ % EVENT_SLOTS);
     awaitSlot(slot);
-    List<CudaEvent[]> events = layerEvents.get(slot);
+    CudaEvent[] events = layerEvents.get(slot);
     return new ForwardPass() {
       @Override
       public LayerEvent layer(int rank, int layer) {
         Cuda.setDevice(device);
         launchFill(rank, layer, s.device, tokens);
-        CudaEvent e = events.get(rank)[layer];
+        CudaEvent e = events[rank * layers + layer];
         e.record(stream);
         return new CudaLayerEvent(e);
       }
@@ -459,13 +456,13 @@ public final class GpuKvCache implements SimKvCache {
     }
     regions.forEach(rank -> rank.forEach(MemoryRegion::close));
     List<Runnable> frees = new ArrayList<>();
-    layerEvents.forEach(slot -> slot.forEach(events -> {
+    layerEvents.forEach(events -> {
       for (CudaEvent e : events) {
         if (e != null) {
           frees.add(e::close);
         }
       }
-    }));
+    });
     fenceEvents.forEach(e -> frees.add(e::close));
     for (Staging s : staging) {
       frees.add(s.done::close);
