@@ -66,6 +66,8 @@ public final class Demo implements AutoCloseable {
   private final Map<String, String> managementHosts = new java.util.HashMap<>();
   /** The router's and this client's cluster address; nodes elsewhere must reach it. */
   private final String clusterHost;
+  /** Where the router and nodes without a placement of their own run: directly, on clusterHost. */
+  private final NodePlacement here;
   private ActorSystem<Void> client;
   private ActorRef<RouterActor.Command> routerRef;
 
@@ -91,6 +93,7 @@ public final class Demo implements AutoCloseable {
       throws IOException {
     this.options = options;
     this.clusterHost = clusterHost;
+    this.here = NodePlacement.LOOPBACK.withHost(clusterHost);
     this.logDir = Files.createTempDirectory("kvferry-demo-");
     this.routerPort = FreePorts.next();
     Map<String, String> merged = new java.util.TreeMap<>(PATIENT_CLUSTER);
@@ -123,7 +126,6 @@ public final class Demo implements AutoCloseable {
    * router is listed.
    */
   public void startCluster() throws Exception {
-    NodePlacement here = NodePlacement.LOOPBACK.withHost(clusterHost);
     startCluster(here, here);
   }
 
@@ -131,7 +133,7 @@ public final class Demo implements AutoCloseable {
   public void startCluster(NodePlacement prefill, NodePlacement decode) throws Exception {
     String seed = seed();
     ChildProcess router =
-        start("router", NodePlacement.LOOPBACK.withHost(clusterHost),
+        start("router", here,
             List.of("router", "--host", clusterHost, "--port", Integer.toString(routerPort),
             "--management-port", Integer.toString(managementPort("router")), "--seed-nodes", seed));
     // One P and one D node, each hosting one engine per mode: JVM start-up dominates a short run.
@@ -153,7 +155,7 @@ public final class Demo implements AutoCloseable {
 
   /** As {@link #startNode(String, Role)}, as DP rank {@code dpRank} of {@code dpSize}. */
   public ChildProcess startNode(String name, Role role, int dpRank, int dpSize) throws IOException {
-    return startNode(name, role, dpRank, dpSize, NodePlacement.LOOPBACK.withHost(clusterHost));
+    return startNode(name, role, dpRank, dpSize, here);
   }
 
   /**
