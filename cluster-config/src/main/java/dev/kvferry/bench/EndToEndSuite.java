@@ -1,5 +1,6 @@
 package dev.kvferry.bench;
 
+import dev.kvferry.engine.EngineService;
 import dev.kvferry.actors.TransferObserver;
 import dev.kvferry.actors.connector.ConnectorScheduler;
 import dev.kvferry.actors.connector.ConnectorWorker;
@@ -15,9 +16,8 @@ import dev.kvferry.rdma.Transport;
 import dev.kvferry.rdma.TransportOptions;
 import dev.kvferry.rdma.Transports;
 import dev.kvferry.rdma.bench.HostTransferBench;
-import dev.kvferry.sim.RequestSpec;
-import dev.kvferry.sim.SimEngineActor;
-import dev.kvferry.sim.SimEngineActor.Outcome;
+import dev.kvferry.engine.RequestSpec;
+import dev.kvferry.engine.EngineService.Outcome;
 import dev.kvferry.sim.SimulatedEngine;
 import java.io.IOException;
 import java.io.PrintStream;
@@ -225,9 +225,9 @@ public final class EndToEndSuite {
         writesDoneNanos = 0;
         // D first, as a router that sends both at once would see it: its block ids reach P
         // while P computes, so the last layer's write is the only one left at the end.
-        d.engine.submit(new SimEngineActor.Submit(spec,
+        d.engine.submit(new EngineService.Submit(spec,
             KvTransferParams.forDecode(tx, PREFILL_ID, 0), d.outcomeRef));
-        p.engine.submit(new SimEngineActor.Submit(spec,
+        p.engine.submit(new EngineService.Submit(spec,
             KvTransferParams.forPrefill(tx, DECODE_ID, 0), p.outcomeRef));
         p.await(id);
         d.await(id);

@@ -102,8 +102,8 @@ public final class DemoCommand implements Callable<Integer> {
           dGpu != null ? dGpu : -1);
       if (gpus) {
         // Fail here, before any JVM starts: "CUDA not available: <reason>", or no such device.
-        GpuKvCache.requireDevice(options.pGpu());
-        GpuKvCache.requireDevice(options.dGpu());
+        Cuda.requireDevice(options.pGpu());
+        Cuda.requireDevice(options.dGpu());
       }
     } catch (IllegalArgumentException | CudaUnavailableException e) {
       err.println("kvferry demo: " + e.getMessage());

@@ -50,7 +50,12 @@ public final class NodeCommand implements Callable<Integer> {
 
   @Mixin GeometryOptions geometry = new GeometryOptions();
 
-  @Option(names = "--no-simulated-engine", description = "Run without the simulated engine.")
+  @Option(names = "--engine", paramLabel = "KIND",
+      description = "What drives the node's connector: sim (the simulated engine, default) or none"
+          + " (a KV cache nothing drives).")
+  String engine;
+
+  @Option(names = "--no-simulated-engine", description = "The same as --engine none.")
   boolean noSimulator;
 
   @Spec CommandSpec spec;
@@ -79,8 +84,15 @@ public final class NodeCommand implements Callable<Integer> {
       m.put("kvferry.node.gpu", gpu);
     }
     m.put("kvferry.node.tcp.bind-host", cluster.host);
+    if (noSimulator && engine != null && !engine.equals("none")) {
+      spec.commandLine().getErr().println("kvferry node: --no-simulated-engine contradicts --engine "
+          + engine);
+      return 2;
+    }
     if (noSimulator) {
-      m.put("kvferry.node.simulated-engine", false);
+      m.put("kvferry.node.engine", "none");
+    } else if (engine != null) {
+      m.put("kvferry.node.engine", engine);
     }
     EngineNode node = EngineNode.start(cluster.toConfig(List.of(role), m));
     java.net.URI management = dev.kvferry.management.ManagementServer.start(node.system());

@@ -1,5 +1,6 @@
 package dev.kvferry.demo;
 
+import dev.kvferry.engine.EngineService;
 import com.typesafe.config.Config;
 import dev.kvferry.actors.connector.Role;
 import dev.kvferry.actors.connector.TransferMode;
@@ -7,9 +8,8 @@ import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.node.FreePorts;
 import dev.kvferry.node.KvferryConfig;
 import dev.kvferry.router.RouterActor;
-import dev.kvferry.sim.RequestSpec;
-import dev.kvferry.sim.SimEngineActor;
-import dev.kvferry.sim.SimEngineActor.Outcome;
+import dev.kvferry.engine.RequestSpec;
+import dev.kvferry.engine.EngineService.Outcome;
 import java.io.IOException;
 import java.io.PrintStream;
 import java.nio.file.Files;
@@ -110,8 +110,8 @@ public final class Demo implements AutoCloseable {
     startCluster();
     List<ModeReport> reports = new ArrayList<>();
     for (String mode : options.modes()) {
-      ActorRef<SimEngineActor.Command> pSim = awaitSim(Role.PREFILL, engineId("prefill", mode));
-      ActorRef<SimEngineActor.Command> dSim = awaitSim(Role.DECODE, engineId("decode", mode));
+      ActorRef<EngineService.Command> pSim = awaitSim(Role.PREFILL, engineId("prefill", mode));
+      ActorRef<EngineService.Command> dSim = awaitSim(Role.DECODE, engineId("decode", mode));
       awaitRoutable(engineId("prefill", mode), engineId("decode", mode));
       reports.add(runWorkload(mode, routerRef, pSim, dSim));
     }
@@ -216,8 +216,8 @@ public final class Demo implements AutoCloseable {
   }
 
   /** Waits until the simulated engine {@code engineId} of {@code role} is listed. */
-  public ActorRef<SimEngineActor.Command> awaitSim(Role role, String engineId) throws Exception {
-    return awaitOne(SimEngineActor.serviceKey(role),
+  public ActorRef<EngineService.Command> awaitSim(Role role, String engineId) throws Exception {
+    return awaitOne(EngineService.serviceKey(role),
         r -> EngineIdentity.fromActorName(r.path().name())
             .map(id -> id.engineId().equals(engineId)).orElse(false),
         engineId, null);
@@ -244,8 +244,8 @@ public final class Demo implements AutoCloseable {
   }
 
   /** Block counts of one simulated engine. */
-  public SimEngineActor.Stats stats(ActorRef<SimEngineActor.Command> sim) throws Exception {
-    return AskPattern.ask(sim, SimEngineActor.GetStats::new, Duration.ofSeconds(5), client.scheduler())
+  public EngineService.Stats stats(ActorRef<EngineService.Command> sim) throws Exception {
+    return AskPattern.ask(sim, EngineService.GetStats::new, Duration.ofSeconds(5), client.scheduler())
         .toCompletableFuture().get();
   }
 
@@ -309,8 +309,8 @@ public final class Demo implements AutoCloseable {
   private ModeReport runWorkload(
       String mode,
       ActorRef<RouterActor.Command> router,
-      ActorRef<SimEngineActor.Command> pSim,
-      ActorRef<SimEngineActor.Command> dSim)
+      ActorRef<EngineService.Command> pSim,
+      ActorRef<EngineService.Command> dSim)
       throws Exception {
     List<RequestSpec> specs = workload(mode);
     ConcurrentLinkedQueue<RouterActor.Routed> results = new ConcurrentLinkedQueue<>();
@@ -390,11 +390,11 @@ public final class Demo implements AutoCloseable {
   }
 
   /** Blocks still allocated on an engine once its transfers have drained (0 when none leaked). */
-  private int awaitBlocksFree(ActorRef<SimEngineActor.Command> sim) throws Exception {
+  private int awaitBlocksFree(ActorRef<EngineService.Command> sim) throws Exception {
     long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(15);
-    SimEngineActor.Stats s;
+    EngineService.Stats s;
     do {
-      s = AskPattern.ask(sim, SimEngineActor.GetStats::new, Duration.ofSeconds(5), client.scheduler())
+      s = AskPattern.ask(sim, EngineService.GetStats::new, Duration.ofSeconds(5), client.scheduler())
           .toCompletableFuture().get();
       if (s.freeBlocks() == s.numBlocks()) {
         return 0;

@@ -10,11 +10,11 @@ import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionRegistry;
 import dev.kvferry.rdma.Transport;
 import dev.kvferry.rdma.Transports;
-import dev.kvferry.sim.GpuKvCache;
-import dev.kvferry.sim.HostKvCache;
-import dev.kvferry.sim.SimEngineActor;
-import dev.kvferry.sim.SimKvCache;
-import dev.kvferry.sim.SimulatedEngine;
+import dev.kvferry.engine.EngineDriver;
+import dev.kvferry.engine.EngineKind;
+import dev.kvferry.engine.EngineKinds;
+import dev.kvferry.engine.EngineSetup;
+import dev.kvferry.rdma.cuda.Cuda;
 import java.io.IOException;
 import java.time.Clock;
 import java.util.ArrayList;
@@ -25,7 +25,6 @@ import java.util.Set;
 import java.util.concurrent.TimeUnit;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.ActorSystem;
-import org.apache.pekko.actor.typed.Props;
 import org.apache.pekko.actor.typed.javadsl.Behaviors;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -33,8 +32,9 @@ import org.slf4j.LoggerFactory;
 /**
  * One engine node: an actor system in the cluster with role prefill or decode hosting one engine
  * per configured transfer mode. Each engine has one worker per TP rank (its registered KV cache and
- * transport), the connector's scheduler side, and, when enabled, the simulated engine driving them.
- * The KV caches are in host memory, or with {@code kvferry.node.gpu} on that GPU.
+ * transport), the connector's scheduler side, and the driver of the engine kind the config names
+ * ({@code kvferry.node.engine}: {@link EngineKinds}). The KV caches are in host memory, or with
+ * {@code kvferry.node.gpu} on that GPU.
  */
 public final class EngineNode implements NodeRuntime, AutoCloseable {
 
@@ -46,29 +46,32 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
       TransferMode mode,
       List<ConnectorWorker> workers,
       ConnectorScheduler scheduler,
-      SimulatedEngine simulator) {}
+      EngineDriver driver) {}
 
   private final ActorSystem<Void> system;
   private final NodeSettings settings;
   private final NodeMetrics metrics = new NodeMetrics();
   private final List<RegionRegistry> registries = new ArrayList<>();
-  private final List<SimKvCache> caches = new ArrayList<>();
+  private final EngineKind engineKind;
   /** With the cuda transport, the one every worker of the node uses (see openTransport). */
   private Transport cudaTransport;
   private final List<Engine> engines = new ArrayList<>();
+  /** Drivers of engines whose workers failed to start: their KV caches go back at close too. */
+  private final List<EngineDriver> failedDrivers = new ArrayList<>();
   private volatile boolean ready;
 
   private EngineNode(Config config) throws IOException {
     this.settings = NodeSettings.fromConfig(config);
+    // Before anything starts: an unknown engine kind, "CUDA not available: <reason>", no such GPU.
+    this.engineKind = EngineKinds.named(settings.engine());
     if (settings.onGpu()) {
-      // Before anything starts: "CUDA not available: <reason>" or no such GPU.
-      GpuKvCache.requireDevice(settings.gpu());
+      Cuda.requireDevice(settings.gpu());
     }
     this.system = ActorSystem.create(Behaviors.empty(), "kvferry", config);
     NodeRuntime.register(this);
     try {
       for (TransferMode mode : settings.modes()) {
-        engines.add(startEngine(mode));
+        startEngine(mode);
       }
       ready = true;
     } catch (IOException | RuntimeException e) {
@@ -79,7 +82,7 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
     }
   }
 
-  private Engine startEngine(TransferMode mode) throws IOException {
+  private void startEngine(TransferMode mode) throws IOException {
     String engineId = settings.engineIdFor(mode);
     List<ConnectorWorker> workers = new ArrayList<>();
     List<ActorRef<EngineActor.Command>> refs = new ArrayList<>();
@@ -95,35 +98,32 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
       registries.add(registry);
       rankRegistries.add(registry);
     }
-    SimKvCache cache = allocateCache(rankRegistries);
-    caches.add(cache);
-    for (int tp = 0; tp < settings.tpSize(); tp++) {
-      EngineIdentity id = ids.get(tp);
-      List<MemoryRegion> layers = cache.layerRegions(tp);
-      Transport transport = openTransport(rankRegistries.get(tp));
-      ConnectorWorker worker =
-          new ConnectorWorker(system, id, transport, settings.connector(), metrics);
-      worker.registerKvCaches(settings.geometry(), layers);
-      workers.add(worker);
-      refs.add(worker.engineRef());
+    EngineDriver driver =
+        engineKind.create(
+            new EngineSetup(settings.role(), engineId, mode, settings.geometry(), settings.layers(),
+                settings.gpu(), rankRegistries));
+    try {
+      for (int tp = 0; tp < settings.tpSize(); tp++) {
+        Transport transport = openTransport(rankRegistries.get(tp));
+        ConnectorWorker worker =
+            new ConnectorWorker(system, ids.get(tp), transport, settings.connector(), metrics);
+        workers.add(worker);
+        worker.registerKvCaches(settings.geometry(), driver.layerRegions(tp));
+        refs.add(worker.engineRef());
+      }
+    } catch (RuntimeException e) {
+      // Not listed in engines yet, so close() would not see these.
+      workers.forEach(ConnectorWorker::shutdown);
+      failedDrivers.add(driver);
+      throw e;
     }
     ConnectorScheduler scheduler =
         new ConnectorScheduler(
             settings.role(), mode, engineId, settings.dpRank(), settings.geometry().blockSize(),
             refs, settings.connector(), Clock.systemUTC());
-    SimulatedEngine simulator = null;
-    if (settings.simulatedEngine()) {
-      // One simulated engine drives every TP rank; each rank's cache holds its share of the heads.
-      simulator =
-          new SimulatedEngine(
-              settings.role(), engineId, settings.geometry(), cache, scheduler, workers, 512,
-              engineId.hashCode(), SimulatedEngine.LayerListener.NONE);
-      simulator.start();
-      system.systemActorOf(
-          SimEngineActor.create(simulator), "sim~" + workers.get(0).identity().toActorName(),
-          Props.empty());
-    }
-    return new Engine(engineId, mode, List.copyOf(workers), scheduler, simulator);
+    Engine engine = new Engine(engineId, mode, List.copyOf(workers), scheduler, driver);
+    engines.add(engine); // from here on close() stops it, also if start fails
+    driver.start(system, scheduler, engine.workers());
   }
 
   /**
@@ -139,22 +139,6 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
       cudaTransport = Transports.open("cuda", registry, settings.transportOptions());
     }
     return cudaTransport;
-  }
-
-  /** Each rank's layers, in its registry: in host memory, or on the node's GPU. */
-  private SimKvCache allocateCache(List<RegionRegistry> rankRegistries) {
-    if (settings.onGpu()) {
-      return new GpuKvCache(settings.gpu(), settings.geometry(), settings.layers(), rankRegistries);
-    }
-    List<List<MemoryRegion>> byRank = new ArrayList<>();
-    for (RegionRegistry registry : rankRegistries) {
-      List<MemoryRegion> layers = new ArrayList<>();
-      for (int l = 0; l < settings.layers(); l++) {
-        layers.add(registry.allocateHost(settings.geometry().layerRegionBytes()));
-      }
-      byRank.add(layers);
-    }
-    return new HostKvCache(settings.geometry(), byRank);
   }
 
   /** Starts a node from a complete config (see {@link KvferryConfig}). */
@@ -205,9 +189,7 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
   @Override
   public void close() {
     for (Engine e : engines) {
-      if (e.simulator() != null) {
-        e.simulator().close();
-      }
+      e.driver().stop();
       e.workers().forEach(ConnectorWorker::shutdown);
     }
     // Workers may share a transport (cuda): close each once, after every worker stopped.
@@ -220,7 +202,8 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
       // Transfers in flight use the regions: free them only once the actors are gone.
       system.getWhenTerminated().toCompletableFuture().get(30, TimeUnit.SECONDS);
       // A GPU cache first waits for its stream, then hands its regions back.
-      caches.forEach(SimKvCache::close);
+      engines.forEach(e -> e.driver().close());
+      failedDrivers.forEach(EngineDriver::close);
       registries.forEach(RegionRegistry::close);
     } catch (Exception e) {
       log.warn("actor system did not stop in time; leaving KV regions mapped until exit", e);

@@ -21,7 +21,7 @@ public record NodeSettings(
     int gpu,
     KvCacheGeometry geometry,
     int layers,
-    boolean simulatedEngine,
+    String engine,
     ConnectorSettings connector) {
 
   /** Reads and checks {@code kvferry.node} and {@code kvferry.connector}. */
@@ -70,7 +70,7 @@ public record NodeSettings(
         gpu,
         geometry,
         layers,
-        n.getBoolean("simulated-engine"),
+        n.getString("engine"),
         connectorSettings(root));
   }
 

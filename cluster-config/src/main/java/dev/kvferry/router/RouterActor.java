@@ -1,14 +1,14 @@
 package dev.kvferry.router;
 
+import dev.kvferry.engine.EngineService;
 import dev.kvferry.actors.CborSerializable;
 import dev.kvferry.actors.LocalOnly;
 import dev.kvferry.actors.connector.KvTransferParams;
 import dev.kvferry.actors.connector.Role;
 import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.actors.engine.EngineIdentity;
-import dev.kvferry.sim.RequestSpec;
-import dev.kvferry.sim.SimEngineActor;
-import dev.kvferry.sim.SimEngineActor.Outcome;
+import dev.kvferry.engine.RequestSpec;
+import dev.kvferry.engine.EngineService.Outcome;
 import java.util.ArrayList;
 import java.util.Comparator;
 import java.util.HashMap;
@@ -66,7 +66,7 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
 
   private record EngineOutcome(Outcome outcome) implements Command, LocalOnly {}
 
-  private record Candidate(EngineIdentity identity, ActorRef<SimEngineActor.Command> ref) {}
+  private record Candidate(EngineIdentity identity, ActorRef<EngineService.Command> ref) {}
 
   private static final class InFlight {
     final Route route;
@@ -103,7 +103,7 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
       engines.put(role, List.of());
       ctx.getSystem()
           .receptionist()
-          .tell(Receptionist.subscribe(SimEngineActor.serviceKey(role), listings));
+          .tell(Receptionist.subscribe(EngineService.serviceKey(role), listings));
     }
     ctx.getSystem().receptionist().tell(Receptionist.register(SERVICE_KEY, ctx.getSelf()));
   }
@@ -144,13 +144,13 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
     inFlight.put(requestId, f);
     load.merge(prefill.identity().engineId(), 1, Integer::sum);
     load.merge(decode.identity().engineId(), 1, Integer::sum);
-    prefill.ref().tell(new SimEngineActor.Submit(
+    prefill.ref().tell(new EngineService.Submit(
         m.spec(),
         KvTransferParams.forPrefill(transferId, decode.identity().engineId(), decode.identity().dpRank()),
         outcomeAdapter));
     if (prefill.identity().mode() == TransferMode.WRITE) {
       // WRITE: D allocates now and tells P where to write while P computes.
-      decode.ref().tell(new SimEngineActor.Submit(
+      decode.ref().tell(new EngineService.Submit(
           m.spec(),
           KvTransferParams.forDecode(transferId, prefill.identity().engineId(),
               prefill.identity().dpRank()),
@@ -184,7 +184,7 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
       f.prefillOutcome = o;
       boolean read = f.prefill.identity().mode() == TransferMode.READ;
       if (read && o.status() == Outcome.Status.DONE && o.paramsForPeer() != null) {
-        f.decode.ref().tell(new SimEngineActor.Submit(f.route.spec(), o.paramsForPeer(), outcomeAdapter));
+        f.decode.ref().tell(new EngineService.Submit(f.route.spec(), o.paramsForPeer(), outcomeAdapter));
       } else if (read) {
         // READ and P did not produce params (aborted): D is never involved.
         f.decodeOutcome = o;
@@ -217,12 +217,12 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
 
   private Behavior<Command> onListed(Listed m) {
     for (Role role : Role.values()) {
-      ServiceKey<SimEngineActor.Command> key = SimEngineActor.serviceKey(role);
+      ServiceKey<EngineService.Command> key = EngineService.serviceKey(role);
       if (!m.listing().isForKey(key)) {
         continue;
       }
       List<Candidate> list = new ArrayList<>();
-      for (ActorRef<SimEngineActor.Command> ref : m.listing().getServiceInstances(key)) {
+      for (ActorRef<EngineService.Command> ref : m.listing().getServiceInstances(key)) {
         EngineIdentity.fromActorName(ref.path().name()).ifPresent(id -> list.add(new Candidate(id, ref)));
       }
       list.sort(Comparator.comparing(c -> c.identity().engineId()));

@@ -88,27 +88,13 @@ public final class GpuKvCache implements SimKvCache {
   }
 
   /**
-   * @throws dev.kvferry.rdma.cuda.CudaUnavailableException ("CUDA not available: ...") without
-   *     CUDA
-   * @throws IllegalArgumentException when this host has no GPU {@code device}
-   */
-  public static void requireDevice(int device) {
-    Cuda.require();
-    int n = Cuda.deviceCount();
-    if (device < 0 || device >= n) {
-      throw new IllegalArgumentException("GPU " + device + " does not exist: this host has " + n
-          + " CUDA device" + (n == 1 ? " (0)" : "s (0-" + (n - 1) + ")"));
-    }
-  }
-
-  /**
    * Allocates and registers {@code layers} layers of {@code geometry} per rank on GPU {@code
    * device}, zeroed.
    *
    * @param registries per TP rank (in rank order), the registry its regions join
    */
   public GpuKvCache(int device, KvCacheGeometry geometry, int layers, List<RegionRegistry> registries) {
-    requireDevice(device);
+    Cuda.requireDevice(device);
     this.device = device;
     this.geometry = geometry;
     this.ranks = registries.size();

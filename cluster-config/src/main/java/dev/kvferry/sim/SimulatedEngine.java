@@ -1,5 +1,7 @@
 package dev.kvferry.sim;
 
+import dev.kvferry.engine.RequestSpec;
+import dev.kvferry.engine.EngineService;
 import dev.kvferry.actors.connector.ConnectorMetadata;
 import dev.kvferry.actors.connector.ConnectorRequest;
 import dev.kvferry.actors.connector.ConnectorScheduler;
@@ -15,8 +17,8 @@ import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.cuda.CudaException;
-import dev.kvferry.sim.SimEngineActor.Outcome;
-import dev.kvferry.sim.SimEngineActor.Outcome.Status;
+import dev.kvferry.engine.EngineService.Outcome;
+import dev.kvferry.engine.EngineService.Outcome.Status;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -59,7 +61,7 @@ public final class SimulatedEngine implements AutoCloseable {
   /** Per request id, how many ranks reported it ended, and the first failure. */
   private final Map<String, RankReports> reports = new HashMap<>();
   private final int tokensPerStep;
-  private final LinkedBlockingQueue<SimEngineActor.Submit> inbox = new LinkedBlockingQueue<>();
+  private final LinkedBlockingQueue<EngineService.Submit> inbox = new LinkedBlockingQueue<>();
   private final Thread loop;
   private final LayerListener layerListener;
   private volatile boolean running = true;
@@ -99,7 +101,7 @@ public final class SimulatedEngine implements AutoCloseable {
   }
 
   private static final class SimRequest {
-    final SimEngineActor.Submit submit;
+    final EngineService.Submit submit;
     final ConnectorRequest request;
     int[] blocks = new int[0];
     int computed;
@@ -108,7 +110,7 @@ public final class SimulatedEngine implements AutoCloseable {
     int cachedBlocks;
     long transferStartNanos;
 
-    SimRequest(SimEngineActor.Submit submit) {
+    SimRequest(EngineService.Submit submit) {
       this.submit = submit;
       this.request =
           new ConnectorRequest(
@@ -206,7 +208,7 @@ public final class SimulatedEngine implements AutoCloseable {
   }
 
   /** Called from any thread (the actor): the loop picks it up at its next step. */
-  public void submit(SimEngineActor.Submit s) {
+  public void submit(EngineService.Submit s) {
     String stopped = stoppedBecause;
     if (stopped != null) {
       s.replyTo().tell(new Outcome(s.spec().requestId(), engineId, role, Status.FAILED, null, 0, 0,
@@ -216,8 +218,8 @@ public final class SimulatedEngine implements AutoCloseable {
     inbox.add(s);
   }
 
-  public SimEngineActor.Stats stats() {
-    return new SimEngineActor.Stats(
+  public EngineService.Stats stats() {
+    return new EngineService.Stats(
         engineId, role, allocator.numBlocks(), allocator.freeCount(), inFlight + inbox.size(),
         workers.stream().mapToLong(w -> w.sink().bytesMoved()).sum());
   }
@@ -255,7 +257,7 @@ public final class SimulatedEngine implements AutoCloseable {
       allocator.free(r.blocks);
       reply(r, Status.FAILED, null, reason);
     }
-    SimEngineActor.Submit s;
+    EngineService.Submit s;
     while ((s = inbox.poll()) != null) {
       s.replyTo().tell(new Outcome(s.spec().requestId(), engineId, role, Status.FAILED, null, 0, 0,
           reason));
@@ -266,7 +268,7 @@ public final class SimulatedEngine implements AutoCloseable {
   private void step() throws RuntimeException {
     boolean idle = waiting.isEmpty() && transferring.isEmpty() && checking.isEmpty()
         && afterFence.isEmpty();
-    SimEngineActor.Submit first;
+    EngineService.Submit first;
     try {
       first = inbox.poll(idle ? 5_000 : 200, idle ? TimeUnit.MICROSECONDS : TimeUnit.MICROSECONDS);
     } catch (InterruptedException e) {
@@ -275,7 +277,7 @@ public final class SimulatedEngine implements AutoCloseable {
     }
     if (first != null) {
       admit(first);
-      SimEngineActor.Submit more;
+      EngineService.Submit more;
       while ((more = inbox.poll()) != null) {
         admit(more);
       }
@@ -308,7 +310,7 @@ public final class SimulatedEngine implements AutoCloseable {
     }
   }
 
-  private void admit(SimEngineActor.Submit s) {
+  private void admit(EngineService.Submit s) {
     SimRequest r = new SimRequest(s);
     RequestSpec.Abort abort = s.spec().abort();
     boolean abortNow =

@@ -1,14 +1,14 @@
 package dev.kvferry.router;
 
+import dev.kvferry.engine.EngineService;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvferry.actors.connector.Role;
 import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.actors.engine.EngineIdentity;
-import dev.kvferry.sim.RequestSpec;
-import dev.kvferry.sim.SimEngineActor;
-import dev.kvferry.sim.SimEngineActor.Outcome;
+import dev.kvferry.engine.RequestSpec;
+import dev.kvferry.engine.EngineService.Outcome;
 import java.time.Duration;
 import org.apache.pekko.actor.testkit.typed.javadsl.ActorTestKit;
 import org.apache.pekko.actor.testkit.typed.javadsl.TestProbe;
@@ -30,12 +30,12 @@ class RouterActorTest {
   }
 
   /** A simulated engine stand-in: registers like the real one and forwards submissions. */
-  private ActorRef<SimEngineActor.Command> engine(
-      Role role, String id, TransferMode mode, TestProbe<SimEngineActor.Submit> inbox) {
-    Behavior<SimEngineActor.Command> b = Behaviors.setup(ctx -> {
-      ctx.getSystem().receptionist().tell(Receptionist.register(SimEngineActor.serviceKey(role), ctx.getSelf()));
-      return Behaviors.receive(SimEngineActor.Command.class)
-          .onMessage(SimEngineActor.Submit.class, m -> {
+  private ActorRef<EngineService.Command> engine(
+      Role role, String id, TransferMode mode, TestProbe<EngineService.Submit> inbox) {
+    Behavior<EngineService.Command> b = Behaviors.setup(ctx -> {
+      ctx.getSystem().receptionist().tell(Receptionist.register(EngineService.serviceKey(role), ctx.getSelf()));
+      return Behaviors.receive(EngineService.Command.class)
+          .onMessage(EngineService.Submit.class, m -> {
             inbox.ref().tell(m);
             return Behaviors.same();
           })
@@ -48,8 +48,8 @@ class RouterActorTest {
   private void awaitListed(Role role, int count) {
     TestProbe<Receptionist.Listing> probe = kit.createTestProbe();
     probe.awaitAssert(Duration.ofSeconds(5), () -> {
-      kit.system().receptionist().tell(Receptionist.find(SimEngineActor.serviceKey(role), probe.ref()));
-      assertEquals(count, probe.receiveMessage().getServiceInstances(SimEngineActor.serviceKey(role)).size());
+      kit.system().receptionist().tell(Receptionist.find(EngineService.serviceKey(role), probe.ref()));
+      assertEquals(count, probe.receiveMessage().getServiceInstances(EngineService.serviceKey(role)).size());
       return null;
     });
   }
@@ -71,14 +71,14 @@ class RouterActorTest {
     return new RequestSpec(id, 64, 0, RequestSpec.Abort.NONE);
   }
 
-  private static void reply(SimEngineActor.Submit s, Role role, Outcome.Status status) {
+  private static void reply(EngineService.Submit s, Role role, Outcome.Status status) {
     s.replyTo().tell(new Outcome(s.spec().requestId(), "x", role, status, null, 10, 5, "ok"));
   }
 
   @Test
   void writeModeSubmitsToBothSidesAndAnswersWithDecodesOutcome() {
-    TestProbe<SimEngineActor.Submit> p = kit.createTestProbe();
-    TestProbe<SimEngineActor.Submit> d = kit.createTestProbe();
+    TestProbe<EngineService.Submit> p = kit.createTestProbe();
+    TestProbe<EngineService.Submit> d = kit.createTestProbe();
     engine(Role.PREFILL, "p0", TransferMode.WRITE, p);
     engine(Role.DECODE, "d0", TransferMode.WRITE, d);
     awaitListed(Role.PREFILL, 1);
@@ -87,11 +87,11 @@ class RouterActorTest {
     TestProbe<RouterActor.Routed> client = kit.createTestProbe();
     awaitRoutable(kit, router, 1, 1);
     router.tell(new RouterActor.Route(spec("r1"), TransferMode.WRITE, client.ref()));
-    SimEngineActor.Submit toP = p.fishForMessage(Duration.ofSeconds(3),
+    EngineService.Submit toP = p.fishForMessage(Duration.ofSeconds(3),
         m -> m.spec().requestId().equals("r1")
             ? org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes.complete()
             : org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes.continueAndIgnore()).get(0);
-    SimEngineActor.Submit toD = d.fishForMessage(Duration.ofSeconds(3),
+    EngineService.Submit toD = d.fishForMessage(Duration.ofSeconds(3),
         m -> m.spec().requestId().equals("r1")
             ? org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes.complete()
             : org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes.continueAndIgnore()).get(0);
@@ -112,10 +112,10 @@ class RouterActorTest {
 
   @Test
   void picksTheLeastLoadedEngineAndOnlyEnginesOfTheAskedMode() {
-    TestProbe<SimEngineActor.Submit> p0 = kit.createTestProbe();
-    TestProbe<SimEngineActor.Submit> p1 = kit.createTestProbe();
-    TestProbe<SimEngineActor.Submit> pRead = kit.createTestProbe();
-    TestProbe<SimEngineActor.Submit> d = kit.createTestProbe();
+    TestProbe<EngineService.Submit> p0 = kit.createTestProbe();
+    TestProbe<EngineService.Submit> p1 = kit.createTestProbe();
+    TestProbe<EngineService.Submit> pRead = kit.createTestProbe();
+    TestProbe<EngineService.Submit> d = kit.createTestProbe();
     engine(Role.PREFILL, "p0", TransferMode.WRITE, p0);
     engine(Role.PREFILL, "p1", TransferMode.WRITE, p1);
     engine(Role.PREFILL, "p-read", TransferMode.READ, pRead);
@@ -140,10 +140,10 @@ class RouterActorTest {
 
   @Test
   void requestsOnAnEngineThatLeavesFailAtOnce() {
-    TestProbe<SimEngineActor.Submit> p = kit.createTestProbe();
-    TestProbe<SimEngineActor.Submit> d = kit.createTestProbe();
+    TestProbe<EngineService.Submit> p = kit.createTestProbe();
+    TestProbe<EngineService.Submit> d = kit.createTestProbe();
     engine(Role.PREFILL, "p0", TransferMode.WRITE, p);
-    ActorRef<SimEngineActor.Command> decode = engine(Role.DECODE, "d0", TransferMode.WRITE, d);
+    ActorRef<EngineService.Command> decode = engine(Role.DECODE, "d0", TransferMode.WRITE, d);
     awaitListed(Role.PREFILL, 1);
     awaitListed(Role.DECODE, 1);
     ActorRef<RouterActor.Command> router = kit.spawn(RouterActor.create());

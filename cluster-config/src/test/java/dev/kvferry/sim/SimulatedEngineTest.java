@@ -1,5 +1,7 @@
 package dev.kvferry.sim;
 
+import dev.kvferry.engine.RequestSpec;
+import dev.kvferry.engine.EngineService;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -19,7 +21,7 @@ import dev.kvferry.rdma.RegionRegistry;
 import dev.kvferry.rdma.TransferBatch;
 import dev.kvferry.rdma.TransferStatus;
 import dev.kvferry.rdma.Transport;
-import dev.kvferry.sim.SimEngineActor.Outcome;
+import dev.kvferry.engine.EngineService.Outcome;
 import java.time.Clock;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -190,10 +192,10 @@ class SimulatedEngineTest {
     TestProbe<Outcome> pProbe = kit.createTestProbe();
     TestProbe<Outcome> dProbe = kit.createTestProbe();
     String tx = "tx-" + spec.requestId();
-    pair.prefill().submit(new SimEngineActor.Submit(spec,
+    pair.prefill().submit(new EngineService.Submit(spec,
         KvTransferParams.forPrefill(tx, pair.decode().engineId(), 0), pProbe.ref()));
     if (mode == TransferMode.WRITE) {
-      pair.decode().submit(new SimEngineActor.Submit(spec,
+      pair.decode().submit(new EngineService.Submit(spec,
           KvTransferParams.forDecode(tx, pair.prefill().engineId(), 0), dProbe.ref()));
       pProbe.expectMessageClass(Outcome.class, Duration.ofSeconds(20));
     } else {
@@ -201,14 +203,14 @@ class SimulatedEngineTest {
       if (p.status() != Outcome.Status.DONE) {
         return p; // READ: D is only involved once P has prefilled
       }
-      pair.decode().submit(new SimEngineActor.Submit(spec, p.paramsForPeer(), dProbe.ref()));
+      pair.decode().submit(new EngineService.Submit(spec, p.paramsForPeer(), dProbe.ref()));
     }
     return dProbe.expectMessageClass(Outcome.class, Duration.ofSeconds(20));
   }
 
   private void awaitAllFree(SimulatedEngine e) {
     kit.createTestProbe().awaitAssert(Duration.ofSeconds(10), () -> {
-      SimEngineActor.Stats s = e.stats();
+      EngineService.Stats s = e.stats();
       assertEquals(s.numBlocks(), s.freeBlocks(), e.engineId() + " leaked blocks");
       return null;
     });

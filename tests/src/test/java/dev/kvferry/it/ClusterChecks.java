@@ -1,5 +1,6 @@
 package dev.kvferry.it;
 
+import dev.kvferry.engine.EngineService;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -9,8 +10,7 @@ import dev.kvferry.actors.connector.Role;
 import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.demo.Demo;
 import dev.kvferry.router.RouterActor;
-import dev.kvferry.sim.RequestSpec;
-import dev.kvferry.sim.SimEngineActor;
+import dev.kvferry.engine.RequestSpec;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
@@ -96,14 +96,14 @@ final class ClusterChecks {
     return routed.get(routeTimeout.toSeconds(), TimeUnit.SECONDS);
   }
 
-  SimEngineActor.Stats stats(Role role, String engineId) throws Exception {
+  EngineService.Stats stats(Role role, String engineId) throws Exception {
     return demo.stats(demo.awaitSim(role, engineId));
   }
 
   /** Waits until {@code engineId} holds {@code held} blocks (0: all free, nothing in flight). */
   void awaitHeld(Role role, String engineId, int held) {
     kit.createTestProbe().awaitAssert(within, Duration.ofMillis(200), () -> {
-      SimEngineActor.Stats s = stats(role, engineId);
+      EngineService.Stats s = stats(role, engineId);
       assertEquals(s.numBlocks() - held, s.freeBlocks(), engineId + ": blocks held");
       if (held == 0) {
         assertEquals(0, s.requestsInFlight(), engineId + ": no request in flight");

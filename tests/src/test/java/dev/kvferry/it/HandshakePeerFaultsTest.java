@@ -1,5 +1,6 @@
 package dev.kvferry.it;
 
+import dev.kvferry.engine.EngineService;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -16,9 +17,8 @@ import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.rdma.LocalTransport;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionRegistry;
-import dev.kvferry.sim.RequestSpec;
-import dev.kvferry.sim.SimEngineActor;
-import dev.kvferry.sim.SimEngineActor.Outcome;
+import dev.kvferry.engine.RequestSpec;
+import dev.kvferry.engine.EngineService.Outcome;
 import dev.kvferry.sim.SimulatedEngine;
 import java.nio.charset.StandardCharsets;
 import java.time.Clock;
@@ -115,7 +115,7 @@ class HandshakePeerFaultsTest {
 
   private void awaitAllFree(SimulatedEngine e) {
     kit.createTestProbe().awaitAssert(FAILS_WITHIN, Duration.ofMillis(20), () -> {
-      SimEngineActor.Stats s = e.stats();
+      EngineService.Stats s = e.stats();
       assertEquals(s.numBlocks(), s.freeBlocks(), e.engineId() + ": every block back");
       assertEquals(0, s.requestsInFlight(), e.engineId() + ": nothing in flight");
       return null;
@@ -130,7 +130,7 @@ class HandshakePeerFaultsTest {
     SimulatedEngine p = engine(Role.PREFILL, TransferMode.WRITE, "prefill");
     TestProbe<Outcome> outcomes = kit.createTestProbe();
     for (int i = 0; i < 3; i++) {
-      p.submit(new SimEngineActor.Submit(new RequestSpec("w" + i, 30, 0, RequestSpec.Abort.NONE),
+      p.submit(new EngineService.Submit(new RequestSpec("w" + i, 30, 0, RequestSpec.Abort.NONE),
           KvTransferParams.forPrefill("tx-w" + i, "silent-decode", 0), outcomes.ref()));
     }
     // D's failure notices name the handshake that did not answer.
@@ -151,7 +151,7 @@ class HandshakePeerFaultsTest {
     SimulatedEngine d = engine(Role.DECODE, TransferMode.READ, "decode");
     TestProbe<Outcome> outcomes = kit.createTestProbe();
     for (int i = 0; i < 3; i++) {
-      d.submit(new SimEngineActor.Submit(new RequestSpec("r" + i, 40, 0, RequestSpec.Abort.NONE),
+      d.submit(new EngineService.Submit(new RequestSpec("r" + i, 40, 0, RequestSpec.Abort.NONE),
           readParams("tx-r" + i, "silent-prefill", 10), outcomes.ref()));
     }
     for (int i = 0; i < 3; i++) {
@@ -188,7 +188,7 @@ class HandshakePeerFaultsTest {
       // Retried until the peer is listed: the handshake then fails on the blob, not on the listing.
       outcome.awaitAssert(FAILS_WITHIN, Duration.ofMillis(50), () -> {
         TestProbe<Outcome> one = kit.createTestProbe();
-        d.submit(new SimEngineActor.Submit(new RequestSpec(c.engineId() + "-" + System.nanoTime(), 12, 0,
+        d.submit(new EngineService.Submit(new RequestSpec(c.engineId() + "-" + System.nanoTime(), 12, 0,
             RequestSpec.Abort.NONE), readParams("tx-" + System.nanoTime(), c.engineId(), 3), one.ref()));
         Outcome o = one.expectMessageClass(Outcome.class, FAILS_WITHIN);
         assertEquals(Outcome.Status.FAILED, o.status(), o.toString());

@@ -1,5 +1,6 @@
 package dev.kvferry.it;
 
+import dev.kvferry.engine.EngineService;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -17,9 +18,9 @@ import dev.kvferry.rdma.LocalTransport;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionRegistry;
 import dev.kvferry.router.RouterActor;
-import dev.kvferry.sim.RequestSpec;
+import dev.kvferry.engine.RequestSpec;
 import dev.kvferry.sim.SimEngineActor;
-import dev.kvferry.sim.SimEngineActor.Outcome;
+import dev.kvferry.engine.EngineService.Outcome;
 import dev.kvferry.sim.SimulatedEngine;
 import java.lang.management.ManagementFactory;
 import java.time.Clock;
@@ -164,7 +165,7 @@ class InProcessLoadTest {
 
     for (SimulatedEngine e : engines) {
       kit.createTestProbe().awaitAssert(Duration.ofSeconds(20), Duration.ofMillis(50), () -> {
-        SimEngineActor.Stats s = e.stats();
+        EngineService.Stats s = e.stats();
         assertEquals(s.numBlocks(), s.freeBlocks(), e.engineId() + " leaked blocks");
         assertEquals(0, s.requestsInFlight(), e.engineId() + " requests in flight");
         return null;

@@ -1,5 +1,6 @@
 package dev.kvferry.it;
 
+import dev.kvferry.engine.EngineService;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assumptions.assumeTrue;
@@ -10,9 +11,8 @@ import dev.kvferry.demo.ChildProcess;
 import dev.kvferry.demo.Demo;
 import dev.kvferry.demo.DemoOptions;
 import dev.kvferry.router.RouterActor;
-import dev.kvferry.sim.RequestSpec;
-import dev.kvferry.sim.SimEngineActor;
-import dev.kvferry.sim.SimEngineActor.Outcome;
+import dev.kvferry.engine.RequestSpec;
+import dev.kvferry.engine.EngineService.Outcome;
 import java.nio.file.Files;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -91,7 +91,7 @@ class NetworkPartitionTest {
         TestProbe<Outcome> probe = checks.kit().createTestProbe();
         String id = checks.nextId("parked");
         demo.awaitSim(Role.PREFILL, demo.engineId("prefill", mode))
-            .tell(new SimEngineActor.Submit(new RequestSpec(id, 40, 0, RequestSpec.Abort.NONE),
+            .tell(new EngineService.Submit(new RequestSpec(id, 40, 0, RequestSpec.Abort.NONE),
                 KvTransferParams.forPrefill("tx-" + id, demo.engineId("decode", mode), 0),
                 probe.ref()));
         parked.add(probe);

@@ -1,5 +1,6 @@
 package dev.kvferry.it;
 
+import dev.kvferry.engine.EngineService;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -9,9 +10,8 @@ import dev.kvferry.actors.connector.Role;
 import dev.kvferry.demo.Demo;
 import dev.kvferry.demo.DemoOptions;
 import dev.kvferry.router.RouterActor;
-import dev.kvferry.sim.RequestSpec;
-import dev.kvferry.sim.SimEngineActor;
-import dev.kvferry.sim.SimEngineActor.Outcome;
+import dev.kvferry.engine.RequestSpec;
+import dev.kvferry.engine.EngineService.Outcome;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
@@ -100,7 +100,7 @@ class NodeCrashTest {
           TestProbe<Outcome> probe = kit.createTestProbe();
           String id = checks.nextId("parked");
           demo.awaitSim(Role.PREFILL, demo.engineId(p, mode))
-              .tell(new SimEngineActor.Submit(spec(id, 40),
+              .tell(new EngineService.Submit(spec(id, 40),
                   KvTransferParams.forPrefill("tx-" + id, demo.engineId("decode", mode), 0),
                   probe.ref()));
           parked.add(probe);
@@ -115,7 +115,7 @@ class NodeCrashTest {
       for (String mode : List.of("write", "read")) {
         String engine = demo.engineId(p, mode);
         kit.createTestProbe().awaitAssert(FREED_WITHIN, Duration.ofMillis(200), () -> {
-          SimEngineActor.Stats s = stats(Role.PREFILL, engine);
+          EngineService.Stats s = stats(Role.PREFILL, engine);
           assertEquals(s.numBlocks() - 3 * 10, s.freeBlocks(), "blocks kept for D on " + engine);
           return null;
         });
@@ -170,13 +170,13 @@ class NodeCrashTest {
       TestProbe<Outcome> probe = kit.createTestProbe();
       String id = checks.nextId("parked");
       demo.awaitSim(Role.DECODE, demo.engineId("decode-b", "write"))
-          .tell(new SimEngineActor.Submit(spec(id, 40),
+          .tell(new EngineService.Submit(spec(id, 40),
               KvTransferParams.forDecode("tx-" + id, demo.engineId("prefill", "write"), 0),
               probe.ref()));
       parked.add(probe);
     }
     kit.createTestProbe().awaitAssert(FREED_WITHIN, Duration.ofMillis(200), () -> {
-      SimEngineActor.Stats s = stats(Role.DECODE, demo.engineId("decode-b", "write"));
+      EngineService.Stats s = stats(Role.DECODE, demo.engineId("decode-b", "write"));
       assertEquals(s.numBlocks() - 4 * 10, s.freeBlocks(), "blocks allocated for P's writes");
       return null;
     });
@@ -273,7 +273,7 @@ class NodeCrashTest {
     return checks.routeAll(n, prefix);
   }
 
-  private SimEngineActor.Stats stats(Role role, String engineId) throws Exception {
+  private EngineService.Stats stats(Role role, String engineId) throws Exception {
     return checks.stats(role, engineId);
   }
 

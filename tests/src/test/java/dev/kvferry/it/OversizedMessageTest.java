@@ -1,5 +1,6 @@
 package dev.kvferry.it;
 
+import dev.kvferry.engine.EngineService;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -8,8 +9,8 @@ import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.demo.Demo;
 import dev.kvferry.demo.DemoOptions;
 import dev.kvferry.router.RouterActor;
-import dev.kvferry.sim.RequestSpec;
-import dev.kvferry.sim.SimEngineActor.Outcome;
+import dev.kvferry.engine.RequestSpec;
+import dev.kvferry.engine.EngineService.Outcome;
 import java.time.Duration;
 import java.util.List;
 import java.util.Map;

@@ -143,6 +143,21 @@ public final class Cuda {
 
   // ---- devices --------------------------------------------------------------------------------
 
+  /**
+   * Checks that this host can run CUDA work on {@code device}.
+   *
+   * @throws CudaUnavailableException ("CUDA not available: ...") without CUDA
+   * @throws IllegalArgumentException when this host has no GPU {@code device}
+   */
+  public static void requireDevice(int device) {
+    require();
+    int n = deviceCount();
+    if (device < 0 || device >= n) {
+      throw new IllegalArgumentException("GPU " + device + " does not exist: this host has " + n
+          + " CUDA device" + (n == 1 ? " (0)" : "s (0-" + (n - 1) + ")"));
+    }
+  }
+
   public static int deviceCount() {
     require();
     int[] n = new int[1];

@@ -1,4 +1,4 @@
-package dev.kvferry.sim;
+package dev.kvferry.engine;
 
 import dev.kvferry.actors.CborSerializable;
 
