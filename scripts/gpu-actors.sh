@@ -16,5 +16,5 @@ GPU_ENV_WORK=$(mktemp -d)
 trap 'rm -rf "$GPU_ENV_WORK"' EXIT
 source "$here/gpu-env.sh"
 # KVFERRY_JAVA_OPTS: extra JVM flags (e.g. -Dkvferry.done-words.spin-us=...) for experiments.
-"$JAVA" -Xmx2g ${KVFERRY_JAVA_OPTS:-} "${CUDA_PROPS[@]}" -cp "$CP" dev.kvferry.actors.bench.GpuConnectorRun \
+"$JAVA" -Xmx2g ${KVFERRY_JAVA_OPTS:-} "${CUDA_PROPS[@]}" -cp "$CP" dev.kvferry.bench.gpu.GpuConnectorRun \
   --p-gpu "$P" --d-gpu "$D" "$@"

@@ -21,9 +21,9 @@ bundler=${DEVICE_BUNDLE:-$root/../shared/tools/device-bundle.sh}
 limit_mib=60
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  mvn -B -o -q -Dstyle.color=never -pl cluster-config -am package -DskipTests
+  mvn -B -o -q -Dstyle.color=never -pl cli -am package -DskipTests
 fi
-jar=cluster-config/target/kvferry.jar
+jar=cli/target/kvferry.jar
 [ -f "$jar" ] || { echo "no $jar: build it first (drop SKIP_BUILD)" >&2; exit 1; }
 
 work=$(mktemp -d)

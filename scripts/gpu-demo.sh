@@ -21,7 +21,7 @@ mkdir -p "$out"
 GPU_ENV_WORK=$(mktemp -d)
 trap 'rm -rf "$GPU_ENV_WORK"' EXIT
 source "$here/gpu-env.sh"
-"$JAVA" -Xmx2g "${CUDA_PROPS[@]}" -cp "$CP" dev.kvferry.rdma.cuda.bench.GpuTransferBench \
+"$JAVA" -Xmx2g "${CUDA_PROPS[@]}" -cp "$CP" dev.kvferry.bench.gpu.GpuTransferBench \
   --p-gpu "$P" --d-gpu "$D" --out "$work" "$@" 2>&1 | tee "$out/kvferry.log"
 PYTHONUNBUFFERED=1 python3 "$here/gpu_torch_peer.py" "$P" "$D" "$work" "$out"
 rm -rf "$work"

@@ -2,7 +2,7 @@
 # libraries on a GPU host that has CUDA and Python but no Java. Sets:
 #   JAVA        the bundled runtime (/tmp/jre/bin/java, unpacked once), else java from PATH
 #   CP          kvferry's classpath: the bundle's app/kvferry.jar.xz unpacked into GPU_ENV_WORK,
-#               else the bundle's app/*.jar, else $KVFERRY_CP or cluster-config/target/kvferry.jar
+#               else the bundle's app/*.jar, else $KVFERRY_CP or cli/target/kvferry.jar
 #   CUDA_PROPS  -Dkvferry.cuda.cudart=... -Dkvferry.cuda.libcuda=... for every JVM (the demo hands
 #               them on to the JVMs it starts)
 # The bundle is .device/ made by scripts/gpu-bundle.sh: beside the calling script when that was
@@ -29,7 +29,7 @@ if [ -f "$gpu_env_bundle/jre.tgz" ]; then
   fi
 else
   JAVA=java
-  CP=${KVFERRY_CP:-$(cd "$gpu_env_here/.." && pwd)/cluster-config/target/kvferry.jar}
+  CP=${KVFERRY_CP:-$(cd "$gpu_env_here/.." && pwd)/cli/target/kvferry.jar}
 fi
 
 # The CUDA runtime and driver: the loader's cache first, then the usual places (PyTorch's pip

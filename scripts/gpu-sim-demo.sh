@@ -9,7 +9,7 @@
 #
 # Java and kvferry come from the bundle scripts/gpu-bundle.sh makes: .device/ at the repository
 # root (or beside this script when it is copied there); without one, java from PATH runs
-# $KVFERRY_CP or cluster-config/target/kvferry.jar. Output goes to the console and, with $OUT
+# $KVFERRY_CP or cli/target/kvferry.jar. Output goes to the console and, with $OUT
 # set, to $OUT/gpu-sim-demo-p<P>-d<D>/ (console.txt and every process's log).
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 P_GPU D_GPU [kvferry demo flags]" >&2; exit 2; }

@@ -23,10 +23,10 @@ source "$here/gpu-env.sh"
 log=/dev/null
 if [ -n "${OUT:-}" ]; then log="$OUT/gpu-tcp-p$P-d$D.txt"; fi
 {
-  "$JAVA" -Xmx4g "${CUDA_PROPS[@]}" -cp "$CP" dev.kvferry.rdma.cuda.bench.TcpGpuChecks --p-gpu "$P" --d-gpu "$D"
+  "$JAVA" -Xmx4g "${CUDA_PROPS[@]}" -cp "$CP" dev.kvferry.rdma.testing.TcpGpuChecks --p-gpu "$P" --d-gpu "$D"
   checks=$?
   [ $checks -eq 2 ] && exit 2
-  "$JAVA" -Xmx4g "${CUDA_PROPS[@]}" -cp "$CP" dev.kvferry.rdma.cuda.bench.TcpGpuBench --p-gpu "$P" --d-gpu "$D" "$@"
+  "$JAVA" -Xmx4g "${CUDA_PROPS[@]}" -cp "$CP" dev.kvferry.bench.gpu.TcpGpuBench --p-gpu "$P" --d-gpu "$D" "$@"
   bench=$?
   [ $checks -eq 0 ] && [ $bench -eq 0 ]
 } 2>&1 | tee "$log"

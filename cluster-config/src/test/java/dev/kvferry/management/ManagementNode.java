@@ -42,7 +42,7 @@ import org.apache.pekko.cluster.typed.Subscribe;
  * Started once for all test classes by {@link ManagementNodeExtension}: starting a cluster node
  * and its HTTP server takes seconds on a small machine.
  */
-final class ManagementNode implements AutoCloseable {
+public final class ManagementNode implements AutoCloseable {
 
   static final EngineIdentity DECODE =
       new EngineIdentity(Role.DECODE, "decode-a", 0, 1, 0, 1, TransferMode.WRITE);
@@ -83,7 +83,7 @@ final class ManagementNode implements AutoCloseable {
   }
 
   /** Starts the system, joins it to itself, waits until it is Up, adds the engines, starts HTTP. */
-  static ManagementNode start() throws ManagementStartException {
+  public static ManagementNode start() throws ManagementStartException {
     ActorTestKit kit =
         ActorTestKit.create("kvferry", CONFIG.withFallback(KvferryConfig.load(Map.of())));
     Cluster cluster = Cluster.get(kit.system());
@@ -144,16 +144,16 @@ final class ManagementNode implements AutoCloseable {
   }
 
   /** host:port of the management server, as {@code kvferry status --management} takes it. */
-  String hostPort() {
+  public String hostPort() {
     return management.getHost() + ":" + management.getPort();
   }
 
   /** This node's cluster address, as the engines listing shows it. */
-  String clusterAddress() {
+  public String clusterAddress() {
     return Cluster.get(kit.system()).selfMember().address().toString();
   }
 
-  HttpResponse<String> get(String path) throws IOException, InterruptedException {
+  public HttpResponse<String> get(String path) throws IOException, InterruptedException {
     return http.send(
         HttpRequest.newBuilder(management.resolve(path)).GET().build(),
         HttpResponse.BodyHandlers.ofString());

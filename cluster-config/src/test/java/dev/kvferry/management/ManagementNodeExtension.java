@@ -8,7 +8,7 @@ import org.junit.jupiter.api.extension.ParameterResolver;
  * Hands every test class the same {@link ManagementNode}, started on first use and closed by
  * JUnit when the whole run ends (it lives in the root store, and is AutoCloseable).
  */
-final class ManagementNodeExtension implements ParameterResolver {
+public final class ManagementNodeExtension implements ParameterResolver {
 
   @Override
   public boolean supportsParameter(ParameterContext parameter, ExtensionContext context) {

@@ -4,7 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import dev.kvferry.rdma.bench.ChildJvm;
+import dev.kvferry.rdma.testing.ChildJvm;
 import java.time.Duration;
 import java.util.Base64;
 import java.util.List;

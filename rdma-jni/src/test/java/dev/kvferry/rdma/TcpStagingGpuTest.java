@@ -3,7 +3,7 @@ package dev.kvferry.rdma;
 import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
 import dev.kvferry.rdma.cuda.Cuda;
-import dev.kvferry.rdma.cuda.bench.TcpGpuChecks;
+import dev.kvferry.rdma.testing.TcpGpuChecks;
 import java.util.stream.Stream;
 import org.junit.jupiter.api.Named;
 import org.junit.jupiter.params.ParameterizedTest;

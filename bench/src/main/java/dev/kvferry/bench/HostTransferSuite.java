@@ -2,8 +2,8 @@ package dev.kvferry.bench;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
-import dev.kvferry.rdma.bench.HostTransferBench;
-import dev.kvferry.rdma.bench.HostTransferBench.Layout;
+import dev.kvferry.bench.host.HostTransferBench;
+import dev.kvferry.bench.host.HostTransferBench.Layout;
 import java.io.IOException;
 import java.io.PrintStream;
 import java.net.InetSocketAddress;

@@ -1,4 +1,4 @@
-package dev.kvferry.rdma.bench;
+package dev.kvferry.rdma.testing;
 
 import java.io.BufferedReader;
 import java.io.IOException;

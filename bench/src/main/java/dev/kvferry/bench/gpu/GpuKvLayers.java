@@ -1,4 +1,4 @@
-package dev.kvferry.rdma.cuda.bench;
+package dev.kvferry.bench.gpu;
 
 import com.sun.jna.Memory;
 import dev.kvferry.rdma.MemoryRegion;

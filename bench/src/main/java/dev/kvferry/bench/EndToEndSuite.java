@@ -15,7 +15,7 @@ import dev.kvferry.rdma.RegionRegistry;
 import dev.kvferry.rdma.Transport;
 import dev.kvferry.rdma.TransportOptions;
 import dev.kvferry.rdma.Transports;
-import dev.kvferry.rdma.bench.HostTransferBench;
+import dev.kvferry.bench.host.HostTransferBench;
 import dev.kvferry.engine.RequestSpec;
 import dev.kvferry.engine.EngineService.Outcome;
 import dev.kvferry.sim.SimulatedEngine;

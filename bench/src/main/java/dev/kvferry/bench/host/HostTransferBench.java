@@ -1,6 +1,7 @@
-package dev.kvferry.rdma.bench;
+package dev.kvferry.bench.host;
 
 import dev.kvferry.rdma.MemoryRegion;
+import dev.kvferry.rdma.testing.ChildJvm;
 import dev.kvferry.rdma.MalformedDescriptorException;
 import dev.kvferry.rdma.RegionDescriptor;
 import dev.kvferry.rdma.RegionRegistry;
@@ -28,7 +29,7 @@ import java.util.zip.CRC32C;
  * shuffled block order on both sides).
  *
  * <pre>
- * java -cp ... dev.kvferry.rdma.bench.HostTransferBench BLOCK_BYTES NUM_BLOCKS ROUNDS cma|tcp
+ * java -cp ... dev.kvferry.bench.host.HostTransferBench BLOCK_BYTES NUM_BLOCKS ROUNDS cma|tcp
  *     contiguous|scattered [--socket-buffer=BYTES] [--cma-inline-max=BYTES]
  * </pre>
  * prints one JSON line.

@@ -1,9 +1,10 @@
-package dev.kvferry.management;
+package dev.kvferry.cli;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import dev.kvferry.cli.StatusCommand;
+import dev.kvferry.management.ManagementNode;
+import dev.kvferry.management.ManagementNodeExtension;
 import java.io.IOException;
 import java.io.PrintWriter;
 import java.io.StringWriter;

@@ -3,7 +3,7 @@ package dev.kvferry.bench;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import dev.kvferry.actors.EngineActor;
-import dev.kvferry.rdma.bench.ChildJvm;
+import dev.kvferry.rdma.testing.ChildJvm;
 import java.io.IOException;
 import java.io.PrintStream;
 import java.time.Duration;

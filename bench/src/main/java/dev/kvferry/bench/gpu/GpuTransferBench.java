@@ -1,4 +1,4 @@
-package dev.kvferry.rdma.cuda.bench;
+package dev.kvferry.bench.gpu;
 
 import com.sun.jna.Memory;
 import com.sun.jna.Pointer;
@@ -8,7 +8,7 @@ import dev.kvferry.rdma.RegionDescriptor;
 import dev.kvferry.rdma.RegionRegistry;
 import dev.kvferry.rdma.TransferBatch;
 import dev.kvferry.rdma.TransferStatus;
-import dev.kvferry.rdma.bench.ChildJvm;
+import dev.kvferry.rdma.testing.ChildJvm;
 import dev.kvferry.rdma.cuda.Cuda;
 import dev.kvferry.rdma.cuda.CudaEvent;
 import dev.kvferry.rdma.cuda.CudaEventPoller;

@@ -1,4 +1,4 @@
-package dev.kvferry.rdma.cuda.bench;
+package dev.kvferry.rdma.testing;
 
 import com.sun.jna.Memory;
 import com.sun.jna.Pointer;
@@ -35,10 +35,10 @@ import java.util.concurrent.TimeUnit;
  * TcpStagingGpuTest} runs the same cases.
  */
 public final class TcpGpuChecks {
-  static final long BLOCK_BYTES = 32 * 1024;
-  static final int BLOCKS = 4096;
+  public static final long BLOCK_BYTES = 32 * 1024;
+  public static final int BLOCKS = 4096;
   /** Region capacity in blocks: more than the batch moves, so some blocks must stay guard. */
-  static final int CAPACITY_BLOCKS = BLOCKS + 64;
+  public static final int CAPACITY_BLOCKS = BLOCKS + 64;
   private static final byte GUARD = (byte) 0xA5;
   private static final long WAIT_SECONDS = 120;
 
@@ -54,7 +54,7 @@ public final class TcpGpuChecks {
   }
 
   /** Where a region's bytes live. */
-  enum Where {
+  public enum Where {
     GPU,
     HOST;
 
@@ -64,7 +64,7 @@ public final class TcpGpuChecks {
   }
 
   /** How the batch's entries lie in the two regions. */
-  enum Layout {
+  public enum Layout {
     /** One entry of about 128 MiB, at odd offsets, not a multiple of any buffer size. */
     CONTIGUOUS,
     /** 4096 entries of 32 KiB, each block to a random block of the other side. */
@@ -142,7 +142,7 @@ public final class TcpGpuChecks {
     System.exit(failed == 0 ? 0 : 1);
   }
 
-  static Map<String, String> options(String[] args) {
+  public static Map<String, String> options(String[] args) {
     Map<String, String> o = new LinkedHashMap<>();
     for (int i = 0; i + 1 < args.length; i += 2) {
       if (!args[i].startsWith("--")) {
@@ -172,7 +172,7 @@ public final class TcpGpuChecks {
    * Moves a batch from a region where {@code from} says to one where {@code to} says. WRITE: P
    * holds the source and pushes; READ: D holds the source and P pulls.
    */
-  static void move(
+  public static void move(
       int pGpu, int dGpu, Where from, Where to, Layout layout, boolean write,
       TransportOptions options) throws Exception {
     long bytes = CAPACITY_BLOCKS * BLOCK_BYTES;
@@ -208,7 +208,7 @@ public final class TcpGpuChecks {
   }
 
   /** P's own entry is past its region: the client refuses at once; D's bytes stay guard. */
-  static void outOfBoundsLocally(int pGpu, int dGpu) throws Exception {
+  public static void outOfBoundsLocally(int pGpu, int dGpu) throws Exception {
     long bytes = 1 << 20;
     try (Loopback net = new Loopback(TransportOptions.defaults());
         Side p = Side.of(Where.GPU, net.p, pGpu, bytes);
@@ -243,7 +243,7 @@ public final class TcpGpuChecks {
    * listener refuses the frame before reading or sending a byte of it, and then still serves a
    * valid batch on the same transports.
    */
-  static void outOfBoundsAtTheListener(int pGpu, int dGpu) throws Exception {
+  public static void outOfBoundsAtTheListener(int pGpu, int dGpu) throws Exception {
     long bytes = 1 << 20;
     try (Loopback net = new Loopback(TransportOptions.defaults());
         Side p = Side.of(Where.GPU, net.p, pGpu, bytes);
@@ -289,7 +289,7 @@ public final class TcpGpuChecks {
   // ---- plans and images -----------------------------------------------------------------------
 
   /** {source offsets, destination offsets, sizes} of a layout, inside CAPACITY_BLOCKS blocks. */
-  static long[][] plan(Layout layout, SplittableRandom random) {
+  public static long[][] plan(Layout layout, SplittableRandom random) {
     long bytes = CAPACITY_BLOCKS * BLOCK_BYTES;
     return switch (layout) {
       case CONTIGUOUS -> new long[][] {{4096}, {8192}, {BLOCKS * BLOCK_BYTES - 3}};
@@ -353,7 +353,7 @@ public final class TcpGpuChecks {
     return a;
   }
 
-  static Memory randomImage(long bytes, long seed) {
+  public static Memory randomImage(long bytes, long seed) {
     Memory m = new Memory(bytes);
     SplittableRandom random = new SplittableRandom(seed);
     LongBuffer longs = m.getByteBuffer(0, bytes).asLongBuffer();
@@ -363,14 +363,14 @@ public final class TcpGpuChecks {
     return m;
   }
 
-  static Memory constantImage(long bytes, byte value) {
+  public static Memory constantImage(long bytes, byte value) {
     Memory m = new Memory(bytes);
     m.setMemory(0, bytes, value);
     return m;
   }
 
   /** Applies the batch to host images: what the destination must hold afterwards. */
-  static void apply(Memory src, Memory dst, long[] srcOffsets, long[] dstOffsets, long[] sizes) {
+  public static void apply(Memory src, Memory dst, long[] srcOffsets, long[] dstOffsets, long[] sizes) {
     ByteBuffer from = src.getByteBuffer(0, src.size());
     ByteBuffer to = dst.getByteBuffer(0, dst.size());
     for (int i = 0; i < sizes.length; i++) {
@@ -378,27 +378,27 @@ public final class TcpGpuChecks {
     }
   }
 
-  static void compare(Memory expected, Memory actual, long bytes, String what) {
+  public static void compare(Memory expected, Memory actual, long bytes, String what) {
     int at = expected.getByteBuffer(0, bytes).mismatch(actual.getByteBuffer(0, bytes));
     check(at < 0,
         what + " differs first at byte " + at + ": expected " + (expected.getByte(Math.max(at, 0)) & 0xFF)
             + ", found " + (actual.getByte(Math.max(at, 0)) & 0xFF));
   }
 
-  static void check(boolean condition, String message) {
+  public static void check(boolean condition, String message) {
     if (!condition) {
       throw new AssertionError(message);
     }
   }
 
-  static void await(TransferStatus s) throws Exception {
+  public static void await(TransferStatus s) throws Exception {
     s.completion().get(WAIT_SECONDS, TimeUnit.SECONDS);
   }
 
   // ---- the two sides -----------------------------------------------------------------------------
 
   /** P (client, no listener) and D (listener) on loopback, each with its own registry. */
-  static final class Loopback implements AutoCloseable {
+  public static final class Loopback implements AutoCloseable {
     final RegionRegistry p = new RegionRegistry("P0");
     final RegionRegistry d = new RegionRegistry("D0");
     final TcpTransport client;
@@ -419,8 +419,8 @@ public final class TcpGpuChecks {
   }
 
   /** A registered region in GPU or host memory, loaded and read back whole. */
-  static final class Side implements AutoCloseable {
-    final MemoryRegion region;
+  public static final class Side implements AutoCloseable {
+    public final MemoryRegion region;
     private final long gpuAddress; // 0 for host memory
     private final int device;
 
@@ -430,7 +430,7 @@ public final class TcpGpuChecks {
       this.device = device;
     }
 
-    static Side of(Where where, RegionRegistry registry, int device, long bytes) {
+    public static Side of(Where where, RegionRegistry registry, int device, long bytes) {
       if (where == Where.HOST) {
         return new Side(registry.allocateHost(bytes), 0, -1);
       }
@@ -439,11 +439,11 @@ public final class TcpGpuChecks {
       return new Side(registry.registerExternal(address, bytes, RegionKind.CUDA, device), address, device);
     }
 
-    void load(Memory image) {
+    public void load(Memory image) {
       copy(region.address(), Pointer.nativeValue(image));
     }
 
-    void readInto(Memory image) {
+    public void readInto(Memory image) {
       copy(Pointer.nativeValue(image), region.address());
     }
 

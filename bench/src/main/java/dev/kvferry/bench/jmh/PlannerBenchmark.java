@@ -1,4 +1,4 @@
-package dev.kvferry.jmh;
+package dev.kvferry.bench.jmh;
 
 import dev.kvferry.actors.plan.BlockIdSamples;
 import dev.kvferry.actors.plan.InvalidBlockIdsException;

@@ -1,4 +1,4 @@
-package dev.kvferry.rdma.cuda.bench;
+package dev.kvferry.bench.gpu;
 
 import com.sun.jna.Memory;
 import dev.kvferry.rdma.RegionDescriptor;
@@ -8,8 +8,9 @@ import dev.kvferry.rdma.TransferBatch;
 import dev.kvferry.rdma.TransferStatus;
 import dev.kvferry.rdma.TransportOptions;
 import dev.kvferry.rdma.cuda.Cuda;
-import dev.kvferry.rdma.cuda.bench.TcpGpuChecks.Side;
-import dev.kvferry.rdma.cuda.bench.TcpGpuChecks.Where;
+import dev.kvferry.rdma.testing.TcpGpuChecks;
+import dev.kvferry.rdma.testing.TcpGpuChecks.Side;
+import dev.kvferry.rdma.testing.TcpGpuChecks.Where;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;

@@ -1,4 +1,4 @@
-package dev.kvferry.actors.bench;
+package dev.kvferry.bench.gpu;
 
 import com.typesafe.config.Config;
 import com.typesafe.config.ConfigFactory;
@@ -22,8 +22,8 @@ import dev.kvferry.rdma.cuda.CudaEvent;
 import dev.kvferry.rdma.cuda.CudaEventPoller;
 import dev.kvferry.rdma.cuda.CudaKernels;
 import dev.kvferry.rdma.cuda.CudaStream;
-import dev.kvferry.rdma.cuda.bench.GpuKvLayers;
-import dev.kvferry.rdma.cuda.bench.GpuTransferBench;
+import dev.kvferry.bench.gpu.GpuKvLayers;
+import dev.kvferry.bench.gpu.GpuTransferBench;
 import dev.kvferry.actors.EngineActor;
 import java.time.Clock;
 import java.time.Duration;

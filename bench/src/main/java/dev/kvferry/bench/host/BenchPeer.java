@@ -1,4 +1,4 @@
-package dev.kvferry.rdma.bench;
+package dev.kvferry.bench.host;
 
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionRegistry;
