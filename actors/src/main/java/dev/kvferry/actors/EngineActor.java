@@ -64,7 +64,10 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   /** Worker: start this step's loads (READ, D) and record pending sends (READ, P). */
   public record StartLoad(ConnectorMetadata metadata) implements Command, LocalOnly {}
 
-  /** Worker, P: layer {@code layer} of every request in {@code metadata.reqsToSave} is computed when {@code event} fires. */
+  /**
+   * Worker, P: layer {@code layer} of every request in {@code metadata.reqsToSave} is computed
+   * when {@code event} fires.
+   */
   public record SaveLayer(ConnectorMetadata metadata, int layer, LayerEvent event) implements Command, LocalOnly {}
 
   /** Worker, P: the forward pass is over; {@code layers} layers were saved for each request. */

@@ -19,6 +19,8 @@ public final class PeerTools {
 
   /** A peer that cannot run here, and how to fix that. */
   public static final class MissingPeerException extends Exception {
+    private static final long serialVersionUID = 1L;
+
     public MissingPeerException(String message) {
       super(message);
     }

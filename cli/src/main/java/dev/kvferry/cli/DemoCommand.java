@@ -5,7 +5,6 @@ import dev.kvferry.demo.DemoOptions;
 import dev.kvferry.demo.ModeReport;
 import dev.kvferry.rdma.cuda.Cuda;
 import dev.kvferry.rdma.cuda.CudaUnavailableException;
-import dev.kvferry.sim.GpuKvCache;
 import java.io.PrintWriter;
 import java.util.List;
 import java.util.concurrent.Callable;
@@ -60,9 +59,12 @@ public final class DemoCommand implements Callable<Integer> {
   @Option(names = "--dtype-bytes") int dtypeBytes = D.dtypeBytes();
   @Option(names = "--mla", description = "MLA layout (one latent region per layer).") boolean mla;
   @Option(names = "--latent") int latent = D.latent();
-  @Option(names = "--num-blocks-p", description = "Blocks per layer on P (default: 512).") int numBlocksP = D.numBlocksP();
-  @Option(names = "--num-blocks-d", description = "Blocks per layer on D (default: 640).") int numBlocksD = D.numBlocksD();
-  @Option(names = "--requests", description = "Requests per mode (default: 48).") int requests = D.requests();
+  @Option(names = "--num-blocks-p", description = "Blocks per layer on P (default: 512).")
+  int numBlocksP = D.numBlocksP();
+  @Option(names = "--num-blocks-d", description = "Blocks per layer on D (default: 640).")
+  int numBlocksD = D.numBlocksD();
+  @Option(names = "--requests", description = "Requests per mode (default: 48).")
+  int requests = D.requests();
 
   @Option(names = "--prompt-tokens", description = "Prompt length range MIN:MAX (default: 128:2048).")
   String promptTokens = D.promptMin() + ":" + D.promptMax();

@@ -14,7 +14,7 @@ import org.apache.pekko.actor.typed.receptionist.ServiceKey;
 public final class EngineService {
 
   public static ServiceKey<Command> serviceKey(Role role) {
-    return ServiceKey.create(Command.class, "kvferry-engine-" + role.clusterRole());
+    return ServiceKey.create(Command.class, "kvferry-routable-" + role.clusterRole());
   }
 
   public sealed interface Command {}

@@ -6,7 +6,6 @@ import dev.kvferry.actors.connector.ConnectorScheduler;
 import dev.kvferry.actors.connector.ConnectorWorker;
 import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.actors.engine.EngineIdentity;
-import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionRegistry;
 import dev.kvferry.rdma.Transport;
 import dev.kvferry.rdma.Transports;

@@ -20,7 +20,8 @@ import java.util.concurrent.ConcurrentHashMap;
  * GPU memory between processes on one host: the peer's allocation is opened once through its CUDA
  * IPC handle (cached per allocation and local device), and a whole batch moves with ONE launch on
  * the copy stream kept per peer: the scatter-copy kernel of {@link CudaKernels} or one {@code
- * cudaMemcpyBatchAsync}, by default whichever was measured faster for the batch's shape. The same code copies within one GPU or across GPUs over NVLink;
+ * cudaMemcpyBatchAsync}, by default whichever was measured faster for the batch's shape. The same
+ * code copies within one GPU or across GPUs over NVLink;
  * only the device ids differ. The kernel runs on the local region's device: WRITE pushes into the
  * peer's memory, READ pulls from it.
  *

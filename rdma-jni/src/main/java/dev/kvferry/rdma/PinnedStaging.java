@@ -65,6 +65,8 @@ final class PinnedStaging implements AutoCloseable {
 
   /** A failed CUDA call, a device copy that never finished, or no CUDA at all. */
   static final class StagingException extends IOException {
+    private static final long serialVersionUID = 1L;
+
     StagingException(String message) {
       super(message);
     }

@@ -152,6 +152,8 @@ final class TcpListener implements AutoCloseable {
 
   /** What the peer did wrong; the connection is answered with it and closed. */
   private static final class Refusal extends Exception {
+    private static final long serialVersionUID = 1L;
+
     Refusal(String reason) {
       super(reason, null, false, false);
     }

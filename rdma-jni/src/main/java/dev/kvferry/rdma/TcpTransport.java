@@ -291,6 +291,8 @@ public final class TcpTransport implements Transport {
 
   /** The listener answered our hello with an error. */
   private static final class TokenRefusedException extends IOException {
+    private static final long serialVersionUID = 1L;
+
     TokenRefusedException(String reason) {
       super(reason);
     }

@@ -63,6 +63,8 @@ final class TcpWire {
 
   /** The peer closed the connection in the middle of a message. */
   static final class TruncatedException extends EOFException {
+    private static final long serialVersionUID = 1L;
+
     TruncatedException(String message) {
       super(message);
     }

@@ -1,6 +1,5 @@
 package dev.kvferry.it;
 
-import dev.kvferry.engine.EngineService;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 

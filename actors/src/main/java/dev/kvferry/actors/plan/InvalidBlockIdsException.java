@@ -7,6 +7,8 @@ package dev.kvferry.actors.plan;
  * <p>Checked because a peer or a caller causes it, not a bug here: fail that request, keep serving.
  */
 public final class InvalidBlockIdsException extends Exception {
+  private static final long serialVersionUID = 1L;
+
   public InvalidBlockIdsException(String message) {
     super(message);
   }

@@ -61,8 +61,10 @@ class KvTransferParamsTest {
     cases.put(with("remote_host", 7), "remote_host must be a string");
     cases.put(with("remote_block_ids", "1,2,3"), "remote_block_ids must be a list of integers");
     cases.put(with("remote_block_ids", List.of(1, -2)), "remote_block_ids[1] must be a non-negative integer");
-    cases.put(with("remote_block_ids", List.of(1, "2")), "remote_block_ids[1] must be a non-negative integer, got String 2");
-    cases.put(with("remote_block_ids", java.util.Arrays.asList(1, null)), "remote_block_ids[1] must be a non-negative integer, got null");
+    cases.put(with("remote_block_ids", List.of(1, "2")),
+        "remote_block_ids[1] must be a non-negative integer, got String 2");
+    cases.put(with("remote_block_ids", java.util.Arrays.asList(1, null)),
+        "remote_block_ids[1] must be a non-negative integer, got null");
     cases.put(with("remote_block_ids", List.of(3L << 31)), "remote_block_ids[0] must be a non-negative integer");
     cases.put(with("remote_block_ids", List.of(2.0)), "remote_block_ids[0] must be a non-negative integer, got Double");
     for (Map.Entry<Map<String, Object>, String> c : cases.entrySet()) {

@@ -22,8 +22,6 @@ import dev.kvferry.rdma.cuda.CudaEvent;
 import dev.kvferry.rdma.cuda.CudaEventPoller;
 import dev.kvferry.rdma.cuda.CudaKernels;
 import dev.kvferry.rdma.cuda.CudaStream;
-import dev.kvferry.bench.gpu.GpuKvLayers;
-import dev.kvferry.bench.gpu.GpuTransferBench;
 import dev.kvferry.actors.EngineActor;
 import java.time.Clock;
 import java.time.Duration;
@@ -211,7 +209,8 @@ public final class GpuConnectorRun {
           tails.add(tailUs);
           totals.add(totalMs);
           System.out.printf(Locale.ROOT,
-              "request %s: last layer's event -> D's getFinished %.1f us; first layer -> D done %.2f ms; mismatched words %d%n",
+              "request %s: last layer's event -> D's getFinished %.1f us; "
+                  + "first layer -> D done %.2f ms; mismatched words %d%n",
               id, tailUs, totalMs, bad);
           if (bad != 0) {
             ok = false;
@@ -227,7 +226,9 @@ public final class GpuConnectorRun {
       Collections.sort(tails);
       Collections.sort(totals);
       System.out.printf(Locale.ROOT,
-          "ACTORS P GPU %d -> D GPU %d: %d requests of %.2f GiB through ConnectorWorker/WriterActor/CudaTransport; last layer's event -> D done p50 %.1f us (min %.1f, max %.1f); request p50 %.2f ms; %s%n",
+          "ACTORS P GPU %d -> D GPU %d: %d requests of %.2f GiB through"
+              + " ConnectorWorker/WriterActor/CudaTransport; last layer's event -> D done p50 %.1f us"
+              + " (min %.1f, max %.1f); request p50 %.2f ms; %s%n",
           pGpu, dGpu, requests, 2.0 * layers * blocks * blockBytes / (1L << 30),
           tails.get(tails.size() / 2), tails.get(0), tails.get(tails.size() - 1),
           totals.get(totals.size() / 2), ok ? "every byte verified" : "VERIFY FAILED");

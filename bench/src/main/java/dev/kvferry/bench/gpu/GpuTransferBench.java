@@ -549,7 +549,10 @@ public final class GpuTransferBench {
             layerNs == 0 ? 0.0 : pipe / layerUs, bad);
         overlap.add(json);
         System.out.printf(Locale.ROOT,
-            "OVERLAP %-10s %-12s compute %.0f us alone, %.0f us with transfers (p50); last layer -> P done %.1f us; -> D done: pipe %.1f us, done word %.1f us (p50 of %d); one layer %.1f us; ratio word %.2f pipe %.2f; mismatched words %d%n",
+            "OVERLAP %-10s %-12s compute %.0f us alone, %.0f us with transfers (p50); "
+                + "last layer -> P done %.1f us; "
+                + "-> D done: pipe %.1f us, done word %.1f us (p50 of %d); one layer %.1f us; "
+                + "ratio word %.2f pipe %.2f; mismatched words %d%n",
             layout, method, computeAlone * 1000, median(computeWith), median(pLag), pipe, wordUs,
             samples, layerUs, layerNs == 0 ? 0.0 : wordUs / layerUs,
             layerNs == 0 ? 0.0 : pipe / layerUs, bad);

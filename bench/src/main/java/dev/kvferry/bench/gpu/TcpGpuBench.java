@@ -61,7 +61,8 @@ public final class TcpGpuBench {
             + "(%d blocks of %d B when scattered); median of %d; staging buffers of %d B%n",
         pGpu, Cuda.deviceName(pGpu), dGpu, Cuda.deviceName(dGpu), bytes >> 20, blocks, blockBytes,
         reps, bufferBytes);
-    StringBuilder header = new StringBuilder(String.format(Locale.ROOT, "%-11s %-6s %12s", "layout", "op", "host->host"));
+    StringBuilder header =
+        new StringBuilder(String.format(Locale.ROOT, "%-11s %-6s %12s", "layout", "op", "host->host"));
     for (int d : depths) {
       header.append(String.format(Locale.ROOT, " %22s", "gpu->gpu, " + d + " buffer" + (d == 1 ? "" : "s")));
     }

@@ -2,6 +2,8 @@ package dev.kvferry.rdma.cuda;
 
 /** A CUDA call returned an error: the message names the call and the error (cudaGetErrorName). */
 public final class CudaException extends RuntimeException {
+  private static final long serialVersionUID = 1L;
+
   private final String call;
   private final int code;
   private final String errorName;

@@ -6,6 +6,8 @@ package dev.kvferry.rdma.cuda;
  * GPU keeps working.
  */
 public final class CudaUnavailableException extends RuntimeException {
+  private static final long serialVersionUID = 1L;
+
   public CudaUnavailableException(String reason) {
     super("CUDA not available: " + reason);
   }
