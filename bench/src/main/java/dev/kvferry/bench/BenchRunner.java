@@ -1,5 +1,6 @@
 package dev.kvferry.bench;
 
+import org.jspecify.annotations.Nullable;
 import java.io.IOException;
 import java.io.PrintStream;
 import java.nio.file.Files;
@@ -18,7 +19,7 @@ public final class BenchRunner {
 
   /** What to run and how long. */
   public record Options(
-      Set<String> suites, Path peersDir, int rounds, int repeats, int roundTrips,
+      Set<String> suites, @Nullable Path peersDir, int rounds, int repeats, int roundTrips,
       int e2eTokens, int e2eRequests, Path chart) {}
 
   private final Options options;

@@ -8,6 +8,7 @@ import dev.kvferry.rdma.cuda.CudaUnavailableException;
 import java.io.PrintWriter;
 import java.util.List;
 import java.util.concurrent.Callable;
+import org.jspecify.annotations.Nullable;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Model.CommandSpec;
 import picocli.CommandLine.Option;
@@ -30,15 +31,15 @@ public final class DemoCommand implements Callable<Integer> {
   @Option(names = "--transport",
       description = "cma or tcp for host memory, cuda or tcp for GPUs (default: cma; cuda with "
           + "--p-gpu).")
-  String transport;
+  @Nullable String transport;
 
   @Option(names = "--p-gpu", paramLabel = "N",
       description = "Put P's KV cache on CUDA device N (needs --d-gpu; default: host memory).")
-  Integer pGpu;
+  @Nullable Integer pGpu;
 
   @Option(names = "--d-gpu", paramLabel = "N",
       description = "Put D's KV cache on CUDA device N (the same id as --p-gpu: one GPU).")
-  Integer dGpu;
+  @Nullable Integer dGpu;
 
   @Option(names = "--modes", split = ",", description = "Modes to run, in order (default: write,read).")
   List<String> modes = D.modes();
@@ -49,9 +50,9 @@ public final class DemoCommand implements Callable<Integer> {
   @Option(names = "--block-size", description = "Tokens per block on both sides (default: 16).")
   int blockSize = D.blockSize();
   @Option(names = "--block-size-p", description = "Tokens per block on P (default: --block-size).")
-  Integer blockSizeP;
+  @Nullable Integer blockSizeP;
   @Option(names = "--block-size-d", description = "Tokens per block on D (default: --block-size).")
-  Integer blockSizeD;
+  @Nullable Integer blockSizeD;
   @Option(names = "--tp-p", description = "TP size of P: one worker per rank (default: 1).")
   int tpP = 1;
   @Option(names = "--tp-d", description = "TP size of D: one worker per rank (default: 1).")

@@ -2,34 +2,35 @@ package dev.kvferry.cli;
 
 import java.util.HashMap;
 import java.util.Map;
+import org.jspecify.annotations.Nullable;
 import picocli.CommandLine.Option;
 
 /** KV cache shape flags; unset flags keep the config's (Llama-3-8B-like) defaults. */
 public final class GeometryOptions {
 
   @Option(names = "--layers", description = "Layers (default: 32).")
-  Integer layers;
+  @Nullable Integer layers;
 
   @Option(names = "--kv-heads", description = "KV heads of each TP rank (default: 8).")
-  Integer kvHeads;
+  @Nullable Integer kvHeads;
 
   @Option(names = "--head-dim", description = "Head dimension (default: 128).")
-  Integer headDim;
+  @Nullable Integer headDim;
 
   @Option(names = "--block-size", description = "Tokens per block (default: 16).")
-  Integer blockSize;
+  @Nullable Integer blockSize;
 
   @Option(names = "--dtype-bytes", description = "Bytes per element (default: 2).")
-  Integer dtypeBytes;
+  @Nullable Integer dtypeBytes;
 
   @Option(names = "--num-blocks", description = "Blocks per layer (default: 512).")
-  Integer numBlocks;
+  @Nullable Integer numBlocks;
 
   @Option(names = "--mla", description = "MLA layout [num_blocks, block_size, latent].")
   boolean mla;
 
   @Option(names = "--latent", description = "MLA latent size (default: 576).")
-  Integer latent;
+  @Nullable Integer latent;
 
   Map<String, Object> toConfigMap(String prefix) {
     Map<String, Object> m = new HashMap<>();
@@ -46,7 +47,7 @@ public final class GeometryOptions {
     return m;
   }
 
-  private static void put(Map<String, Object> m, String key, Integer v) {
+  private static void put(Map<String, Object> m, String key, @Nullable Integer v) {
     if (v != null) {
       m.put(key, v);
     }

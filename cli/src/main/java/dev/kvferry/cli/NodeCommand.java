@@ -7,6 +7,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.concurrent.Callable;
 import java.util.concurrent.CountDownLatch;
+import org.jspecify.annotations.Nullable;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Model.CommandSpec;
 import picocli.CommandLine.Mixin;
@@ -24,7 +25,7 @@ public final class NodeCommand implements Callable<Integer> {
   String role;
 
   @Option(names = "--engine-id", description = "Engine id (default: <role>-<host>-<port>-dp<rank>).")
-  String engineId;
+  @Nullable String engineId;
 
   @Option(names = "--dp-rank", defaultValue = "0", description = "DP rank (default: ${DEFAULT-VALUE}).")
   int dpRank;
@@ -41,19 +42,19 @@ public final class NodeCommand implements Callable<Integer> {
 
   @Option(names = "--transport",
       description = "cma, tcp, local or cuda (default: cma; cuda with --gpu).")
-  String transport;
+  @Nullable String transport;
 
   @Option(names = "--gpu", paramLabel = "N",
       description = "Keep the KV cache on CUDA device N (the simulated engine fills and checks it"
           + " with kernels); implies --transport cuda. Default: host memory.")
-  Integer gpu;
+  @Nullable Integer gpu;
 
   @Mixin GeometryOptions geometry = new GeometryOptions();
 
   @Option(names = "--engine", paramLabel = "KIND",
       description = "What drives the node's connector: sim (the simulated engine, default) or none"
           + " (a KV cache nothing drives).")
-  String engine;
+  @Nullable String engine;
 
   @Option(names = "--no-simulated-engine", description = "The same as --engine none.")
   boolean noSimulator;

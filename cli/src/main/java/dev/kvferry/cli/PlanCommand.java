@@ -9,6 +9,7 @@ import java.io.PrintWriter;
 import java.util.Arrays;
 import java.util.concurrent.Callable;
 import java.util.function.Supplier;
+import org.jspecify.annotations.Nullable;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Model.CommandSpec;
 import picocli.CommandLine.Option;
@@ -46,7 +47,7 @@ public final class PlanCommand implements Callable<Integer> {
       description =
           "Also time K calls of the planner, median of 5 rounds after a warm-up, and add"
               + " \"seconds_per_call\".")
-  Integer benchCalls;
+  @Nullable Integer benchCalls;
 
   @Option(
       names = "--warmup-ms",
@@ -160,7 +161,7 @@ public final class PlanCommand implements Callable<Integer> {
     json.append(']');
   }
 
-  private static int invalid(PrintWriter err, String message) {
+  private static int invalid(PrintWriter err, @Nullable String message) {
     err.println("kvferry plan: " + message);
     err.flush();
     return EXIT_INVALID_INPUT;

@@ -24,6 +24,8 @@ record PlanInput(
 
   /** Input that cannot be planned; the message names the field. */
   static final class InvalidPlanInputException extends Exception {
+    private static final long serialVersionUID = 1L;
+
     InvalidPlanInputException(String message) {
       super(message);
     }
@@ -101,7 +103,7 @@ record PlanInput(
                   positiveInt(root, "head_dim"),
                   elementBytes);
     } catch (IllegalArgumentException e) {
-      throw new InvalidPlanInputException(e.getMessage());
+      throw new InvalidPlanInputException(String.valueOf(e.getMessage()));
     }
     return new PlanInput(
         geometry,

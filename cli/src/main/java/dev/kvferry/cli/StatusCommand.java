@@ -51,6 +51,8 @@ public final class StatusCommand implements Callable<Integer> {
 
   /** A failed request, already worded for the user. */
   private static final class StatusException extends Exception {
+    private static final long serialVersionUID = 1L;
+
     StatusException(String message) {
       super(message);
     }

@@ -5,6 +5,7 @@ import dev.kvferry.actors.connector.KvTransferParams;
 import dev.kvferry.actors.connector.Role;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.receptionist.ServiceKey;
+import org.jspecify.annotations.Nullable;
 
 /**
  * The mailbox every routable engine serves in the cluster, whatever drives it (the simulated
@@ -31,7 +32,7 @@ public final class EngineService {
       String engineId,
       Role role,
       Status status,
-      KvTransferParams paramsForPeer,
+      @Nullable KvTransferParams paramsForPeer,
       long bytes,
       long transferNanos,
       String detail)

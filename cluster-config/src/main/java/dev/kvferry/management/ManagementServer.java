@@ -39,7 +39,7 @@ public final class ManagementServer {
               .get(BIND_TIMEOUT.toMillis(), TimeUnit.MILLISECONDS)
               .toString());
     } catch (ExecutionException e) {
-      Throwable cause = e.getCause();
+      Throwable cause = e.getCause() != null ? e.getCause() : e;
       throw new ManagementStartException(where, String.valueOf(cause.getMessage()), cause);
     } catch (TimeoutException e) {
       throw new ManagementStartException(

@@ -27,6 +27,7 @@ import org.apache.pekko.actor.typed.ActorSystem;
 import org.apache.pekko.actor.typed.javadsl.Behaviors;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
+import org.jspecify.annotations.Nullable;
 
 /**
  * One engine node: an actor system in the cluster with role prefill or decode hosting one engine
@@ -53,7 +54,7 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
   private final List<RegionRegistry> registries = new ArrayList<>();
   private final EngineKind engineKind;
   /** With the cuda transport, the one every worker of the node uses (see openTransport). */
-  private Transport cudaTransport;
+  private @Nullable Transport cudaTransport;
   private final List<Engine> engines = new ArrayList<>();
   /** Drivers of engines whose workers failed to start: their KV caches go back at close too. */
   private final List<EngineDriver> failedDrivers = new ArrayList<>();

@@ -23,6 +23,7 @@ import org.apache.pekko.actor.typed.javadsl.Behaviors;
 import org.apache.pekko.actor.typed.javadsl.Receive;
 import org.apache.pekko.actor.typed.receptionist.Receptionist;
 import org.apache.pekko.actor.typed.receptionist.ServiceKey;
+import org.jspecify.annotations.Nullable;
 
 /**
  * Picks a (prefill, decode) pair for each request from live cluster membership: the engine of each
@@ -42,7 +43,7 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
    *
    * @param mode only engines of this transfer mode, or null for any (P and D always share one)
    */
-  public record Route(RequestSpec spec, TransferMode mode, ActorRef<Routed> replyTo)
+  public record Route(RequestSpec spec, @Nullable TransferMode mode, ActorRef<Routed> replyTo)
       implements Command, CborSerializable {}
 
   /** How a routed request ended: D's outcome (or P's, when it never reached D). */
@@ -50,7 +51,7 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
       String requestId,
       String prefillEngineId,
       String decodeEngineId,
-      TransferMode mode,
+      @Nullable TransferMode mode,
       Outcome.Status status,
       long bytes,
       long transferNanos,
@@ -73,8 +74,8 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
     final Candidate prefill;
     final Candidate decode;
     final String transferId;
-    Outcome prefillOutcome;
-    Outcome decodeOutcome;
+    @Nullable Outcome prefillOutcome;
+    @Nullable Outcome decodeOutcome;
 
     InFlight(Route route, Candidate prefill, Candidate decode, String transferId) {
       this.route = route;
@@ -159,9 +160,9 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
     return this;
   }
 
-  private Optional<Candidate> pick(Role role, TransferMode mode) {
+  private Optional<Candidate> pick(Role role, @Nullable TransferMode mode) {
     List<Candidate> list =
-        engines.get(role).stream().filter(c -> mode == null || c.identity().mode() == mode).toList();
+        listing(role).stream().filter(c -> mode == null || c.identity().mode() == mode).toList();
     if (list.isEmpty()) {
       return Optional.empty();
     }
@@ -193,17 +194,15 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
       f.decodeOutcome = o;
     }
     if (f.prefillOutcome != null && f.decodeOutcome != null) {
-      finish(f);
+      finish(f, f.prefillOutcome, f.decodeOutcome);
     }
     return this;
   }
 
-  private void finish(InFlight f) {
+  private void finish(InFlight f, Outcome p, Outcome d) {
     inFlight.remove(f.route.spec().requestId());
     load.merge(f.prefill.identity().engineId(), -1, Integer::sum);
     load.merge(f.decode.identity().engineId(), -1, Integer::sum);
-    Outcome d = f.decodeOutcome;
-    Outcome p = f.prefillOutcome;
     // An abort on either side is what the request was: report it as aborted.
     Outcome.Status status =
         p.status() == Outcome.Status.ABORTED || d.status() == Outcome.Status.ABORTED
@@ -243,17 +242,21 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
           f.prefillOutcome = failed;
         }
         f.decodeOutcome = failed;
-        finish(f);
+        finish(f, f.prefillOutcome, failed);
       }
     }
     return this;
   }
 
   private List<String> ids(Role role) {
-    return engines.get(role).stream().map(c -> c.identity().engineId()).toList();
+    return listing(role).stream().map(c -> c.identity().engineId()).toList();
   }
 
   private boolean listed(Role role, Candidate c) {
-    return engines.get(role).stream().anyMatch(e -> e.ref().equals(c.ref()));
+    return listing(role).stream().anyMatch(e -> e.ref().equals(c.ref()));
+  }
+
+  private List<Candidate> listing(Role role) {
+    return engines.getOrDefault(role, List.of());
   }
 }

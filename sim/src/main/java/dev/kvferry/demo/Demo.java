@@ -36,6 +36,7 @@ import org.apache.pekko.actor.typed.javadsl.AskPattern;
 import org.apache.pekko.actor.typed.javadsl.Behaviors;
 import org.apache.pekko.actor.typed.receptionist.Receptionist;
 import org.apache.pekko.actor.typed.receptionist.ServiceKey;
+import org.jspecify.annotations.Nullable;
 
 /**
  * The demo: a router, a prefill node and a decode node as separate JVMs in a cluster on loopback,
@@ -68,7 +69,11 @@ public final class Demo implements AutoCloseable {
   private final String clusterHost;
   /** Where the router and nodes without a placement of their own run: directly, on clusterHost. */
   private final NodePlacement here;
+  // Set by start(), before anything reads them.
+  @SuppressWarnings("NullAway.Init")
   private ActorSystem<Void> client;
+
+  @SuppressWarnings("NullAway.Init")
   private ActorRef<RouterActor.Command> routerRef;
 
   public Demo(DemoOptions options) throws IOException {
@@ -404,7 +409,7 @@ public final class Demo implements AutoCloseable {
     return s.numBlocks() - s.freeBlocks();
   }
 
-  private ProgressBar progressBar(String task, int total) {
+  private @Nullable ProgressBar progressBar(String task, int total) {
     if (!options.progress()) {
       return null;
     }
@@ -460,7 +465,7 @@ public final class Demo implements AutoCloseable {
   /** Waits until the cluster lists one actor under {@code key} that {@code match}es. */
   private <T> ActorRef<T> awaitOne(
       ServiceKey<T> key, java.util.function.Predicate<ActorRef<T>> match, String what,
-      ChildProcess process) throws Exception {
+      @Nullable ChildProcess process) throws Exception {
     long deadline = System.nanoTime() + JOIN_TIMEOUT.toNanos();
     while (System.nanoTime() < deadline) {
       for (ChildProcess c : process != null ? List.of(process) : children) {

@@ -1,6 +1,7 @@
 package dev.kvferry.sim;
 
 import java.util.BitSet;
+import org.jspecify.annotations.Nullable;
 
 /**
  * The paged KV cache's block allocator of a simulated engine: a free list of block ids with a free
@@ -38,7 +39,7 @@ public final class BlockAllocator {
   }
 
   /** {@code n} blocks, or null (nothing taken) when fewer are free. */
-  public int[] allocate(int n) {
+  public int @Nullable [] allocate(int n) {
     if (n < 0) {
       throw new IllegalArgumentException("cannot allocate " + n + " blocks");
     }

@@ -19,6 +19,7 @@ import java.util.List;
 import java.util.concurrent.locks.LockSupport;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
+import org.jspecify.annotations.Nullable;
 
 /**
  * The KV cache on one GPU: each rank's layers cudaMalloc'd and registered as CUDA regions (moved
@@ -254,7 +255,7 @@ public final class GpuKvCache implements SimKvCache {
     s.done.record(stream);
     return new Check() {
       private boolean done;
-      private KvPattern.Mismatch first;
+      private KvPattern.@Nullable Mismatch first;
 
       @Override
       public boolean isDone() {
@@ -267,7 +268,7 @@ public final class GpuKvCache implements SimKvCache {
       }
 
       @Override
-      public KvPattern.Mismatch firstMismatch() {
+      public KvPattern.@Nullable Mismatch firstMismatch() {
         if (!isDone()) {
           throw new IllegalStateException("the check is still running on the GPU");
         }
@@ -277,9 +278,9 @@ public final class GpuKvCache implements SimKvCache {
   }
 
   /** The first mismatch over the ranks' results (rank order), or null; logs the word count. */
-  private KvPattern.Mismatch readResults(TokenRange range, Pointer results) {
+  private KvPattern.@Nullable Mismatch readResults(TokenRange range, Pointer results) {
     long words = 0;
-    KvPattern.Mismatch first = null;
+    KvPattern.@Nullable Mismatch first = null;
     for (int rank = 0; rank < ranks; rank++) {
       long bad = results.getLong(16L * rank);
       words += bad;

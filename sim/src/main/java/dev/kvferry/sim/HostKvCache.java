@@ -7,6 +7,7 @@ import dev.kvferry.rdma.MemoryRegion;
 import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.List;
+import org.jspecify.annotations.Nullable;
 
 /**
  * The KV cache in host memory (the registered regions of each rank), computed and checked by the
@@ -106,7 +107,7 @@ public final class HostKvCache implements SimKvCache {
       }
 
       @Override
-      public KvPattern.Mismatch firstMismatch() {
+      public KvPattern.@Nullable Mismatch firstMismatch() {
         return found;
       }
     };

@@ -3,6 +3,7 @@ package dev.kvferry.sim;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import org.jspecify.annotations.Nullable;
 
 /**
  * The deterministic content a simulated prefill writes into its KV cache: every 8-byte word is a
@@ -100,14 +101,14 @@ public final class KvPattern {
    * Checks token positions {@code [from, to)} of one layer; the first mismatch, or null when every
    * byte is as P wrote it.
    */
-  public static Mismatch verify(
+  public static @Nullable Mismatch verify(
       ByteBuffer layer, KvCacheGeometry g, long requestKey, int layerIndex, int[] blockIds,
       int from, int to) {
     return verify(layer, g, 0, requestKey, layerIndex, blockIds, from, to);
   }
 
   /** {@link #verify} for a TP rank whose first KV head is global head {@code firstHead}. */
-  public static Mismatch verify(
+  public static @Nullable Mismatch verify(
       ByteBuffer layer, KvCacheGeometry g, int firstHead, long requestKey, int layerIndex,
       int[] blockIds, int from, int to) {
     int heads = headsPerSlot(g);

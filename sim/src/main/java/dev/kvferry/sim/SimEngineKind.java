@@ -11,6 +11,7 @@ import java.util.ArrayList;
 import java.util.List;
 import org.apache.pekko.actor.typed.ActorSystem;
 import org.apache.pekko.actor.typed.Props;
+import org.jspecify.annotations.Nullable;
 
 /**
  * The engine kind {@code sim}: the simulated engine drives the node's connector, fills P's KV cache
@@ -55,7 +56,7 @@ public final class SimEngineKind implements EngineKind {
   private static final class Driver implements EngineDriver {
     private final EngineSetup setup;
     private final SimKvCache cache;
-    private SimulatedEngine simulator;
+    private @Nullable SimulatedEngine simulator;
 
     Driver(EngineSetup setup, SimKvCache cache) {
       this.setup = setup;

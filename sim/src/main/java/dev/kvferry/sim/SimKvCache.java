@@ -3,6 +3,7 @@ package dev.kvferry.sim;
 import dev.kvferry.actors.connector.LayerEvent;
 import dev.kvferry.rdma.MemoryRegion;
 import java.util.List;
+import org.jspecify.annotations.Nullable;
 
 /**
  * The simulated engine's KV cache, one set of layers per TP rank, and how it is computed and
@@ -61,6 +62,6 @@ public interface SimKvCache extends AutoCloseable {
     boolean isDone();
 
     /** Once done: the first mismatch (in rank, layer, token, K|V, byte order), or null. */
-    KvPattern.Mismatch firstMismatch();
+    KvPattern.@Nullable Mismatch firstMismatch();
   }
 }

@@ -35,6 +35,7 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.LockSupport;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
+import org.jspecify.annotations.Nullable;
 
 /**
  * What a vLLM-like engine does around the connector: a paged KV cache with a block allocator, a
@@ -66,7 +67,7 @@ public final class SimulatedEngine implements AutoCloseable {
   private final LayerListener layerListener;
   private volatile boolean running = true;
   /** Why the engine stopped serving (its GPU failed), or null while it serves. */
-  private volatile String stoppedBecause;
+  private volatile @Nullable String stoppedBecause;
   private volatile int inFlight;
 
   /** Told on the engine's thread each time the forward pass fires a layer's event (benchmarks). */
@@ -97,7 +98,7 @@ public final class SimulatedEngine implements AutoCloseable {
 
   private static final class RankReports {
     int count;
-    String failure;
+    @Nullable String failure;
   }
 
   private static final class SimRequest {
@@ -443,7 +444,7 @@ public final class SimulatedEngine implements AutoCloseable {
    * Counts one rank's report of a request's end; once every rank reported it, their combined
    * report (with the first failure, if any), else null. With one rank every report is final.
    */
-  private RankReports lastReport(String requestId, String failureOrNull) {
+  private @Nullable RankReports lastReport(String requestId, @Nullable String failureOrNull) {
     RankReports r = reports.computeIfAbsent(requestId, k -> new RankReports());
     r.count++;
     if (r.failure == null) {
@@ -473,7 +474,7 @@ public final class SimulatedEngine implements AutoCloseable {
     for (Map.Entry<String, String> e : f.failed().entrySet()) {
       RankReports all = lastReport(e.getKey(), e.getValue());
       if (all != null) {
-        failed(e.getKey(), all.failure);
+        failed(e.getKey(), all.failure != null ? all.failure : e.getValue());
       }
     }
     for (String id : f.doneReceiving()) {
@@ -538,7 +539,7 @@ public final class SimulatedEngine implements AutoCloseable {
         new Outcome(r.id(), engineId, role, Status.DONE, null, bytes, nanos, "verified"));
   }
 
-  private void reply(SimRequest r, Status status, dev.kvferry.actors.connector.KvTransferParams p,
+  private void reply(SimRequest r, Status status, dev.kvferry.actors.connector.@Nullable KvTransferParams p,
       String detail) {
     r.submit.replyTo().tell(new Outcome(r.id(), engineId, role, status, p, 0, 0, detail));
   }
