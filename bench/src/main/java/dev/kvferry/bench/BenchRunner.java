@@ -33,8 +33,7 @@ public final class BenchRunner {
   public BenchReport run() throws IOException {
     Path work = Files.createTempDirectory("kvferry-bench-");
     try {
-      PeerTools peers = new PeerTools(
-          options.peersDir() == null ? work.resolve("no-peers-folder") : options.peersDir(), work);
+      PeerTools peers = new PeerTools(PeerTools.locatePeers(options.peersDir(), work), work);
       List<BenchRow> rows = new ArrayList<>();
       HostTransferSuite host =
           new HostTransferSuite(peers, options.rounds(), options.repeats(), progress);

@@ -1,18 +1,20 @@
 package dev.kvferry.bench;
 
 import java.io.IOException;
+import java.io.InputStream;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
 import java.time.Duration;
-import java.util.ArrayList;
 import java.util.List;
-import java.util.Optional;
 import java.util.concurrent.TimeUnit;
+import org.jspecify.annotations.Nullable;
 
 /**
- * Finds and runs the peer programs kvferry is compared with: the scripts and C source in {@code
- * shared/peers}, gcc, iperf3 and the two Pythons. Installs nothing: a missing tool is reported with
+ * Finds and runs the peer programs kvferry is compared with: kvferry's own peers (the memcpy
+ * ceiling in C, the seed's planner and notify stack in Python; {@link #BUNDLED_PEERS}), gcc, iperf3
+ * and the two Pythons. Installs nothing: a missing tool is reported with
  * the Debian package that provides it.
  */
 public final class PeerTools {
@@ -47,28 +49,28 @@ public final class PeerTools {
     this.workDir = workDir;
   }
 
+  /** The peer programs kvferry keeps (classpath resources beside this class, {@code peers/}). */
+  public static final List<String> BUNDLED_PEERS =
+      List.of("memcpy_ceiling.c", "seed_planner.py", "seed_notify_rtt.py");
+
   /**
-   * The peers folder: {@code explicit} if given, else the first of {@code $KVFERRY_HOME/../shared/peers},
-   * {@code ./shared/peers}, {@code ../shared/peers} that exists.
+   * The peers folder: {@code explicit} if given (for example {@code ../shared/peers}, to compare
+   * with other copies of the peers), else kvferry's own peers, written into {@code scratch/peers}.
    */
-  public static Optional<Path> locatePeers(Path explicit) {
+  public static Path locatePeers(@Nullable Path explicit, Path scratch) throws IOException {
     if (explicit != null) {
-      return Optional.of(explicit);
+      return explicit;
     }
-    List<Path> candidates = new ArrayList<>();
-    String home = System.getenv("KVFERRY_HOME");
-    if (home != null && !home.isBlank()) {
-      candidates.add(Path.of(home).resolve("../shared/peers"));
-      candidates.add(Path.of(home).resolve("shared/peers"));
-    }
-    candidates.add(Path.of("shared/peers"));
-    candidates.add(Path.of("../shared/peers"));
-    for (Path p : candidates) {
-      if (Files.isDirectory(p)) {
-        return Optional.of(p.toAbsolutePath().normalize());
+    Path dir = Files.createDirectories(scratch.resolve("peers"));
+    for (String name : BUNDLED_PEERS) {
+      try (InputStream in = PeerTools.class.getResourceAsStream("peers/" + name)) {
+        if (in == null) {
+          throw new IOException("kvferry's peer " + name + " is missing from the class path");
+        }
+        Files.copy(in, dir.resolve(name), StandardCopyOption.REPLACE_EXISTING);
       }
     }
-    return Optional.empty();
+    return dir;
   }
 
   public Path peersDir() {
@@ -84,7 +86,8 @@ public final class PeerTools {
     Path p = peersDir.resolve(name);
     if (!Files.isRegularFile(p)) {
       throw new MissingPeerException(
-          name + " not found in " + peersDir + " (pass --peers DIR: the shared/peers folder)");
+          name + " not found in " + peersDir + " (--peers DIR names a folder with "
+              + String.join(", ", BUNDLED_PEERS) + "; without it kvferry uses its own)");
     }
     return p;
   }

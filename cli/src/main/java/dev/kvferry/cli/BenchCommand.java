@@ -4,17 +4,16 @@ import ch.qos.logback.classic.Level;
 import ch.qos.logback.classic.Logger;
 import dev.kvferry.bench.BenchReport;
 import dev.kvferry.bench.BenchRunner;
-import dev.kvferry.bench.PeerTools;
 import java.io.IOException;
 import java.io.PrintStream;
 import java.io.PrintWriter;
 import java.nio.file.Path;
 import java.util.LinkedHashSet;
 import java.util.List;
-import java.util.Optional;
 import java.util.Set;
 import java.util.concurrent.Callable;
 import org.slf4j.LoggerFactory;
+import org.jspecify.annotations.Nullable;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Model.CommandSpec;
 import picocli.CommandLine.Option;
@@ -48,9 +47,9 @@ public final class BenchCommand implements Callable<Integer> {
   List<String> only;
 
   @Option(names = "--peers", paramLabel = "DIR",
-      description = "The shared/peers folder (default: $KVFERRY_HOME/../shared/peers, then"
-          + " ./shared/peers, ../shared/peers).")
-  Path peers;
+      description = "A folder with other copies of the peer programs (memcpy_ceiling.c,"
+          + " seed_planner.py, seed_notify_rtt.py), e.g. ../shared/peers; default: kvferry's own.")
+  @Nullable Path peers;
 
   @Option(names = "--rounds", defaultValue = "7", paramLabel = "N",
       description = "Timed rounds per host transfer measurement (default: ${DEFAULT-VALUE}).")
@@ -106,13 +105,8 @@ public final class BenchCommand implements Callable<Integer> {
       err.flush();
       return 2;
     }
-    Optional<Path> peersDir = PeerTools.locatePeers(peers);
-    if (peersDir.isEmpty()) {
-      progress.println("kvferry bench: no shared/peers folder found (pass --peers DIR); peer"
-          + " columns will be empty");
-    }
     quietLogs();
-    BenchRunner.Options options = new BenchRunner.Options(suites, peersDir.orElse(null), rounds,
+    BenchRunner.Options options = new BenchRunner.Options(suites, peers, rounds,
         repeats, roundTrips, e2eTokens, e2eRequests, chart);
     BenchReport report = new BenchRunner(options, progress).run();
     out.print(report.toTable());

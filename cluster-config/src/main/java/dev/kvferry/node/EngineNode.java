@@ -62,11 +62,11 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
 
   private EngineNode(Config config) throws IOException {
     this.settings = NodeSettings.fromConfig(config);
-    // Before anything starts: an unknown engine kind, "CUDA not available: <reason>", no such GPU.
-    this.engineKind = EngineKinds.named(settings.engine());
+    // Before anything starts: "CUDA not available: <reason>", no such GPU, an unknown engine kind.
     if (settings.onGpu()) {
       Cuda.requireDevice(settings.gpu());
     }
+    this.engineKind = EngineKinds.named(settings.engine());
     this.system = ActorSystem.create(Behaviors.empty(), "kvferry", config);
     NodeRuntime.register(this);
     try {

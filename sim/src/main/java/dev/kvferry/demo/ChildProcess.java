@@ -49,6 +49,7 @@ public final class ChildProcess implements AutoCloseable {
     }
     cmd.add("-cp");
     cmd.add(System.getProperty("java.class.path"));
+    // The kvferry command (module cli): on the class path of kvferry.jar and of the tests.
     cmd.add("dev.kvferry.cli.KvferryCli");
     cmd.addAll(args);
     Process p =
