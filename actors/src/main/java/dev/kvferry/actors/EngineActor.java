@@ -98,6 +98,13 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   public record ReleaseOverdue(String transferId, String decodeEngineId)
       implements Command, LocalOnly {}
 
+  /**
+   * From this worker's writer: send {@code message} to worker {@code tpRank} of {@code engineId},
+   * held while that engine is not listed (like every message of ours to a peer).
+   */
+  public record SendToPeer(String engineId, int tpRank, Command message)
+      implements Command, LocalOnly {}
+
   /** Transfers in flight, for management endpoints. */
   public record GetTransfers(ActorRef<RequestTrackerActor.Snapshot> replyTo) implements Command, LocalOnly {}
 
@@ -329,7 +336,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         ctx.spawn(
             WriterActor.create(
                 self, setup.geometry(), setup.layerRegions(), setup.transport(), io,
-                setup.settings(), handshake, tracker),
+                setup.settings(), handshake, tracker, ctx.getSelf()),
             "writer");
     this.readHandshakeAdapter =
         ctx.messageAdapter(HandshakeActor.Result.class, r -> new ReadPeerReady(null, r));
@@ -376,6 +383,10 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         })
         .onMessage(ReleaseOverdue.class, this::onReleaseOverdue)
         .onMessage(AbortReceive.class, this::onAbortReceive)
+        .onMessage(SendToPeer.class, m -> {
+          sendTo(m.engineId(), m.tpRank(), m.message());
+          return this;
+        })
         .onMessage(
             Release.class,
             m -> {

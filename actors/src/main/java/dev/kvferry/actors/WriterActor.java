@@ -170,6 +170,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private final ConnectorSettings settings;
   private final ActorRef<HandshakeActor.Command> handshake;
   private final ActorRef<RequestTrackerActor.Command> tracker;
+  /** The worker: it holds messages for engines not listed yet instead of dropping them. */
+  private final ActorRef<EngineActor.Command> owner;
   private final TimerScheduler<Command> timers;
   private final Map<String, WriteJob> jobs = new HashMap<>();
   private final TerminalIds terminal;
@@ -188,14 +190,15 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       Executor io,
       ConnectorSettings settings,
       ActorRef<HandshakeActor.Command> handshake,
-      ActorRef<RequestTrackerActor.Command> tracker) {
+      ActorRef<RequestTrackerActor.Command> tracker,
+      ActorRef<EngineActor.Command> owner) {
     return Behaviors.setup(
         ctx ->
             Behaviors.withTimers(
                 timers ->
                     new WriterActor(
                         ctx, timers, self, geometry, layerRegions, transport, io, settings,
-                        handshake, tracker)));
+                        handshake, tracker, owner)));
   }
 
   private WriterActor(
@@ -208,8 +211,10 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       Executor io,
       ConnectorSettings settings,
       ActorRef<HandshakeActor.Command> handshake,
-      ActorRef<RequestTrackerActor.Command> tracker) {
+      ActorRef<RequestTrackerActor.Command> tracker,
+      ActorRef<EngineActor.Command> owner) {
     super(ctx);
+    this.owner = owner;
     this.timers = timers;
     this.self = self;
     this.geometry = geometry;
@@ -644,7 +649,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
               : TensorParallelSplit.targetsOf(self.tpRank(), self.tpSize(), tp.getAsInt(), mla);
     }
     for (int rank : ranks) {
-      directory.find(decodeEngineId, rank).ifPresent(d -> d.ref().tell(message));
+      owner.tell(new EngineActor.SendToPeer(decodeEngineId, rank, message));
     }
   }
 
