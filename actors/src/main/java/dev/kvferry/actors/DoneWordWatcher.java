@@ -31,8 +31,11 @@ final class DoneWordWatcher implements AutoCloseable {
       TimeUnit.MICROSECONDS.toNanos(Long.getLong("kvferry.done-words.spin-us", 2000));
   private static final long PARK_NS = TimeUnit.MICROSECONDS.toNanos(20);
 
-  /** What D puts in its RemoteBlocks so P can store the word. */
-  record Ticket(String path, int slots, int slot, long value) {}
+  /**
+   * What D puts in its RemoteBlocks so P can store the word: the file's bare name (P opens it
+   * only under {@link SharedDoneWords#PEER_DIR}), never a path.
+   */
+  record Ticket(String name, int slots, int slot, long value) {}
 
   private record Pending(String transferId, int slot, long value) {}
 
@@ -54,7 +57,7 @@ final class DoneWordWatcher implements AutoCloseable {
 
   /** A watcher with fresh words under /dev/shm, or null where there is none (then: messages). */
   static DoneWordWatcher tryCreate(String label, Consumer<String> onDone) {
-    Path dir = Path.of("/dev/shm");
+    Path dir = SharedDoneWords.PEER_DIR;
     if (!Files.isDirectory(dir) || !Files.isWritable(dir)) {
       return null;
     }
@@ -86,7 +89,7 @@ final class DoneWordWatcher implements AutoCloseable {
       pending.put(transferId, p);
     }
     LockSupport.unpark(thread);
-    return new Ticket(words.path().toString(), SLOTS, p.slot(), p.value());
+    return new Ticket(words.path().getFileName().toString(), SLOTS, p.slot(), p.value());
   }
 
   /** Stops watching (the transfer ended another way). */

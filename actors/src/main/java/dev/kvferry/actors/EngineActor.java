@@ -130,7 +130,9 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
       long doneValue)
       implements Command, CborSerializable {
     /**
-     * {@code doneWords} (cuda transport, same host): the file of D's done words; P's copy stream
+     * {@code doneWords} (cuda transport, same host): the name of D's done-word file, opened by P
+     * only if it is a kvferry done-word file under /dev/shm (SharedDoneWords.openPeerWords); P's
+     * copy stream
      * stores {@code doneValue} into word {@code doneSlot} of {@code doneSlots} behind the
      * transfer's last copy, so D learns before WriteDone arrives. Empty: messages only.
      */
@@ -468,7 +470,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
                       self.dpRank(), self.tpRank())
                   : new RemoteBlocks(
                       r.transferId(), r.requestId(), r.localBlockIds(), self.engineId(),
-                      self.dpRank(), self.tpRank(), ticket.path(), ticket.slots(), ticket.slot(),
+                      self.dpRank(), self.tpRank(), ticket.name(), ticket.slots(), ticket.slot(),
                       ticket.value());
           Optional<String> tooBig =
               messageLimit.whyNotSendable(blocks, r.localBlockIds().length,

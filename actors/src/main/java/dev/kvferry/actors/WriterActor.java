@@ -19,7 +19,6 @@ import dev.kvferry.rdma.TransferStatus;
 import dev.kvferry.rdma.Transport;
 import dev.kvferry.rdma.cuda.CudaEvent;
 import dev.kvferry.rdma.cuda.SharedDoneWords;
-import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -488,7 +487,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     SharedDoneWords words = doneWords.get(w.doneWords());
     if (words == null) {
       try {
-        words = SharedDoneWords.openForGpuWrites(Path.of(w.doneWords()), w.doneSlots());
+        words = SharedDoneWords.openPeerWords(w.doneWords(), w.doneSlots());
         doneWords.put(w.doneWords(), words);
       } catch (RuntimeException e) {
         unusableDoneWords.add(w.doneWords());
