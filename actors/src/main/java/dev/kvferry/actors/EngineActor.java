@@ -978,6 +978,25 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     }
   }
 
+  /**
+   * Another worker is listed under our engine id and TP rank: say so, naming both. Every node
+   * routes to the same one of the two (see {@link EngineDirectory#of}); the other gets no
+   * transfer while both are listed (a restarted engine whose old incarnation is not yet removed
+   * takes over once it is).
+   */
+  private void refuseIfDuplicate(EngineDirectory merged) {
+    for (EngineDirectory.Duplicate d : merged.duplicates()) {
+      if (d.engineId().equals(self.engineId()) && reportedDuplicates.add(d.message())) {
+        getContext().getLog().error(d.message());
+      }
+    }
+    if (reportedDuplicates.size() > 64) {
+      reportedDuplicates.clear(); // bounded; a duplicate still listed is reported again
+    }
+  }
+
+  private final Set<String> reportedDuplicates = new HashSet<>();
+
   private Behavior<Command> onListingChanged(ListingChanged m) {
     EngineDirectory before = directory;
     for (Role role : Role.values()) {
@@ -993,6 +1012,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     handshake.tell(new HandshakeActor.DirectoryChanged(merged));
     writer.tell(new WriterActor.DirectoryChanged(merged));
     tracker.tell(new RequestTrackerActor.DirectoryChanged(merged));
+    refuseIfDuplicate(merged);
     endTransfersWithPeersGone(before, merged);
     List<AwaitingTpSize> needTp = new ArrayList<>(awaitingTpSize);
     awaitingTpSize.clear();
