@@ -422,6 +422,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
             })
         .onMessage(DoneWordSeen.class, this::onDoneWordSeen)
         .onSignal(PostStop.class, sig -> {
+          reads.values().forEach(j -> j.cancelled.set(true)); // queued reads skip their copies
           if (doneWords != null) {
             doneWords.close();
           }

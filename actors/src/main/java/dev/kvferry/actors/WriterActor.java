@@ -242,6 +242,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
         .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
         .onMessage(Abandon.class, this::onAbandon)
         .onSignal(PostStop.class, sig -> {
+          // Submissions still queued on the io pool skip their copies: the transport may close.
+          jobs.values().forEach(j -> j.cancelled.set(true));
           doneWords.values().forEach(SharedDoneWords::close);
           return this;
         })

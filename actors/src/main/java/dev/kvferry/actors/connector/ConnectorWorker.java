@@ -122,10 +122,43 @@ public final class ConnectorWorker implements AutoCloseable {
   }
 
   public void shutdown() {
-    if (engine != null) {
-      engine.tell(new EngineActor.Stop());
-      engine = null;
+    stop();
+  }
+
+  /**
+   * Stops the worker and its children; completes once its actor has terminated, so a shared
+   * transport can be closed after it (copies queued but not started are skipped as it stops).
+   */
+  public java.util.concurrent.CompletableFuture<Void> stop() {
+    java.util.concurrent.CompletableFuture<Void> stopped =
+        new java.util.concurrent.CompletableFuture<>();
+    ActorRef<EngineActor.Command> ref = engine;
+    if (ref == null) {
+      stopped.complete(null);
+      return stopped;
     }
+    engine = null;
+    try {
+      system.systemActorOf(
+          org.apache.pekko.actor.typed.javadsl.Behaviors.<Void>setup(
+              ctx -> {
+                ctx.watch(ref);
+                return org.apache.pekko.actor.typed.javadsl.Behaviors.<Void>receive(Void.class)
+                    .onSignal(
+                        org.apache.pekko.actor.typed.Terminated.class,
+                        sig -> {
+                          stopped.complete(null);
+                          return org.apache.pekko.actor.typed.javadsl.Behaviors.stopped();
+                        })
+                    .build();
+              }),
+          "stop-watch-" + identity.toActorName() + "-" + java.util.UUID.randomUUID(),
+          Props.empty());
+    } catch (RuntimeException e) {
+      stopped.complete(null); // the system is shutting down: nothing left to wait for
+    }
+    ref.tell(new EngineActor.Stop());
+    return stopped;
   }
 
   @Override
