@@ -239,6 +239,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     /** P's workers this worker reads from (one, unless the TP sizes differ). */
     final int[] sources;
     int remaining;
+    /** By layer: reads (one per source) not yet landed. */
+    final int[] layerRemaining;
     long bytes;
     /** Layer reads handed to the transport and not finished. */
     int inFlight;
@@ -252,6 +254,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
       this.request = request;
       this.sources = sources;
       this.remaining = layers * sources.length;
+      this.layerRemaining = new int[layers];
+      java.util.Arrays.fill(layerRemaining, sources.length);
     }
   }
 
@@ -888,6 +892,9 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
       return this;
     }
     job.bytes += m.status().bytesMoved();
+    if (--job.layerRemaining[m.layer()] == 0) {
+      setup.sink().layerLoads().layerLanded(m.transferId(), m.layer()); // waitForLayerLoad
+    }
     if (--job.remaining == 0) {
       reads.remove(m.transferId());
       tracker.tell(new RequestTrackerActor.ReceiveSucceeded(m.transferId(), job.bytes));

@@ -18,6 +18,7 @@ public final class FinishedSink {
   private Map<String, String> failed = new HashMap<>();
   private Set<Integer> loadErrors = new HashSet<>();
   private final AtomicLong bytesMoved = new AtomicLong();
+  private final LayerLoads layerLoads = new LayerLoads();
   private final TransferObserver observer;
 
   public FinishedSink() {
@@ -26,6 +27,11 @@ public final class FinishedSink {
 
   public FinishedSink(TransferObserver observer) {
     this.observer = observer;
+  }
+
+  /** D, READ: the layers landed so far, for {@code waitForLayerLoad}. */
+  public LayerLoads layerLoads() {
+    return layerLoads;
   }
 
   public TransferObserver observer() {

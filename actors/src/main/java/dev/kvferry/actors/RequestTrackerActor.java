@@ -205,6 +205,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     if (failedEarly != null) {
       // P gave up before we announced our blocks: fail now instead of at the transfer timeout.
       terminal.add(m.transferId());
+      sink.layerLoads().ended(m.transferId());
       sink.failedLoad(m.requestId(), failedEarly, m.localBlockIds());
       sink.observer().transferEnded(TransferObserver.Outcome.FAILED, 0, -1);
       return this;
@@ -221,6 +222,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   private Behavior<Command> onReceiveSucceeded(ReceiveSucceeded m) {
     Tracked t = take(m.transferId(), "succeeded");
     if (t != null) {
+      sink.layerLoads().ended(t.transferId);
       sink.addBytes(m.bytes());
       sink.doneReceiving(t.requestId);
       observe(TransferObserver.Outcome.RECEIVED, m.bytes(), t);
@@ -236,6 +238,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     Tracked t = take(m.transferId(), "failed");
     if (t != null) {
       if (t.state == State.RECEIVING) {
+        sink.layerLoads().ended(t.transferId);
         // In the same report as the failure: the engine recomputes these blocks.
         sink.failedLoad(t.requestId, m.reason(), t.localBlockIds);
       } else {

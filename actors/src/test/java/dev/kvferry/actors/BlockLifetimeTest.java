@@ -283,4 +283,41 @@ class BlockLifetimeTest {
     assertTrue(told.reason().contains("aborted on prefill"), told.reason());
     assertNothingFinishedFor(p, QUIET);
   }
+
+  @Test
+  void aReadModeLayerWaitReturnsOnlyOnceThatLayerHasLanded() throws Exception {
+    GatedTransport gated = new GatedTransport(fx.transport);
+    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.READ));
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0",
+        ConnectorSettings.DEFAULTS, gated, fx.localLayers);
+    d.startLoadKv(new ConnectorMetadata(List.of(),
+        List.of(new ReqMeta("r10", "tx10", new int[] {1, 2}, new int[] {3, 4}, "prefill-0", 0)),
+        List.of()));
+    awaitSubmitted(gated, PeerFixture.LAYERS);
+
+    java.util.concurrent.CompletableFuture<Boolean> layer0 = waitInBackground(d, 0);
+    java.util.concurrent.CompletableFuture<Boolean> layer1 = waitInBackground(d, 1);
+    fx.kit.createTestProbe().expectNoMessage(QUIET);
+    assertTrue(!layer0.isDone() && !layer1.isDone(), "a layer wait returned while reads landed");
+
+    gated.openFor(fx.localLayers.get(0));
+    assertTrue(layer0.get(10, java.util.concurrent.TimeUnit.SECONDS));
+    fx.kit.createTestProbe().expectNoMessage(Duration.ofMillis(200));
+    assertTrue(!layer1.isDone(), "layer 1 is still being read");
+    gated.open();
+    assertTrue(layer1.get(10, java.util.concurrent.TimeUnit.SECONDS));
+    assertEquals(Set.of("r10"), fx.awaitFinished(d, x -> !x.doneReceiving().isEmpty()).doneReceiving());
+  }
+
+  private static java.util.concurrent.CompletableFuture<Boolean> waitInBackground(
+      ConnectorWorker d, int layer) {
+    return java.util.concurrent.CompletableFuture.supplyAsync(() -> {
+      try {
+        return d.waitForLayerLoad(layer);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        return false;
+      }
+    });
+  }
 }

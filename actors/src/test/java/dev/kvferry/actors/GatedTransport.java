@@ -17,7 +17,9 @@ import java.util.concurrent.atomic.AtomicInteger;
 final class GatedTransport implements Transport {
 
   private final Transport delegate;
-  private final List<Runnable> held = new ArrayList<>();
+  private final List<Held> held = new ArrayList<>();
+
+  private record Held(MemoryRegion local, Runnable land) {}
   private final AtomicInteger submitted = new AtomicInteger();
   private boolean open;
 
@@ -32,16 +34,31 @@ final class GatedTransport implements Transport {
 
   /** Lets every held copy run, and every later one at once. */
   void open() {
-    List<Runnable> run;
+    List<Held> run;
     synchronized (this) {
       open = true;
       run = new ArrayList<>(held);
       held.clear();
     }
-    run.forEach(Runnable::run);
+    run.forEach(h -> h.land().run());
   }
 
-  private TransferStatus gate(java.util.function.Supplier<TransferStatus> copy) {
+  /** Lets the held copies of one local region (one layer) run; the gate stays shut for others. */
+  void openFor(MemoryRegion local) {
+    List<Held> run = new ArrayList<>();
+    synchronized (this) {
+      held.removeIf(h -> {
+        if (h.local() == local) {
+          run.add(h);
+          return true;
+        }
+        return false;
+      });
+    }
+    run.forEach(h -> h.land().run());
+  }
+
+  private TransferStatus gate(MemoryRegion local, java.util.function.Supplier<TransferStatus> copy) {
     submitted.incrementAndGet();
     TransferStatus pending = TransferStatus.pending();
     Runnable land =
@@ -55,7 +72,7 @@ final class GatedTransport implements Transport {
         };
     synchronized (this) {
       if (!open) {
-        held.add(land);
+        held.add(new Held(local, land));
         return pending;
       }
     }
@@ -70,12 +87,12 @@ final class GatedTransport implements Transport {
 
   @Override
   public TransferStatus write(MemoryRegion local, RegionDescriptor remote, TransferBatch batch) {
-    return gate(() -> delegate.write(local, remote, batch));
+    return gate(local, () -> delegate.write(local, remote, batch));
   }
 
   @Override
   public TransferStatus read(MemoryRegion local, RegionDescriptor remote, TransferBatch batch) {
-    return gate(() -> delegate.read(local, remote, batch));
+    return gate(local, () -> delegate.read(local, remote, batch));
   }
 
   @Override

@@ -81,8 +81,10 @@ public final class ConnectorScheduler {
       // P writes all of it while D waits: loaded asynchronously between steps.
       return new MatchedTokens(Math.max(0, request.numPromptTokens() - numComputedTokens), true);
     }
-    // READ: the last prompt token is recomputed on D to produce the first output token.
-    return new MatchedTokens(Math.max(0, request.numPromptTokens() - 1 - numComputedTokens), false);
+    // READ: the last prompt token is recomputed on D to produce the first output token. Loaded
+    // asynchronously: the engine waits for getFinished (or per layer, waitForLayerLoad) before it
+    // runs over these tokens; a synchronous load would let it compute while reads still land.
+    return new MatchedTokens(Math.max(0, request.numPromptTokens() - 1 - numComputedTokens), true);
   }
 
   /** Called once the engine allocated {@code blockIds} for the request. */

@@ -27,6 +27,8 @@ public final class ConnectorWorker implements AutoCloseable {
   private final FinishedSink sink;
   private volatile ActorRef<EngineActor.Command> engine;
   private ConnectorMetadata lastSaved;
+  /** D, READ: the transfers this step loads, which {@link #waitForLayerLoad} waits for. */
+  private java.util.Set<String> loadsThisStep = java.util.Set.of();
   private int layersSavedThisStep;
 
   public ConnectorWorker(
@@ -64,9 +66,33 @@ public final class ConnectorWorker implements AutoCloseable {
   /** Starts this step's loads (D, READ) and records the blocks P keeps for D (P, READ). */
   public void startLoadKv(ConnectorMetadata metadata) {
     requireRegistered();
+    java.util.Set<String> loads = new java.util.HashSet<>();
+    for (ReqMeta r : metadata.reqsToRecv()) {
+      if (r.localBlockIds().length > 0) {
+        loads.add(r.transferId());
+        sink.layerLoads().begin(r.transferId());
+      }
+    }
+    sink.layerLoads().forget(loadsThisStep);
+    loadsThisStep = java.util.Set.copyOf(loads);
     if (!metadata.reqsToRecv().isEmpty() || !metadata.reqsToSend().isEmpty()) {
       engine.tell(new EngineActor.StartLoad(metadata));
     }
+  }
+
+  /**
+   * D: blocks until layer {@code layer} of every load this step started has landed (or its
+   * transfer ended; failures come with {@link #getFinished}), so the engine never runs a layer
+   * over KV still being copied: vLLM's {@code wait_for_layer_load}. Returns at once when nothing
+   * is loaded this step.
+   *
+   * @return false if the layer did not land within the transfer timeout
+   */
+  public boolean waitForLayerLoad(int layer) throws InterruptedException {
+    if (loadsThisStep.isEmpty()) {
+      return true;
+    }
+    return sink.layerLoads().await(loadsThisStep, layer, settings.transferTimeout().toNanos());
   }
 
   /** P: layer {@code layer} is being computed; its KV is complete when {@code event} fires. */

@@ -92,7 +92,8 @@ class ConnectorSchedulerTest {
         BLOCK, List.of(), ConnectorSettings.DEFAULTS, CLOCK);
     ConnectorRequest r = new ConnectorRequest("r", 100, KvTransferParams.forDecode("tx", "p", 0));
     assertEquals(new MatchedTokens(84, true), write.numNewMatchedTokens(r, 16));
-    assertEquals(new MatchedTokens(83, false), read.numNewMatchedTokens(r, 16));
+    assertEquals(new MatchedTokens(83, true), read.numNewMatchedTokens(r, 16),
+        "READ loads asynchronously: the engine must wait for it");
     assertEquals(MatchedTokens.NONE, prefill(TransferMode.WRITE).numNewMatchedTokens(r, 0));
   }
 
