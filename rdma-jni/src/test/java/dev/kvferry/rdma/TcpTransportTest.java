@@ -116,6 +116,27 @@ class TcpTransportTest {
   }
 
   @Test
+  void aPeerRestartedOnItsEndpointWithANewTokenDropsTheOldIncarnationsIdleConnections()
+      throws IOException {
+    MemoryRegion src = ours.allocateHost(4096);
+    MemoryRegion dst = peer.allocateHost(4096);
+    RegionDescriptor d = server.describe(dst);
+    assertTrue(Patterns.await(client.write(src, d, single(0, 0, 4096))).succeeded());
+    assertEquals(1, client.pooledPeers());
+    // The peer restarts on the same port with a new registry, so a new token.
+    server.close();
+    try (RegionRegistry restarted = new RegionRegistry("D0")) {
+      server = new TcpTransport(restarted,
+          TransportOptions.defaults().withTcpBind("127.0.0.1", d.tcpPort()));
+      MemoryRegion dst2 = restarted.allocateHost(4096);
+      assertTrue(Patterns.await(client.write(src, server.describe(dst2), single(0, 0, 4096)))
+          .succeeded());
+      assertEquals(1, client.pooledPeers(), "the old incarnation's connections are still pooled");
+      server.close();
+    }
+  }
+
+  @Test
   void failsWithTheReceiversReasonWhenItsRegionWasClosed() {
     for (int length : new int[] {4096, 8 << 20}) {
       MemoryRegion src = ours.allocateHost(length);
