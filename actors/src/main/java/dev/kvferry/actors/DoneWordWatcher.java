@@ -61,6 +61,7 @@ final class DoneWordWatcher implements AutoCloseable {
     if (!Files.isDirectory(dir) || !Files.isWritable(dir)) {
       return null;
     }
+    sweepStale(dir);
     String name = "kvferry-done-" + label.replaceAll("[^A-Za-z0-9._-]", "_") + "-"
         + ProcessHandle.current().pid() + "-" + Long.toHexString(ThreadLocalRandom.current().nextLong());
     try {
@@ -70,6 +71,41 @@ final class DoneWordWatcher implements AutoCloseable {
           e.getMessage());
       return null;
     }
+  }
+
+  /**
+   * Deletes done-word files of processes that are gone (a killed D cannot delete its own): names
+   * end in "-PID-HEX"; files of live processes are left alone. Returns how many were deleted.
+   */
+  static int sweepStale(Path dir) {
+    int deleted = 0;
+    try (java.nio.file.DirectoryStream<Path> files =
+        Files.newDirectoryStream(dir, "kvferry-done-*")) {
+      for (Path f : files) {
+        String[] parts = f.getFileName().toString().split("-");
+        if (parts.length < 5) {
+          continue;
+        }
+        long pid;
+        try {
+          pid = Long.parseLong(parts[parts.length - 2]);
+        } catch (NumberFormatException e) {
+          continue;
+        }
+        if (pid > 0 && ProcessHandle.of(pid).isEmpty()
+            && Files.isRegularFile(f, java.nio.file.LinkOption.NOFOLLOW_LINKS)) {
+          try {
+            Files.deleteIfExists(f);
+            deleted++;
+          } catch (java.io.IOException | SecurityException e) {
+            // another user's file, or gone already: not ours to clean
+          }
+        }
+      }
+    } catch (java.io.IOException | RuntimeException e) {
+      log.debug("could not sweep stale done words in {}: {}", dir, e.toString());
+    }
+    return deleted;
   }
 
   /** Watches a word for {@code transferId}; P stores {@link Ticket#value} there when done. */

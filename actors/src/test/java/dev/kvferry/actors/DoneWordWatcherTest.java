@@ -86,4 +86,18 @@ class DoneWordWatcherTest {
     }
     assertTrue(Files.exists(dev.kvferry.rdma.cuda.SharedDoneWords.PEER_DIR.resolve(t.name())));
   }
+
+  @Test
+  void doneWordFilesOfProcessesThatAreGoneAreSweptAndThoseOfLiveOnesKept(@org.junit.jupiter.api.io.TempDir Path dir)
+      throws Exception {
+    long ownPid = ProcessHandle.current().pid();
+    long deadPid = 4_000_000_000L; // above any Linux pid_max: no such process
+    Path dead = Files.write(dir.resolve("kvferry-done-decode-0_tp0-" + deadPid + "-ab12"), new byte[8]);
+    Path live = Files.write(dir.resolve("kvferry-done-decode-0_tp0-" + ownPid + "-cd34"), new byte[8]);
+    Path other = Files.write(dir.resolve("someone-else-" + deadPid + "-ab12"), new byte[8]);
+    assertEquals(1, DoneWordWatcher.sweepStale(dir));
+    assertFalse(Files.exists(dead), "a killed decode's file stays in /dev/shm");
+    assertTrue(Files.exists(live));
+    assertTrue(Files.exists(other));
+  }
 }
