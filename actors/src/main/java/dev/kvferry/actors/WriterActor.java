@@ -271,16 +271,17 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
               r.requestId(), r.transferId(), "transfer " + r.transferId() + " already ended", 0));
       return this;
     }
-    if (m.layer() < 0 || m.layer() >= layerRegions.size()) {
-      fail(job(r.transferId()), "layer " + m.layer() + " is not registered (have "
-          + layerRegions.size() + ")", r.requestId());
-      return this;
-    }
     WriteJob j = job(r.transferId());
     if (!j.saved()) {
       j.requestId = r.requestId();
       j.decodeEngineId = r.remoteEngineId();
       j.localBlockIds = r.localBlockIds();
+    }
+    if (m.layer() < 0 || m.layer() >= layerRegions.size()) {
+      // Saved (handed to us by the engine), so its blocks are freed when the job has ended.
+      fail(j, "layer " + m.layer() + " is not registered (have " + layerRegions.size() + ")",
+          r.requestId());
+      return this;
     }
     if (j.failure != null) {
       return this; // ending: its blocks are freed (it is saved now) once its copies have landed
