@@ -105,6 +105,12 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   public record SendToPeer(String engineId, int tpRank, Command message)
       implements Command, LocalOnly {}
 
+  /**
+   * From this worker's handshake actor: a peer worker incarnation left (or restarted); its
+   * transport state (idle connections, IPC mappings, copy streams) is released.
+   */
+  public record PeerGone(AgentMetadata metadata) implements Command, LocalOnly {}
+
   /** Transfers in flight, for management endpoints. */
   public record GetTransfers(ActorRef<RequestTrackerActor.Snapshot> replyTo) implements Command, LocalOnly {}
 
@@ -333,7 +339,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         new AgentMetadata(
             self.engineId(), self.dpRank(), self.tpRank(), self.tpSize(),
             setup.transport().name(), setup.geometry(), descriptors);
-    this.handshake = ctx.spawn(HandshakeActor.create(local, setup.settings()), "handshake");
+    this.handshake =
+        ctx.spawn(HandshakeActor.create(local, setup.settings(), ctx.getSelf()), "handshake");
     this.tracker =
         ctx.spawn(
             RequestTrackerActor.create(self.label(), setup.settings(), setup.sink(), ctx.getSelf()),
@@ -389,6 +396,22 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         })
         .onMessage(ReleaseOverdue.class, this::onReleaseOverdue)
         .onMessage(AbortReceive.class, this::onAbortReceive)
+        .onMessage(PeerGone.class, m -> {
+          if (!m.metadata().layers().isEmpty()) {
+            // Blocking native calls (a copy stream waits for its queued copies): off this thread.
+            RegionDescriptor any = m.metadata().layers().get(0);
+            io.execute(() -> {
+              try {
+                setup.transport().peerGone(any);
+              } catch (RuntimeException e) {
+                org.slf4j.LoggerFactory.getLogger(EngineActor.class)
+                    .warn("releasing transport state of {}: {}", m.metadata().engineId(),
+                        e.toString());
+              }
+            });
+          }
+          return this;
+        })
         .onMessage(SendToPeer.class, m -> {
           sendTo(m.engineId(), m.tpRank(), m.message());
           return this;

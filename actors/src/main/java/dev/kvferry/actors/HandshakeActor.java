@@ -69,6 +69,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   }
 
   private final AgentMetadata local;
+  private final ActorRef<EngineActor.Command> owner;
   private final byte[] localBlob;
   /** Whether this system has cluster membership to check askers against. */
   private final boolean clustered;
@@ -87,16 +88,29 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   private final Map<PeerKey, Integer> notListed = new HashMap<>();
 
   public static Behavior<Command> create(AgentMetadata local, ConnectorSettings settings) {
+    return create(local, settings, null);
+  }
+
+  /**
+   * @param owner told {@link EngineActor.PeerGone} with the metadata of each worker incarnation
+   *     that left, so its transport can release what it keeps for it; null: nobody
+   */
+  public static Behavior<Command> create(
+      AgentMetadata local, ConnectorSettings settings, ActorRef<EngineActor.Command> owner) {
     return Behaviors.setup(
-        ctx -> Behaviors.withTimers(timers -> new HandshakeActor(ctx, timers, local, settings)));
+        ctx ->
+            Behaviors.withTimers(
+                timers -> new HandshakeActor(ctx, timers, local, settings, owner)));
   }
 
   private HandshakeActor(
       ActorContext<Command> ctx,
       TimerScheduler<Command> timers,
       AgentMetadata local,
-      ConnectorSettings settings) {
+      ConnectorSettings settings,
+      ActorRef<EngineActor.Command> owner) {
     super(ctx);
+    this.owner = owner;
     this.timers = timers;
     this.local = local;
     this.localBlob = local.pack();
@@ -152,7 +166,10 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
       m.replyTo().tell(new Ready(key.engineId(), key.tpRank(), cached.metadata()));
       return this;
     }
-    cache.remove(key);
+    Cached stale = cache.remove(key);
+    if (stale != null && owner != null) {
+      owner.tell(new EngineActor.PeerGone(stale.metadata()));
+    }
     List<ActorRef<Result>> waiters = waiting.get(key);
     if (waiters != null) {
       waiters.add(m.replyTo()); // one fetch in flight per remote worker
@@ -259,7 +276,15 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
     directory = m.directory();
     // A worker that left or restarted (a new incarnation under the same id, maybe with no gap in
     // the listing) may have new regions: forget what the old one told us.
-    cache.entrySet().removeIf(e -> !isListed(e.getKey(), e.getValue().incarnation()));
+    cache.entrySet().removeIf(e -> {
+      if (isListed(e.getKey(), e.getValue().incarnation())) {
+        return false;
+      }
+      if (owner != null) {
+        owner.tell(new EngineActor.PeerGone(e.getValue().metadata()));
+      }
+      return true;
+    });
     for (Map.Entry<PeerKey, Integer> waitingForListing : new HashMap<>(notListed).entrySet()) {
       if (directory.find(waitingForListing.getKey().engineId(), waitingForListing.getKey().tpRank())
           .isPresent()) {

@@ -149,4 +149,26 @@ class HandshakeActorTest {
     assertEquals(first.metadata().layers().get(1).regionId(),
         second.metadata().layers().get(0).regionId(), "served the old incarnation's regions");
   }
+
+  @Test
+  void aPeerThatLeavesIsReportedSoItsTransportStateIsReleased() {
+    ActorRef<EngineActor.Command> peerRef = fx.startPeer(peer, fx::peerMetadata);
+    List<RegionDescriptor> layers = new ArrayList<>();
+    fx.localLayers.forEach(r -> layers.add(fx.transport.describe(r)));
+    AgentMetadata local = new AgentMetadata(self.engineId(), 0, 0, 1, fx.transport.name(),
+        PeerFixture.GEOMETRY, layers);
+    TestProbe<EngineActor.Command> owner = fx.kit.createTestProbe();
+    ActorRef<HandshakeActor.Command> h =
+        fx.kit.spawn(HandshakeActor.create(local, ConnectorSettings.DEFAULTS, owner.ref()));
+    h.tell(new HandshakeActor.DirectoryChanged(EngineDirectory.of(List.of(peerRef))));
+    TestProbe<HandshakeActor.Result> w = fx.kit.createTestProbe();
+    h.tell(new HandshakeActor.Fetch("decode-0", 0, w.ref()));
+    assertInstanceOf(HandshakeActor.Ready.class, w.receiveMessage(Duration.ofSeconds(5)));
+
+    h.tell(new HandshakeActor.DirectoryChanged(EngineDirectory.EMPTY));
+    EngineActor.PeerGone gone =
+        owner.expectMessageClass(EngineActor.PeerGone.class, Duration.ofSeconds(5));
+    assertEquals("decode-0", gone.metadata().engineId());
+    assertEquals(PeerFixture.LAYERS, gone.metadata().layers().size());
+  }
 }

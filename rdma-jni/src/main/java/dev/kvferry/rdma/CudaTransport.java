@@ -71,6 +71,9 @@ public final class CudaTransport implements Transport {
   private static final Map<Long, Long> DESCRIBED_HERE = new ConcurrentHashMap<>();
 
   private record Opened(long base, long bytes) {}
+
+  /** Which opened allocations (keys of openedAllocations) belong to which peer process. */
+  private final Map<String, java.util.Set<String>> allocationsByPeer = new ConcurrentHashMap<>();
   private final Map<String, Lane> lanes = new ConcurrentHashMap<>();
   private final Map<Long, byte[]> describedHandles = new ConcurrentHashMap<>();
   private volatile boolean closed;
@@ -138,7 +141,9 @@ public final class CudaTransport implements Transport {
     Cuda.setDevice(device);
     Lane lane = lanes.computeIfAbsent(laneKey(device, remote), k -> new Lane(device));
     synchronized (lane) {
-      Cuda.streamWriteValue64(lane.stream, wordDeviceAddress, value);
+      if (!lane.closed) {
+        Cuda.streamWriteValue64(lane.stream, wordDeviceAddress, value);
+      }
     }
   }
 
@@ -229,6 +234,10 @@ public final class CudaTransport implements Transport {
       TransferStatus status = TransferStatus.pending();
       long bytes = batch.totalBytes();
       synchronized (lane) {
+        if (lane.closed) {
+          return TransferStatus.failed("cuda: " + owner(remote) + " left while this transfer"
+              + " started; nothing was moved");
+        }
         if (after != null) {
           Cuda.streamWaitEvent(lane.stream, after.handle());
         }
@@ -320,6 +329,9 @@ public final class CudaTransport implements Transport {
             k -> {
               long base = Cuda.ipcOpenMemHandle(java.util.Arrays.copyOf(h, Cuda.IPC_HANDLE_BYTES));
               long[] range = Cuda.allocationRange(base); // the driver's size, not the peer's
+              allocationsByPeer
+                  .computeIfAbsent(peerOf(remote), p -> ConcurrentHashMap.newKeySet())
+                  .add(k);
               return new Opened(base, range[0] + range[1] - base);
             });
     String refusal = ipcRangeRefusal(remote, offset, opened.bytes());
@@ -330,7 +342,41 @@ public final class CudaTransport implements Transport {
   }
 
   private static String laneKey(int device, RegionDescriptor remote) {
-    return device + "->" + remote.bootId() + "/" + remote.pid() + "/" + remote.device();
+    return device + "->" + peerOf(remote) + "/" + remote.device();
+  }
+
+  private static String peerOf(RegionDescriptor remote) {
+    return remote.bootId() + "/" + remote.pid();
+  }
+
+  /**
+   * Closes the copy lanes to the peer's process (each waits for its queued copies first) and then
+   * its IPC mappings, instead of keeping them until this transport closes.
+   */
+  @Override
+  public void peerGone(RegionDescriptor peerRegion) {
+    if (closed || !Cuda.available()) {
+      return;
+    }
+    String peer = "->" + peerOf(peerRegion) + "/";
+    for (String key : lanes.keySet()) {
+      if (key.contains(peer)) {
+        Lane lane = lanes.remove(key);
+        if (lane != null) {
+          lane.close();
+        }
+      }
+    }
+    java.util.Set<String> opened = allocationsByPeer.remove(peerOf(peerRegion));
+    if (opened != null) {
+      for (String k : opened) {
+        Opened o = openedAllocations.remove(k);
+        if (o != null) {
+          Cuda.setDevice(Integer.parseInt(k.substring(0, k.indexOf(':'))));
+          Cuda.ipcCloseMemHandle(o.base());
+        }
+      }
+    }
   }
 
   private static String owner(RegionDescriptor d) {
@@ -375,6 +421,8 @@ public final class CudaTransport implements Transport {
     Memory sizes;
     final Memory attrs = new Memory(24);
     final Memory attrIndex = new Memory(8);
+    /** Closed because its peer left: a transfer that still got hold of it fails. */
+    boolean closed;
 
     Lane(int device) {
       this.device = device;
@@ -453,6 +501,10 @@ public final class CudaTransport implements Transport {
     }
 
     synchronized void close() {
+      if (closed) {
+        return;
+      }
+      closed = true;
       Cuda.setDevice(device);
       Cuda.streamSynchronize(stream);
       for (ScatterPlan p : plans.values()) {

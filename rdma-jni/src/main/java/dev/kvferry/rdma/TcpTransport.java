@@ -280,6 +280,13 @@ public final class TcpTransport implements Transport {
     }
   }
 
+  @Override
+  public void peerGone(RegionDescriptor peerRegion) {
+    String key = peerRegion.tcpHost() + ":" + peerRegion.tcpPort() + "#"
+        + Base64.getEncoder().encodeToString(peerRegion.token());
+    closeIdle(key); // connections in use are not pooled: their batches finish or fail
+  }
+
   /** Peer incarnations with a pool of idle connections (tests). */
   int pooledPeers() {
     return idle.size();

@@ -130,6 +130,17 @@ class TcpTransportTest {
   }
 
   @Test
+  void aPeerThatLeftHasItsIdleConnectionsClosed() {
+    MemoryRegion src = ours.allocateHost(4096);
+    MemoryRegion dst = peer.allocateHost(4096);
+    RegionDescriptor d = server.describe(dst);
+    assertTrue(Patterns.await(client.write(src, d, single(0, 0, 4096))).succeeded());
+    assertEquals(1, client.pooledPeers());
+    client.peerGone(d);
+    assertEquals(0, client.pooledPeers(), "sockets to a peer that left are kept");
+  }
+
+  @Test
   void failsWithTheReceiversReasonWhenItsRegionWasClosed() {
     for (int length : new int[] {4096, 8 << 20}) {
       MemoryRegion src = ours.allocateHost(length);
