@@ -1032,7 +1032,10 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     EngineDirectory before = directory;
     for (Role role : Role.values()) {
       if (m.listing().isForKey(serviceKey(role))) {
-        listings.put(role, EngineDirectory.of(m.listing().getServiceInstances(serviceKey(role))));
+        // Unreachable workers too: one that is unreachable may still copy (a partition heals), so
+        // only a worker the cluster downed and removed counts as gone (block lifetime rule).
+        listings.put(role,
+            EngineDirectory.of(m.listing().getAllServiceInstances(serviceKey(role))));
       }
     }
     EngineDirectory merged = EngineDirectory.EMPTY;
