@@ -31,8 +31,11 @@ final class DoneWordWatcher implements AutoCloseable {
       TimeUnit.MICROSECONDS.toNanos(Long.getLong("kvferry.done-words.spin-us", 2000));
   private static final long PARK_NS = TimeUnit.MICROSECONDS.toNanos(20);
 
-  /** What D puts in its RemoteBlocks so P can store the word. */
-  record Ticket(String path, int slots, int slot, long value) {}
+  /**
+   * What D puts in its RemoteBlocks so P can store the word: the file's bare name (P opens it
+   * only under {@link SharedDoneWords#PEER_DIR}), never a path.
+   */
+  record Ticket(String name, int slots, int slot, long value) {}
 
   private record Pending(String transferId, int slot, long value) {}
 
@@ -54,10 +57,11 @@ final class DoneWordWatcher implements AutoCloseable {
 
   /** A watcher with fresh words under /dev/shm, or null where there is none (then: messages). */
   static DoneWordWatcher tryCreate(String label, Consumer<String> onDone) {
-    Path dir = Path.of("/dev/shm");
+    Path dir = SharedDoneWords.PEER_DIR;
     if (!Files.isDirectory(dir) || !Files.isWritable(dir)) {
       return null;
     }
+    sweepStale(dir);
     String name = "kvferry-done-" + label.replaceAll("[^A-Za-z0-9._-]", "_") + "-"
         + ProcessHandle.current().pid() + "-" + Long.toHexString(ThreadLocalRandom.current().nextLong());
     try {
@@ -67,6 +71,41 @@ final class DoneWordWatcher implements AutoCloseable {
           e.getMessage());
       return null;
     }
+  }
+
+  /**
+   * Deletes done-word files of processes that are gone (a killed D cannot delete its own): names
+   * end in "-PID-HEX"; files of live processes are left alone. Returns how many were deleted.
+   */
+  static int sweepStale(Path dir) {
+    int deleted = 0;
+    try (java.nio.file.DirectoryStream<Path> files =
+        Files.newDirectoryStream(dir, "kvferry-done-*")) {
+      for (Path f : files) {
+        String[] parts = f.getFileName().toString().split("-");
+        if (parts.length < 5) {
+          continue;
+        }
+        long pid;
+        try {
+          pid = Long.parseLong(parts[parts.length - 2]);
+        } catch (NumberFormatException e) {
+          continue;
+        }
+        if (pid > 0 && ProcessHandle.of(pid).isEmpty()
+            && Files.isRegularFile(f, java.nio.file.LinkOption.NOFOLLOW_LINKS)) {
+          try {
+            Files.deleteIfExists(f);
+            deleted++;
+          } catch (java.io.IOException | SecurityException e) {
+            // another user's file, or gone already: not ours to clean
+          }
+        }
+      }
+    } catch (java.io.IOException | RuntimeException e) {
+      log.debug("could not sweep stale done words in {}: {}", dir, e.toString());
+    }
+    return deleted;
   }
 
   /** Watches a word for {@code transferId}; P stores {@link Ticket#value} there when done. */
@@ -86,7 +125,7 @@ final class DoneWordWatcher implements AutoCloseable {
       pending.put(transferId, p);
     }
     LockSupport.unpark(thread);
-    return new Ticket(words.path().toString(), SLOTS, p.slot(), p.value());
+    return new Ticket(words.path().getFileName().toString(), SLOTS, p.slot(), p.value());
   }
 
   /** Stops watching (the transfer ended another way). */

@@ -80,6 +80,40 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   public record AbortTransfer(String requestId, String transferId, String decodeEngineId, String reason)
       implements Command, LocalOnly {}
 
+  /**
+   * Scheduler, D: the request was aborted after it was scheduled. Its transfer ends like one that
+   * timed out (P is asked to abandon); the request is reported in {@code getFinished} once no copy
+   * can land in its blocks (at once if its transfer ended already).
+   */
+  public record AbortReceive(String requestId, String transferId, String reason)
+      implements Command, LocalOnly {}
+
+  /**
+   * From this worker's tracker, D: a receive outlived the transfer timeout. A request to end it,
+   * not a licence to free its blocks.
+   */
+  public record ReceiveOverdue(String transferId, String reason) implements Command, LocalOnly {}
+
+  /**
+   * From this worker's tracker, P, READ: the decode engine did not release a transfer's blocks by
+   * the read-abort deadline; ask it to stop reading and release them.
+   */
+  public record ReleaseOverdue(String transferId, String decodeEngineId)
+      implements Command, LocalOnly {}
+
+  /**
+   * From this worker's writer: send {@code message} to worker {@code tpRank} of {@code engineId},
+   * held while that engine is not listed (like every message of ours to a peer).
+   */
+  public record SendToPeer(String engineId, int tpRank, Command message)
+      implements Command, LocalOnly {}
+
+  /**
+   * From this worker's handshake actor: a peer worker incarnation left (or restarted); its
+   * transport state (idle connections, IPC mappings, copy streams) is released.
+   */
+  public record PeerGone(AgentMetadata metadata) implements Command, LocalOnly {}
+
   /** Transfers in flight, for management endpoints. */
   public record GetTransfers(ActorRef<RequestTrackerActor.Snapshot> replyTo) implements Command, LocalOnly {}
 
@@ -105,7 +139,9 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
       long doneValue)
       implements Command, CborSerializable {
     /**
-     * {@code doneWords} (cuda transport, same host): the file of D's done words; P's copy stream
+     * {@code doneWords} (cuda transport, same host): the name of D's done-word file, opened by P
+     * only if it is a kvferry done-word file under /dev/shm (SharedDoneWords.openPeerWords); P's
+     * copy stream
      * stores {@code doneValue} into word {@code doneSlot} of {@code doneSlots} behind the
      * transfer's last copy, so D learns before WriteDone arrives. Empty: messages only.
      */
@@ -145,9 +181,18 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     }
   }
 
-  /** Either way: a transfer failed on the sender's side, with the reason. */
-  public record TransferFailed(String transferId, String engineId, String reason)
-      implements Command, CborSerializable {}
+  /**
+   * Either way: the sender, worker {@code senderTpRank} of engine {@code engineId} (-1: the
+   * receiver's own rank), ended a transfer with the reason. From P it also says that no copy of
+   * its will touch D's blocks any more (P sends it only once its writes in flight have landed);
+   * from D it asks P to abandon, and P answers with its own TransferFailed.
+   */
+  public record TransferFailed(String transferId, String engineId, String reason, int senderTpRank)
+      implements Command, CborSerializable {
+    public TransferFailed(String transferId, String engineId, String reason) {
+      this(transferId, engineId, reason, -1);
+    }
+  }
 
   /**
    * D to P, READ: D's worker {@code decodeTpRank} of {@code decodeTpSize} is done with a
@@ -203,12 +248,23 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     /** P's workers this worker reads from (one, unless the TP sizes differ). */
     final int[] sources;
     int remaining;
+    /** By layer: reads (one per source) not yet landed. */
+    final int[] layerRemaining;
     long bytes;
+    /** Layer reads handed to the transport and not finished. */
+    int inFlight;
+    /** Why it is ending; non-null: no read starts, the ending waits for inFlight == 0. */
+    String failure;
+    /** Seen by reads still queued on the io pool: they skip their copies. */
+    final java.util.concurrent.atomic.AtomicBoolean cancelled =
+        new java.util.concurrent.atomic.AtomicBoolean();
 
     ReadJob(ReqMeta request, int[] sources, int layers) {
       this.request = request;
       this.sources = sources;
       this.remaining = layers * sources.length;
+      this.layerRemaining = new int[layers];
+      java.util.Arrays.fill(layerRemaining, sources.length);
     }
   }
 
@@ -233,15 +289,34 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
 
   private record Outgoing(String engineId, int tpRank, Command message, long heldSinceNanos) {}
 
-  /** Work that needs a peer engine's TP size, held until one of its workers is listed. */
-  private record AwaitingTpSize(String engineId, IntConsumer action) {}
-
-  private final List<AwaitingTpSize> awaitingTpSize = new ArrayList<>();
   /**
-   * D, WRITE: the P workers whose WriteDone is still due, by transfer id. Bounded like the
-   * terminal ids: an entry whose transfer timed out is dropped eventually.
+   * Work that needs a peer engine's TP size, held until one of its workers is listed; dropped
+   * when its transfer ends, and never more than the terminal-id capacity.
    */
-  private final Map<String, Set<Integer>> writeDonesDue;
+  private record AwaitingTpSize(String engineId, String transferId, IntConsumer action) {}
+
+  private final ArrayDeque<AwaitingTpSize> awaitingTpSize = new ArrayDeque<>();
+
+  /**
+   * D, WRITE: a receive this worker began and has not ended. Its blocks go back to the engine only
+   * once no P worker can still write into them: each has said WriteDone or TransferFailed, or its
+   * engine left the cluster (DESIGN.md section 3, block lifetime).
+   */
+  private static final class Incoming {
+    final ReqMeta request;
+    /** P workers told our blocks that have not finished; null until P's TP size is known. */
+    Set<Integer> mayWrite;
+    /** Why it is ending; non-null: P was asked to abandon and we wait for mayWrite to empty. */
+    String failure;
+
+    Incoming(ReqMeta request) {
+      this.request = request;
+    }
+  }
+
+  private final Map<String, Incoming> incoming = new HashMap<>();
+  /** D: transfers a P worker ended before this worker began them; they never begin. */
+  private final dev.kvferry.actors.engine.TerminalIds endedEarly;
   /** P, READ, D with another TP size: the D workers that released so far, by transfer id. */
   private final Map<String, Set<Integer>> releasesSeen;
 
@@ -253,7 +328,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     super(ctx);
     this.setup = setup;
     this.self = setup.identity();
-    this.writeDonesDue = bounded(setup.settings().terminalIdCapacity());
+    this.endedEarly =
+        new dev.kvferry.actors.engine.TerminalIds(setup.settings().terminalIdCapacity());
     this.releasesSeen = bounded(setup.settings().terminalIdCapacity());
     // Transports make blocking native calls: keep them off the actors' dispatcher.
     this.io = ctx.getSystem().dispatchers().lookup(DispatcherSelector.blocking());
@@ -266,15 +342,17 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         new AgentMetadata(
             self.engineId(), self.dpRank(), self.tpRank(), self.tpSize(),
             setup.transport().name(), setup.geometry(), descriptors);
-    this.handshake = ctx.spawn(HandshakeActor.create(local, setup.settings()), "handshake");
+    this.handshake =
+        ctx.spawn(HandshakeActor.create(local, setup.settings(), ctx.getSelf()), "handshake");
     this.tracker =
         ctx.spawn(
-            RequestTrackerActor.create(self.label(), setup.settings(), setup.sink()), "tracker");
+            RequestTrackerActor.create(self.label(), setup.settings(), setup.sink(), ctx.getSelf()),
+            "tracker");
     this.writer =
         ctx.spawn(
             WriterActor.create(
                 self, setup.geometry(), setup.layerRegions(), setup.transport(), io,
-                setup.settings(), handshake, tracker),
+                setup.settings(), handshake, tracker, ctx.getSelf()),
             "writer");
     this.readHandshakeAdapter =
         ctx.messageAdapter(HandshakeActor.Result.class, r -> new ReadPeerReady(null, r));
@@ -314,18 +392,33 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
               return this;
             })
         .onMessage(WriteDone.class, this::onWriteDone)
-        .onMessage(
-            TransferFailed.class,
-            m -> {
-              String reason = "engine " + m.engineId() + ": " + m.reason();
-              writeDonesDue.remove(m.transferId());
-              forgetDoneWord(m.transferId());
-              tracker.tell(new RequestTrackerActor.TransferFailed(m.transferId(), reason));
-              // P, WRITE: D gave up (maybe before P finished prefill): no write may land, and the
-              // request's blocks are freed now or as soon as its layers are saved.
-              writer.tell(new WriterActor.Abandon(m.transferId(), reason));
-              return this;
-            })
+        .onMessage(TransferFailed.class, this::onTransferFailed)
+        .onMessage(ReceiveOverdue.class, m -> {
+          endTransfer(m.transferId(), m.reason());
+          return this;
+        })
+        .onMessage(ReleaseOverdue.class, this::onReleaseOverdue)
+        .onMessage(AbortReceive.class, this::onAbortReceive)
+        .onMessage(PeerGone.class, m -> {
+          if (!m.metadata().layers().isEmpty()) {
+            // Blocking native calls (a copy stream waits for its queued copies): off this thread.
+            RegionDescriptor any = m.metadata().layers().get(0);
+            io.execute(() -> {
+              try {
+                setup.transport().peerGone(any);
+              } catch (RuntimeException e) {
+                org.slf4j.LoggerFactory.getLogger(EngineActor.class)
+                    .warn("releasing transport state of {}: {}", m.metadata().engineId(),
+                        e.toString());
+              }
+            });
+          }
+          return this;
+        })
+        .onMessage(SendToPeer.class, m -> {
+          sendTo(m.engineId(), m.tpRank(), m.message());
+          return this;
+        })
         .onMessage(
             Release.class,
             m -> {
@@ -341,11 +434,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         .onMessage(
             AbortTransfer.class,
             m -> {
-              writer.tell(new WriterActor.Abandon(m.transferId(), m.reason()));
-              sendTo(
-                  m.decodeEngineId(),
-                  self.tpRank(),
-                  new TransferFailed(m.transferId(), self.engineId(), m.reason()));
+              // The writer tells D once none of its writes can still land in D's blocks.
+              writer.tell(new WriterActor.Abandon(m.transferId(), m.reason(), m.decodeEngineId()));
               return this;
             })
         .onMessage(
@@ -362,6 +452,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
             })
         .onMessage(DoneWordSeen.class, this::onDoneWordSeen)
         .onSignal(PostStop.class, sig -> {
+          reads.values().forEach(j -> j.cancelled.set(true)); // queued reads skip their copies
           if (doneWords != null) {
             doneWords.close();
           }
@@ -379,10 +470,22 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   private Behavior<Command> onAnnounceRemoteBlocks(AnnounceRemoteBlocks m) {
     ReqMeta r = m.request();
     tracker.tell(
-        new RequestTrackerActor.ExpectReceive(r.requestId(), r.transferId(), r.remoteEngineId()));
+        new RequestTrackerActor.ExpectReceive(
+            r.requestId(), r.transferId(), r.remoteEngineId(), r.localBlockIds()));
+    if (endedEarly.contains(r.transferId()) || incoming.containsKey(r.transferId())) {
+      // P gave up already (the tracker fails it at once), or the id is a duplicate (refused):
+      // nobody is told these blocks.
+      return this;
+    }
+    Incoming in = new Incoming(r);
+    incoming.put(r.transferId(), in);
     withTpSizeOf(
         r.remoteEngineId(),
+        r.transferId(),
         prefillTp -> {
+          if (incoming.get(r.transferId()) != in || in.failure != null) {
+            return;
+          }
           // Every P worker whose heads overlap ours writes its slice, and says when it is done.
           int[] sources = sourcesFor(prefillTp);
           Set<Integer> due = new HashSet<>();
@@ -398,7 +501,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
                       self.dpRank(), self.tpRank())
                   : new RemoteBlocks(
                       r.transferId(), r.requestId(), r.localBlockIds(), self.engineId(),
-                      self.dpRank(), self.tpRank(), ticket.path(), ticket.slots(), ticket.slot(),
+                      self.dpRank(), self.tpRank(), ticket.name(), ticket.slots(), ticket.slot(),
                       ticket.value());
           Optional<String> tooBig =
               messageLimit.whyNotSendable(blocks, r.localBlockIds().length,
@@ -406,15 +509,18 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
                       + r.requestId());
           if (tooBig.isPresent()) {
             forgetDoneWord(r.transferId());
-            // Artery would drop it and P would wait for its defer timeout: fail both sides now.
+            // Artery would drop it and P would wait for its defer timeout: fail both sides now
+            // (P never had our blocks, so nothing can land in them).
+            incoming.remove(r.transferId());
             tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(), tooBig.get()));
             for (int source : sources) {
               sendTo(r.remoteEngineId(), source,
-                  new TransferFailed(r.transferId(), self.engineId(), tooBig.get()));
+                  new TransferFailed(r.transferId(), self.engineId(), tooBig.get(),
+                      self.tpRank()));
             }
             return;
           }
-          writeDonesDue.put(r.transferId(), due);
+          in.mayWrite = due;
           for (int source : sources) {
             sendTo(r.remoteEngineId(), source, blocks);
           }
@@ -450,24 +556,154 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   private Behavior<Command> onDoneWordSeen(DoneWordSeen m) {
     // Words are handed out only for one writer, so its rank is the one still due; nothing is due
     // once its WriteDone overtook the word.
-    Set<Integer> due = writeDonesDue.get(m.transferId());
-    if (due != null && due.size() == 1) {
-      onWriteDone(new WriteDone(m.transferId(), "", due.iterator().next()));
+    Incoming in = incoming.get(m.transferId());
+    if (in != null && in.mayWrite != null && in.mayWrite.size() == 1) {
+      onWriteDone(new WriteDone(m.transferId(), "", in.mayWrite.iterator().next()));
     }
     return this;
   }
 
   private Behavior<Command> onWriteDone(WriteDone m) {
     forgetDoneWord(m.transferId());
-    Set<Integer> due = writeDonesDue.get(m.transferId());
-    if (due != null) {
-      due.remove(m.producerTpRank() < 0 ? self.tpRank() : m.producerTpRank());
-      if (!due.isEmpty()) {
+    Incoming in = incoming.get(m.transferId());
+    if (in == null) {
+      tracker.tell(new RequestTrackerActor.ReceiveSucceeded(m.transferId(), 0)); // ignored if ended
+      return this;
+    }
+    if (in.mayWrite != null) {
+      in.mayWrite.remove(m.producerTpRank() < 0 ? self.tpRank() : m.producerTpRank());
+      if (!in.mayWrite.isEmpty()) {
         return this; // other P workers still write their heads
       }
-      writeDonesDue.remove(m.transferId());
     }
-    tracker.tell(new RequestTrackerActor.ReceiveSucceeded(m.transferId(), 0));
+    incoming.remove(m.transferId());
+    dropHeldWork(m.transferId(), null);
+    if (in.failure != null) {
+      // Ending already (we asked P to abandon): the engine was promised a failure.
+      tracker.tell(new RequestTrackerActor.TransferFailed(m.transferId(), in.failure));
+    } else {
+      tracker.tell(new RequestTrackerActor.ReceiveSucceeded(m.transferId(), 0));
+    }
+    return this;
+  }
+
+  private Behavior<Command> onTransferFailed(TransferFailed m) {
+    String reason = "engine " + m.engineId() + ": " + m.reason();
+    int senderRank = m.senderTpRank() < 0 ? self.tpRank() : m.senderTpRank();
+    if (self.role() == Role.PREFILL) {
+      // P, WRITE: D gave up (maybe before P finished prefill): no write may start; once those in
+      // flight landed the writer confirms to D, and the request's blocks are freed then or as
+      // soon as its layers are saved.
+      tracker.tell(new RequestTrackerActor.TransferFailed(m.transferId(), reason));
+      writer.tell(new WriterActor.Abandon(m.transferId(), reason, m.engineId()));
+      return this;
+    }
+    forgetDoneWord(m.transferId());
+    Incoming in = incoming.get(m.transferId());
+    if (in != null) {
+      if (in.mayWrite != null) {
+        in.mayWrite.remove(senderRank); // that P worker writes no more
+      }
+      endTransfer(m.transferId(), reason);
+    } else if (reads.containsKey(m.transferId()) || isHeld(m.transferId())) {
+      endTransfer(m.transferId(), reason); // P wants its blocks back: stop reading, then release
+    } else {
+      // Not begun here (or over): it never begins, and P, if it waits for a release, gets one.
+      endedEarly.add(m.transferId());
+      tracker.tell(new RequestTrackerActor.TransferFailed(m.transferId(), reason));
+      if (self.mode() == dev.kvferry.actors.connector.TransferMode.READ) {
+        sendTo(m.engineId(), senderRank, release(m.transferId()));
+      }
+    }
+    return this;
+  }
+
+  private Behavior<Command> onAbortReceive(AbortReceive m) {
+    if (incoming.containsKey(m.transferId()) || reads.containsKey(m.transferId())
+        || isHeld(m.transferId())) {
+      endTransfer(m.transferId(), m.reason());
+    } else {
+      tracker.tell(
+          new RequestTrackerActor.ReportAborted(m.requestId(), m.transferId(), m.reason()));
+    }
+    return this;
+  }
+
+  /**
+   * D: ends a receive that will not complete (timeout, abort, P's failure, P gone). Work held for
+   * it is dropped; P is asked to abandon; the failure (with the blocks as load errors) is reported
+   * once no copy can land in the blocks: every P worker told them confirmed or left (WRITE), every
+   * read of ours finished (READ).
+   */
+  private void endTransfer(String transferId, String reason) {
+    Incoming in = incoming.get(transferId);
+    ReadJob job = reads.get(transferId);
+    if (in != null) {
+      if (in.failure == null) {
+        in.failure = reason;
+        forgetDoneWord(transferId);
+        dropHeldWork(transferId, in);
+        if (in.mayWrite != null) {
+          for (int source : in.mayWrite) {
+            sendTo(in.request.remoteEngineId(), source,
+                new TransferFailed(transferId, self.engineId(), reason, self.tpRank()));
+          }
+        }
+      }
+      if (in.mayWrite == null || in.mayWrite.isEmpty()) {
+        incoming.remove(transferId);
+        tracker.tell(new RequestTrackerActor.TransferFailed(transferId, in.failure));
+      }
+    } else if (job != null) {
+      endRead(job, reason);
+    } else {
+      dropHeldWork(transferId, null);
+      tracker.tell(new RequestTrackerActor.TransferFailed(transferId, reason));
+    }
+  }
+
+  private boolean isHeld(String transferId) {
+    for (AwaitingTpSize a : awaitingTpSize) {
+      if (transferId.equals(a.transferId())) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  /**
+   * Drops work held for a transfer that ended: actions waiting for a peer's TP size, and our
+   * blocks announced to P workers not listed yet (those P workers can then never write).
+   */
+  private void dropHeldWork(String transferId, Incoming in) {
+    awaitingTpSize.removeIf(a -> transferId.equals(a.transferId()));
+    awaitingPeer.removeIf(o -> {
+      if (o.message() instanceof RemoteBlocks b && b.transferId().equals(transferId)) {
+        if (in != null && in.mayWrite != null) {
+          in.mayWrite.remove(o.tpRank());
+        }
+        return true;
+      }
+      return false;
+    });
+  }
+
+  /** P, READ: D did not release in time; ask the D workers that read from us to let go. */
+  private Behavior<Command> onReleaseOverdue(ReleaseOverdue m) {
+    OptionalInt decodeTp = PeerPlanning.tpSizeOf(directory, m.decodeEngineId());
+    int[] readers =
+        decodeTp.isEmpty() || decodeTp.getAsInt() == self.tpSize()
+            ? new int[] {self.tpRank()}
+            : TensorParallelSplit.targetsOf(self.tpRank(), self.tpSize(), decodeTp.getAsInt(),
+                mla());
+    String reason =
+        "prefill engine " + self.engineId() + " waited "
+            + setup.settings().readAbortTimeout().toMillis() + " ms for transfer "
+            + m.transferId() + " to be read; release its blocks";
+    for (int reader : readers) {
+      sendTo(m.decodeEngineId(), reader,
+          new TransferFailed(m.transferId(), self.engineId(), reason, self.tpRank()));
+    }
     return this;
   }
 
@@ -491,6 +727,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   }
 
   private static Map<String, Set<Integer>> bounded(int capacity) {
+    // P's bookkeeping of releases seen; entries of finished transfers go, so eviction only
+    // bounds what a misbehaving peer can make us hold.
     return new LinkedHashMap<>() {
       @Override
       protected boolean removeEldestEntry(Map.Entry<String, Set<Integer>> eldest) {
@@ -514,15 +752,25 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     return new Release(transferId, self.engineId(), self.tpRank(), self.tpSize());
   }
 
-  /** Runs {@code action} with the TP size of {@code engineId} now if it is listed, else later. */
-  private void withTpSizeOf(String engineId, IntConsumer action) {
+  /**
+   * Runs {@code action} with the TP size of {@code engineId} now if it is listed, else later
+   * (dropped when transfer {@code transferId} ends).
+   */
+  private void withTpSizeOf(String engineId, String transferId, IntConsumer action) {
     OptionalInt tp = PeerPlanning.tpSizeOf(directory, engineId);
     if (tp.isPresent()) {
       action.accept(tp.getAsInt());
     } else {
-      // Not listed yet (it may have just joined); the tracker's deadline bounds the wait.
+      // Not listed yet (it may have just joined); the transfer's deadline ends the wait, and the
+      // list is bounded so engines that never come cannot grow it.
       getContext().getLog().debug("{} not listed yet; holding work that needs its TP size", engineId);
-      awaitingTpSize.add(new AwaitingTpSize(engineId, action));
+      if (awaitingTpSize.size() >= setup.settings().terminalIdCapacity()) {
+        AwaitingTpSize oldest = awaitingTpSize.poll();
+        getContext().getLog().warn(
+            "too much work held for engines not listed; dropping work of transfer {} for {}",
+            oldest.transferId(), oldest.engineId());
+      }
+      awaitingTpSize.add(new AwaitingTpSize(engineId, transferId, action));
     }
   }
 
@@ -537,6 +785,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         // MLA, D with fewer workers: some P workers have no reader; they free at once.
         withTpSizeOf(
             s.consumerEngineId(),
+            s.transferId(),
             decodeTp -> {
               if (TensorParallelSplit.targetsOf(self.tpRank(), self.tpSize(), decodeTp, true)
                   .length == 0) {
@@ -550,6 +799,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         // Aborted before it was scheduled (or nothing to load): still tell P to free its blocks.
         withTpSizeOf(
             r.remoteEngineId(),
+            r.transferId(),
             prefillTp -> {
               for (int source : sourcesFor(prefillTp)) {
                 sendTo(r.remoteEngineId(), source, release(r.transferId()));
@@ -558,9 +808,15 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         continue;
       }
       tracker.tell(
-          new RequestTrackerActor.ExpectReceive(r.requestId(), r.transferId(), r.remoteEngineId()));
+          new RequestTrackerActor.ExpectReceive(
+              r.requestId(), r.transferId(), r.remoteEngineId(), r.localBlockIds()));
+      if (endedEarly.contains(r.transferId()) || reads.containsKey(r.transferId())
+          || isHeld(r.transferId())) {
+        continue; // P gave up already, or a duplicate id: the tracker reports it; nothing is read
+      }
       withTpSizeOf(
           r.remoteEngineId(),
+          r.transferId(),
           prefillTp -> {
             int[] sources = sourcesFor(prefillTp);
             reads.put(r.transferId(), new ReadJob(r, sources, setup.layerRegions().size()));
@@ -589,7 +845,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         continue; // failed already through another P worker
       }
       if (result instanceof HandshakeActor.Failed f) {
-        failRead(job, f.reason());
+        endRead(job, f.reason());
       } else if (result instanceof HandshakeActor.Ready ready) {
         startReads(job, ready.metadata());
       }
@@ -599,6 +855,9 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
 
   private void startReads(ReadJob job, AgentMetadata peer) {
     ReqMeta r = job.request;
+    if (job.failure != null) {
+      return; // ending: nothing new starts
+    }
     TransferBatch plan;
     try {
       // A prefix-cache hit on D leaves fewer local blocks: read the tail of P's list.
@@ -607,7 +866,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
               planner, setup.geometry(), self.tpRank(), self.tpSize(), peer, r.localBlockIds(),
               r.remoteBlockIds(), true);
     } catch (InvalidBlockIdsException e) {
-      failRead(job, "request " + r.requestId() + ": " + e.getMessage());
+      endRead(job, "request " + r.requestId() + ": " + e.getMessage());
       return;
     }
     List<MemoryRegion> regions = setup.layerRegions();
@@ -616,8 +875,15 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
       MemoryRegion local = regions.get(layer);
       RegionDescriptor remote = peer.layers().get(layer);
       int l = layer;
+      java.util.concurrent.atomic.AtomicBoolean cancelled = job.cancelled;
+      job.inFlight++;
       CompletableFuture<TransferStatus> done =
-          CompletableFuture.supplyAsync(() -> setup.transport().read(local, remote, plan), io)
+          CompletableFuture.supplyAsync(
+                  () ->
+                      cancelled.get()
+                          ? TransferStatus.failed("transfer ended before this layer was read")
+                          : setup.transport().read(local, remote, plan),
+                  io)
               .thenCompose(TransferStatus::completion);
       getContext()
           .pipeToSelf(
@@ -636,17 +902,25 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     if (job == null) {
       return this;
     }
+    job.inFlight--;
+    if (job.failure != null) {
+      endRead(job, job.failure);
+      return this;
+    }
     if (!m.status().succeeded()) {
       String from =
           job.request.remoteEngineId()
               + (m.prefillTpRank() == self.tpRank() ? "" : "/tp" + m.prefillTpRank());
-      failRead(
+      endRead(
           job,
           "reading layer " + m.layer() + " from " + from + " failed: "
               + m.status().failureMessage());
       return this;
     }
     job.bytes += m.status().bytesMoved();
+    if (--job.layerRemaining[m.layer()] == 0) {
+      setup.sink().layerLoads().layerLanded(m.transferId(), m.layer()); // waitForLayerLoad
+    }
     if (--job.remaining == 0) {
       reads.remove(m.transferId());
       tracker.tell(new RequestTrackerActor.ReceiveSucceeded(m.transferId(), job.bytes));
@@ -657,10 +931,22 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     return this;
   }
 
-  private void failRead(ReadJob job, String reason) {
+  /**
+   * Ends a read that will not complete. Reads already handed to the transport may still land in
+   * our blocks (and read P's), so the failure is reported and P released only once every one of
+   * them has finished.
+   */
+  private void endRead(ReadJob job, String reason) {
+    if (job.failure == null) {
+      job.failure = reason;
+      job.cancelled.set(true);
+    }
+    if (job.inFlight > 0) {
+      return;
+    }
     ReqMeta r = job.request;
     reads.remove(r.transferId());
-    tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(), reason));
+    tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(), job.failure));
     // P keeps the blocks for us until released: let them go now rather than at its deadline.
     for (int source : job.sources) {
       sendTo(r.remoteEngineId(), source, release(r.transferId()));
@@ -695,10 +981,64 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     awaitingPeer.add(o);
   }
 
+  /**
+   * D: receives from a P engine that was listed and is gone (downed) end: it writes no more. Reads
+   * of ours from it still wait for the copies in flight before the blocks go back.
+   */
+  private void endTransfersWithPeersGone(EngineDirectory before, EngineDirectory now) {
+    List<String> ending = new ArrayList<>();
+    for (Incoming in : incoming.values()) {
+      String p = in.request.remoteEngineId();
+      if (before.contains(p) && !now.contains(p)) {
+        if (in.mayWrite != null) {
+          in.mayWrite.clear();
+        }
+        ending.add(in.request.transferId());
+      }
+    }
+    for (ReadJob job : reads.values()) {
+      String p = job.request.remoteEngineId();
+      if (before.contains(p) && !now.contains(p)) {
+        ending.add(job.request.transferId());
+      }
+    }
+    for (String transferId : ending) {
+      String peer =
+          incoming.containsKey(transferId)
+              ? incoming.get(transferId).request.remoteEngineId()
+              : reads.get(transferId).request.remoteEngineId();
+      endTransfer(transferId,
+          "prefill engine " + peer + " left the cluster during transfer " + transferId);
+    }
+  }
+
+  /**
+   * Another worker is listed under our engine id and TP rank: say so, naming both. Every node
+   * routes to the same one of the two (see {@link EngineDirectory#of}); the other gets no
+   * transfer while both are listed (a restarted engine whose old incarnation is not yet removed
+   * takes over once it is).
+   */
+  private void refuseIfDuplicate(EngineDirectory merged) {
+    for (EngineDirectory.Duplicate d : merged.duplicates()) {
+      if (d.engineId().equals(self.engineId()) && reportedDuplicates.add(d.message())) {
+        getContext().getLog().error(d.message());
+      }
+    }
+    if (reportedDuplicates.size() > 64) {
+      reportedDuplicates.clear(); // bounded; a duplicate still listed is reported again
+    }
+  }
+
+  private final Set<String> reportedDuplicates = new HashSet<>();
+
   private Behavior<Command> onListingChanged(ListingChanged m) {
+    EngineDirectory before = directory;
     for (Role role : Role.values()) {
       if (m.listing().isForKey(serviceKey(role))) {
-        listings.put(role, EngineDirectory.of(m.listing().getServiceInstances(serviceKey(role))));
+        // Unreachable workers too: one that is unreachable may still copy (a partition heals), so
+        // only a worker the cluster downed and removed counts as gone (block lifetime rule).
+        listings.put(role,
+            EngineDirectory.of(m.listing().getAllServiceInstances(serviceKey(role))));
       }
     }
     EngineDirectory merged = EngineDirectory.EMPTY;
@@ -709,9 +1049,11 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     handshake.tell(new HandshakeActor.DirectoryChanged(merged));
     writer.tell(new WriterActor.DirectoryChanged(merged));
     tracker.tell(new RequestTrackerActor.DirectoryChanged(merged));
+    refuseIfDuplicate(merged);
+    endTransfersWithPeersGone(before, merged);
     List<AwaitingTpSize> needTp = new ArrayList<>(awaitingTpSize);
     awaitingTpSize.clear();
-    needTp.forEach(a -> withTpSizeOf(a.engineId(), a.action()));
+    needTp.forEach(a -> withTpSizeOf(a.engineId(), a.transferId(), a.action()));
     List<Outgoing> held = new ArrayList<>(awaitingPeer);
     awaitingPeer.clear();
     held.forEach(this::send);

@@ -16,7 +16,9 @@ public final class FinishedSink {
   private Set<String> doneSending = new HashSet<>();
   private Set<String> doneReceiving = new HashSet<>();
   private Map<String, String> failed = new HashMap<>();
+  private Set<Integer> loadErrors = new HashSet<>();
   private final AtomicLong bytesMoved = new AtomicLong();
+  private final LayerLoads layerLoads = new LayerLoads();
   private final TransferObserver observer;
 
   public FinishedSink() {
@@ -25,6 +27,11 @@ public final class FinishedSink {
 
   public FinishedSink(TransferObserver observer) {
     this.observer = observer;
+  }
+
+  /** D, READ: the layers landed so far, for {@code waitForLayerLoad}. */
+  public LayerLoads layerLoads() {
+    return layerLoads;
   }
 
   public TransferObserver observer() {
@@ -47,18 +54,33 @@ public final class FinishedSink {
     }
   }
 
+  /**
+   * D: a failed load; its blocks are reported as load errors in the same drain as the request, so
+   * the engine never sees the request without them.
+   */
+  public synchronized void failedLoad(String requestId, String reason, int[] blockIds) {
+    failed.put(requestId, reason);
+    for (int b : blockIds) {
+      loadErrors.add(b);
+    }
+  }
+
   public void addBytes(long bytes) {
     bytesMoved.addAndGet(bytes);
   }
 
   public synchronized Finished drain() {
-    if (doneSending.isEmpty() && doneReceiving.isEmpty() && failed.isEmpty()) {
+    if (doneSending.isEmpty() && doneReceiving.isEmpty() && failed.isEmpty()
+        && loadErrors.isEmpty()) {
       return Finished.NONE;
     }
-    Finished f = new Finished(Set.copyOf(doneSending), Set.copyOf(doneReceiving), Map.copyOf(failed));
+    Finished f =
+        new Finished(Set.copyOf(doneSending), Set.copyOf(doneReceiving), Map.copyOf(failed),
+            Set.copyOf(loadErrors));
     doneSending = new HashSet<>();
     doneReceiving = new HashSet<>();
     failed = new HashMap<>();
+    loadErrors = new HashSet<>();
     return f;
   }
 

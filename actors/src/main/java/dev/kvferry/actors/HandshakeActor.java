@@ -40,7 +40,12 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
 
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
 
-  private record Fetched(PeerKey key, int attempt, EngineActor.MetadataReply reply, Throwable error)
+  private record Fetched(
+      PeerKey key,
+      int attempt,
+      ActorRef<EngineActor.Command> asked,
+      EngineActor.MetadataReply reply,
+      Throwable error)
       implements Command {}
 
   private record RetryDue(PeerKey key, int attempt) implements Command {}
@@ -64,28 +69,48 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   }
 
   private final AgentMetadata local;
+  private final ActorRef<EngineActor.Command> owner;
   private final byte[] localBlob;
   /** Whether this system has cluster membership to check askers against. */
   private final boolean clustered;
   private final ConnectorSettings settings;
   private final TimerScheduler<Command> timers;
-  private final Map<PeerKey, AgentMetadata> cache = new HashMap<>();
+  /**
+   * Metadata by worker, with the incarnation (the listed actor ref, whose uid changes when the
+   * worker restarts) that served it: a worker back under the same id never gets the old one.
+   */
+  private final Map<PeerKey, Cached> cache = new HashMap<>();
+
+  private record Cached(ActorRef<EngineActor.Command> incarnation, AgentMetadata metadata) {}
   private final Map<PeerKey, List<ActorRef<Result>>> waiting = new HashMap<>();
   private EngineDirectory directory = EngineDirectory.EMPTY;
   /** Fetches waiting for their engine to appear in the listing, with their attempt number. */
   private final Map<PeerKey, Integer> notListed = new HashMap<>();
 
   public static Behavior<Command> create(AgentMetadata local, ConnectorSettings settings) {
+    return create(local, settings, null);
+  }
+
+  /**
+   * @param owner told {@link EngineActor.PeerGone} with the metadata of each worker incarnation
+   *     that left, so its transport can release what it keeps for it; null: nobody
+   */
+  public static Behavior<Command> create(
+      AgentMetadata local, ConnectorSettings settings, ActorRef<EngineActor.Command> owner) {
     return Behaviors.setup(
-        ctx -> Behaviors.withTimers(timers -> new HandshakeActor(ctx, timers, local, settings)));
+        ctx ->
+            Behaviors.withTimers(
+                timers -> new HandshakeActor(ctx, timers, local, settings, owner)));
   }
 
   private HandshakeActor(
       ActorContext<Command> ctx,
       TimerScheduler<Command> timers,
       AgentMetadata local,
-      ConnectorSettings settings) {
+      ConnectorSettings settings,
+      ActorRef<EngineActor.Command> owner) {
     super(ctx);
+    this.owner = owner;
     this.timers = timers;
     this.local = local;
     this.localBlob = local.pack();
@@ -136,10 +161,14 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
 
   private Behavior<Command> onFetch(Fetch m) {
     PeerKey key = new PeerKey(m.engineId(), m.tpRank());
-    AgentMetadata cached = cache.get(key);
-    if (cached != null) {
-      m.replyTo().tell(new Ready(key.engineId(), key.tpRank(), cached));
+    Cached cached = cache.get(key);
+    if (cached != null && isListed(key, cached.incarnation())) {
+      m.replyTo().tell(new Ready(key.engineId(), key.tpRank(), cached.metadata()));
       return this;
+    }
+    Cached stale = cache.remove(key);
+    if (stale != null && owner != null) {
+      owner.tell(new EngineActor.PeerGone(stale.metadata()));
     }
     List<ActorRef<Result>> waiters = waiting.get(key);
     if (waiters != null) {
@@ -178,7 +207,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
             entry.get().ref(),
             settings.handshakeTimeout(),
             EngineActor.GetMetadata::new,
-            (reply, error) -> new Fetched(key, attempt, reply, error));
+            (reply, error) -> new Fetched(key, attempt, entry.get().ref(), reply, error));
     return this;
   }
 
@@ -200,7 +229,9 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
                 + peer.tpRank());
       }
       local.checkCompatibleWith(peer);
-      cache.put(m.key(), peer);
+      if (isListed(m.key(), m.asked())) {
+        cache.put(m.key(), new Cached(m.asked(), peer));
+      }
       finish(m.key(), new Ready(m.key().engineId(), m.key().tpRank(), peer));
     } catch (HandshakeException e) {
       // Bad or incompatible metadata will not improve by asking again.
@@ -225,6 +256,13 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
     return this;
   }
 
+  private boolean isListed(PeerKey key, ActorRef<EngineActor.Command> incarnation) {
+    return directory
+        .find(key.engineId(), key.tpRank())
+        .map(e -> e.ref().equals(incarnation))
+        .orElse(false);
+  }
+
   private void finish(PeerKey key, Result result) {
     timers.cancel(key);
     notListed.remove(key);
@@ -236,8 +274,17 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
 
   private Behavior<Command> onDirectoryChanged(DirectoryChanged m) {
     directory = m.directory();
-    // A worker that left may come back with new regions: forget what it told us.
-    cache.keySet().removeIf(k -> directory.find(k.engineId(), k.tpRank()).isEmpty());
+    // A worker that left or restarted (a new incarnation under the same id, maybe with no gap in
+    // the listing) may have new regions: forget what the old one told us.
+    cache.entrySet().removeIf(e -> {
+      if (isListed(e.getKey(), e.getValue().incarnation())) {
+        return false;
+      }
+      if (owner != null) {
+        owner.tell(new EngineActor.PeerGone(e.getValue().metadata()));
+      }
+      return true;
+    });
     for (Map.Entry<PeerKey, Integer> waitingForListing : new HashMap<>(notListed).entrySet()) {
       if (directory.find(waitingForListing.getKey().engineId(), waitingForListing.getKey().tpRank())
           .isPresent()) {

@@ -67,7 +67,7 @@ final class PeerPlanning {
             ? null
             : TensorParallelSplit.slice(
                 localTpRank, localTpSize, peer.tpRank(), peer.tpSize(),
-                local.kvHeads() * localTpSize);
+                Math.multiplyExact(local.kvHeads(), localTpSize));
     return planner.planTokenRanges(local, remote, heads, l, r);
   }
 

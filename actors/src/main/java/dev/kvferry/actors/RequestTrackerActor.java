@@ -29,8 +29,27 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
 
   public sealed interface Command extends LocalOnly {}
 
-  /** D: a receive begins (WRITE: P will write; READ: we read). */
-  public record ExpectReceive(String requestId, String transferId, String producerEngineId)
+  /**
+   * D: a receive begins (WRITE: P will write; READ: we read) into {@code localBlockIds}, which are
+   * reported as load errors if it fails.
+   */
+  public record ExpectReceive(
+      String requestId, String transferId, String producerEngineId, int[] localBlockIds)
+      implements Command {
+    public ExpectReceive {
+      localBlockIds = localBlockIds == null ? new int[0] : localBlockIds.clone();
+    }
+
+    public ExpectReceive(String requestId, String transferId, String producerEngineId) {
+      this(requestId, transferId, producerEngineId, new int[0]);
+    }
+  }
+
+  /**
+   * D: the request was aborted after its transfer ended (or never began here): report it ended so
+   * the engine frees the blocks whose free it delayed.
+   */
+  public record ReportAborted(String requestId, String transferId, String reason)
       implements Command {}
 
   /** D: the KV of a transfer is in place. */
@@ -74,20 +93,30 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     final String transferId;
     final State state;
     final String peerEngineId;
+    final int[] localBlockIds;
     final long startedMs = System.currentTimeMillis();
     final long startedNanos = System.nanoTime();
+    /** The deadline passed and the owner was asked to end the transfer; it still holds blocks. */
+    boolean overdue;
 
-    Tracked(String requestId, String transferId, State state, String peerEngineId) {
+    Tracked(String requestId, String transferId, State state, String peerEngineId,
+        int[] localBlockIds) {
       this.requestId = requestId;
       this.transferId = transferId;
       this.state = state;
       this.peerEngineId = peerEngineId;
+      this.localBlockIds = localBlockIds;
     }
   }
 
   private final String selfLabel;
   private final ConnectorSettings settings;
   private final FinishedSink sink;
+  /**
+   * The worker that owns the transfers: a deadline is a request to end a transfer, which only the
+   * owner can do once no copy can touch the blocks (DESIGN.md section 3, block lifetime).
+   */
+  private final ActorRef<EngineActor.Command> owner;
   private final TimerScheduler<Command> timers;
   private final Map<String, Tracked> active = new HashMap<>();
   private final TerminalIds terminal;
@@ -100,12 +129,19 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   private final Map<String, String> earlyFailures;
   private EngineDirectory directory = EngineDirectory.EMPTY;
 
+  /**
+   * @param owner told when a transfer's deadline passes ({@link EngineActor.ReceiveOverdue}, {@link
+   *     EngineActor.ReleaseOverdue}); it ends the transfer and reports back
+   */
   public static Behavior<Command> create(
-      String selfLabel, ConnectorSettings settings, FinishedSink sink) {
+      String selfLabel,
+      ConnectorSettings settings,
+      FinishedSink sink,
+      ActorRef<EngineActor.Command> owner) {
     return Behaviors.setup(
         ctx ->
             Behaviors.withTimers(
-                timers -> new RequestTrackerActor(ctx, timers, selfLabel, settings, sink)));
+                timers -> new RequestTrackerActor(ctx, timers, selfLabel, settings, sink, owner)));
   }
 
   private RequestTrackerActor(
@@ -113,9 +149,11 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
       TimerScheduler<Command> timers,
       String selfLabel,
       ConnectorSettings settings,
-      FinishedSink sink) {
+      FinishedSink sink,
+      ActorRef<EngineActor.Command> owner) {
     super(ctx);
     this.timers = timers;
+    this.owner = owner;
     this.selfLabel = selfLabel;
     this.settings = settings;
     this.sink = sink;
@@ -143,6 +181,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
         .onMessage(DeadlinePassed.class, this::onDeadline)
         .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
         .onMessage(GetSnapshot.class, this::onSnapshot)
+        .onMessage(ReportAborted.class, this::onReportAborted)
         .build();
   }
 
@@ -166,13 +205,15 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     if (failedEarly != null) {
       // P gave up before we announced our blocks: fail now instead of at the transfer timeout.
       terminal.add(m.transferId());
-      sink.failed(m.requestId(), failedEarly, false);
+      sink.layerLoads().ended(m.transferId());
+      sink.failedLoad(m.requestId(), failedEarly, m.localBlockIds());
       sink.observer().transferEnded(TransferObserver.Outcome.FAILED, 0, -1);
       return this;
     }
     active.put(
         m.transferId(),
-        new Tracked(m.requestId(), m.transferId(), State.RECEIVING, m.producerEngineId()));
+        new Tracked(m.requestId(), m.transferId(), State.RECEIVING, m.producerEngineId(),
+            m.localBlockIds()));
     timers.startSingleTimer(
         m.transferId(), new DeadlinePassed(m.transferId()), settings.transferTimeout());
     return this;
@@ -181,6 +222,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   private Behavior<Command> onReceiveSucceeded(ReceiveSucceeded m) {
     Tracked t = take(m.transferId(), "succeeded");
     if (t != null) {
+      sink.layerLoads().ended(t.transferId);
       sink.addBytes(m.bytes());
       sink.doneReceiving(t.requestId);
       observe(TransferObserver.Outcome.RECEIVED, m.bytes(), t);
@@ -195,9 +237,24 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     }
     Tracked t = take(m.transferId(), "failed");
     if (t != null) {
-      sink.failed(t.requestId, m.reason(), t.state == State.AWAITING_RELEASE);
+      if (t.state == State.RECEIVING) {
+        sink.layerLoads().ended(t.transferId);
+        // In the same report as the failure: the engine recomputes these blocks.
+        sink.failedLoad(t.requestId, m.reason(), t.localBlockIds);
+      } else {
+        sink.failed(t.requestId, m.reason(), true);
+      }
       observe(TransferObserver.Outcome.FAILED, 0, t);
     }
+    return this;
+  }
+
+  private Behavior<Command> onReportAborted(ReportAborted m) {
+    if (active.containsKey(m.transferId())) {
+      return this; // still live: the owner ends it and its ending is the report
+    }
+    terminal.add(m.transferId());
+    sink.failed(m.requestId(), m.reason(), false);
     return this;
   }
 
@@ -212,7 +269,8 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     }
     active.put(
         m.transferId(),
-        new Tracked(m.requestId(), m.transferId(), State.AWAITING_RELEASE, m.consumerEngineId()));
+        new Tracked(m.requestId(), m.transferId(), State.AWAITING_RELEASE, m.consumerEngineId(),
+            new int[0]));
     long delayMs = Math.max(0, m.deadlineEpochMs() - System.currentTimeMillis());
     timers.startSingleTimer(
         m.transferId(), new DeadlinePassed(m.transferId()), Duration.ofMillis(delayMs));
@@ -250,25 +308,39 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
 
   private Behavior<Command> onDeadline(DeadlinePassed m) {
     Tracked t = active.get(m.transferId());
-    if (t == null) {
+    if (t == null || t.overdue) {
       return this;
     }
-    take(m.transferId(), "deadline");
     if (t.state == State.AWAITING_RELEASE) {
-      // The seed's abort timeout: D never read these blocks, so P frees them.
+      if (t.peerEngineId.isEmpty() || !directory.contains(t.peerEngineId)) {
+        // The seed's abort timeout, kept where no reader can exist: the decode engine is unknown
+        // or not a member (it needs P's metadata, served to members only, to read).
+        take(m.transferId(), "deadline");
+        getContext()
+            .getLog()
+            .info("request {} was not read by D in time; freeing its blocks", t.requestId);
+        sink.doneSending(t.requestId);
+        observe(TransferObserver.Outcome.EXPIRED, 0, t);
+        return this;
+      }
+      // D may be reading right now: ask it to stop; the blocks go back on its Release (or when
+      // it leaves the cluster), never on the clock alone.
+      t.overdue = true;
       getContext()
           .getLog()
-          .info("request {} was not read by D in time; freeing its blocks", t.requestId);
-      sink.doneSending(t.requestId);
-      observe(TransferObserver.Outcome.EXPIRED, 0, t);
-    } else {
-      sink.failed(
-          t.requestId,
-          "transfer " + t.transferId + " from " + t.peerEngineId + " did not finish within "
-              + settings.transferTimeout().toMillis() + " ms",
-          false);
-      observe(TransferObserver.Outcome.FAILED, 0, t);
+          .info("request {} was not read by {} in time; asking it to let go", t.requestId,
+              t.peerEngineId);
+      owner.tell(new EngineActor.ReleaseOverdue(t.transferId, t.peerEngineId));
+      return this;
     }
+    // A timeout is a request to end the transfer, not a licence to free: the owner asks P to
+    // abandon and reports the failure once no copy can land in our blocks.
+    t.overdue = true;
+    owner.tell(
+        new EngineActor.ReceiveOverdue(
+            t.transferId,
+            "transfer " + t.transferId + " from " + t.peerEngineId + " did not finish within "
+                + settings.transferTimeout().toMillis() + " ms"));
     return this;
   }
 
@@ -279,7 +351,9 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     List<Tracked> lost = new ArrayList<>();
     for (Tracked t : active.values()) {
       // Only an engine that was listed and is gone has left; one not listed yet may still join.
-      if (!t.peerEngineId.isEmpty()
+      // Receives end through the owner, which first waits for its own reads to stop.
+      if (t.state == State.AWAITING_RELEASE
+          && !t.peerEngineId.isEmpty()
           && before.contains(t.peerEngineId)
           && !dir.contains(t.peerEngineId)) {
         lost.add(t);
@@ -287,16 +361,8 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     }
     for (Tracked t : lost) {
       take(t.transferId, "peer left");
-      if (t.state == State.AWAITING_RELEASE) {
-        // D is gone: nobody will read these blocks; free them now instead of at the deadline.
-        sink.doneSending(t.requestId);
-      } else {
-        sink.failed(
-            t.requestId,
-            "prefill engine " + t.peerEngineId + " left the cluster during transfer "
-                + t.transferId,
-            false);
-      }
+      // D is gone: nobody will read these blocks; free them now instead of at the deadline.
+      sink.doneSending(t.requestId);
     }
     return this;
   }
@@ -323,7 +389,8 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     List<TransferView> views = new ArrayList<>();
     long now = System.currentTimeMillis();
     for (Tracked t : active.values()) {
-      String state = t.state.name().toLowerCase(java.util.Locale.ROOT);
+      String state =
+          t.overdue ? "ending" : t.state.name().toLowerCase(java.util.Locale.ROOT);
       counts.merge(state, 1, Integer::sum);
       views.add(new TransferView(t.requestId, t.transferId, state, t.peerEngineId, now - t.startedMs));
     }

@@ -19,7 +19,6 @@ import dev.kvferry.rdma.TransferStatus;
 import dev.kvferry.rdma.Transport;
 import dev.kvferry.rdma.cuda.CudaEvent;
 import dev.kvferry.rdma.cuda.SharedDoneWords;
-import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -62,8 +61,20 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
 
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
 
-  /** The transfer will not happen (aborted on either side): drop its writes, free its blocks. */
-  public record Abandon(String transferId, String reason) implements Command {}
+  /**
+   * The transfer will not happen (aborted on either side, or D gave up): no write starts any
+   * more; once the writes in flight have landed, D is told (the confirmation it waits for before
+   * freeing its blocks) and the request's blocks are freed if it was saved.
+   *
+   * @param decodeEngineId the decode engine to tell even if this worker never had the transfer
+   *     (it may be waiting for our confirmation); empty: tell it only about a job we have
+   */
+  public record Abandon(String transferId, String reason, String decodeEngineId)
+      implements Command {
+    public Abandon(String transferId, String reason) {
+      this(transferId, reason, "");
+    }
+  }
 
   private record LayerFired(String transferId, int layer) implements Command {}
 
@@ -117,6 +128,11 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     int expected = -1;
     long bytes;
     boolean probeRequested;
+    /** Why the job is ending; non-null: no write starts, the ending waits for inFlight == 0. */
+    String failure;
+    /** Seen by submissions still queued on the io pool: they skip their copies. */
+    final java.util.concurrent.atomic.AtomicBoolean cancelled =
+        new java.util.concurrent.atomic.AtomicBoolean();
 
     WriteJob(String transferId) {
       this.transferId = transferId;
@@ -153,6 +169,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private final ConnectorSettings settings;
   private final ActorRef<HandshakeActor.Command> handshake;
   private final ActorRef<RequestTrackerActor.Command> tracker;
+  /** The worker: it holds messages for engines not listed yet instead of dropping them. */
+  private final ActorRef<EngineActor.Command> owner;
   private final TimerScheduler<Command> timers;
   private final Map<String, WriteJob> jobs = new HashMap<>();
   private final TerminalIds terminal;
@@ -171,14 +189,15 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       Executor io,
       ConnectorSettings settings,
       ActorRef<HandshakeActor.Command> handshake,
-      ActorRef<RequestTrackerActor.Command> tracker) {
+      ActorRef<RequestTrackerActor.Command> tracker,
+      ActorRef<EngineActor.Command> owner) {
     return Behaviors.setup(
         ctx ->
             Behaviors.withTimers(
                 timers ->
                     new WriterActor(
                         ctx, timers, self, geometry, layerRegions, transport, io, settings,
-                        handshake, tracker)));
+                        handshake, tracker, owner)));
   }
 
   private WriterActor(
@@ -191,8 +210,10 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       Executor io,
       ConnectorSettings settings,
       ActorRef<HandshakeActor.Command> handshake,
-      ActorRef<RequestTrackerActor.Command> tracker) {
+      ActorRef<RequestTrackerActor.Command> tracker,
+      ActorRef<EngineActor.Command> owner) {
     super(ctx);
+    this.owner = owner;
     this.timers = timers;
     this.self = self;
     this.geometry = geometry;
@@ -221,6 +242,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
         .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
         .onMessage(Abandon.class, this::onAbandon)
         .onSignal(PostStop.class, sig -> {
+          // Submissions still queued on the io pool skip their copies: the transport may close.
+          jobs.values().forEach(j -> j.cancelled.set(true));
           doneWords.values().forEach(SharedDoneWords::close);
           return this;
         })
@@ -248,16 +271,20 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
               r.requestId(), r.transferId(), "transfer " + r.transferId() + " already ended", 0));
       return this;
     }
-    if (m.layer() < 0 || m.layer() >= layerRegions.size()) {
-      fail(job(r.transferId()), "layer " + m.layer() + " is not registered (have "
-          + layerRegions.size() + ")", r.requestId());
-      return this;
-    }
     WriteJob j = job(r.transferId());
     if (!j.saved()) {
       j.requestId = r.requestId();
       j.decodeEngineId = r.remoteEngineId();
       j.localBlockIds = r.localBlockIds();
+    }
+    if (m.layer() < 0 || m.layer() >= layerRegions.size()) {
+      // Saved (handed to us by the engine), so its blocks are freed when the job has ended.
+      fail(j, "layer " + m.layer() + " is not registered (have " + layerRegions.size() + ")",
+          r.requestId());
+      return this;
+    }
+    if (j.failure != null) {
+      return this; // ending: its blocks are freed (it is saved now) once its copies have landed
     }
     learnTargets(j);
     String id = r.transferId();
@@ -382,7 +409,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
    * known.
    */
   private void issueReady(WriteJob j) {
-    if (!j.saved()) {
+    if (!j.saved() || j.failure != null) {
       return;
     }
     learnTargets(j);
@@ -463,7 +490,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     SharedDoneWords words = doneWords.get(w.doneWords());
     if (words == null) {
       try {
-        words = SharedDoneWords.openForGpuWrites(Path.of(w.doneWords()), w.doneSlots());
+        words = SharedDoneWords.openPeerWords(w.doneWords(), w.doneSlots());
         doneWords.put(w.doneWords(), words);
       } catch (RuntimeException e) {
         unusableDoneWords.add(w.doneWords());
@@ -481,12 +508,17 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     var remote = t.peer.layers().get(layer);
     TransferBatch plan = t.plan;
     CudaEvent after = j.gpuEvents.get(layer);
+    java.util.concurrent.atomic.AtomicBoolean cancelled = j.cancelled;
     CompletableFuture<TransferStatus> submission =
         CompletableFuture.supplyAsync(
-            () ->
-                after != null
-                    ? ((CudaTransport) transport).writeAfter(after, local, remote, plan)
-                    : transport.write(local, remote, plan),
+            () -> {
+              if (cancelled.get()) {
+                return TransferStatus.failed("transfer abandoned before this layer was written");
+              }
+              return after != null
+                  ? ((CudaTransport) transport).writeAfter(after, local, remote, plan)
+                  : transport.write(local, remote, plan);
+            },
             io);
     if (t.doneWord != null) {
       t.submitted.add(submission); // the done word is stored behind every layer's copies
@@ -511,6 +543,10 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       return this; // the job failed already
     }
     j.inFlight--;
+    if (j.failure != null) {
+      endIfDrained(j);
+      return this;
+    }
     if (!m.status().succeeded()) {
       fail(j, "writing layer " + m.layer() + " of transfer " + j.transferId + " to "
           + j.decodeEngineId + (m.decodeTpRank() == self.tpRank() ? "" : "/tp" + m.decodeTpRank())
@@ -526,7 +562,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private Behavior<Command> onSeal(Seal m) {
     for (ReqMeta r : m.requests()) {
       WriteJob j = jobs.get(r.transferId());
-      if (j != null) {
+      if (j != null && j.failure == null) {
         // Sealed after the forward pass: hybrid models fire fewer save hooks than layers.
         j.expected = m.layers();
         if (j.targetRanks != null) {
@@ -544,7 +580,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   }
 
   private void completeIfDone(WriteJob j) {
-    if (j.expected < 0
+    if (j.failure != null
+        || j.expected < 0
         || j.targetRanks == null
         || j.completed < (long) j.expected * j.targetRanks.length
         || j.inFlight > 0) {
@@ -566,24 +603,55 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     tracker.tell(new RequestTrackerActor.SendFinished(j.requestId, j.transferId, null, j.bytes));
   }
 
+  /**
+   * Ends a job that will not complete. Nothing new is written from here on; copies already handed
+   * to the transport may still land in D's blocks and read ours, so D is told and our blocks are
+   * freed only once every one of them has finished (DESIGN.md section 3, block lifetime).
+   */
   private void fail(WriteJob j, String reason, String requestId) {
-    jobs.remove(j.transferId);
-    timers.cancel(j.transferId);
-    terminal.add(j.transferId);
-    getContext().getLog().warn("write failed: {}", reason);
-    if (j.decodeEngineId != null) {
-      int[] ranks = j.targetRanks != null ? j.targetRanks : new int[] {self.tpRank()};
-      for (int rank : ranks) {
-        directory
-            .find(j.decodeEngineId, rank)
-            .ifPresent(
-                d ->
-                    d.ref()
-                        .tell(new EngineActor.TransferFailed(j.transferId, self.engineId(), reason)));
-      }
+    if (j.failure != null) {
+      return;
     }
-    if (requestId != null) {
-      tracker.tell(new RequestTrackerActor.SendFinished(requestId, j.transferId, reason, 0));
+    j.failure = reason;
+    if (j.requestId == null) {
+      j.requestId = requestId;
+    }
+    j.cancelled.set(true);
+    timers.cancel(j.transferId);
+    getContext().getLog().warn("write failed: {}", reason);
+    endIfDrained(j);
+  }
+
+  private void endIfDrained(WriteJob j) {
+    if (j.inFlight > 0) {
+      return;
+    }
+    jobs.remove(j.transferId);
+    terminal.add(j.transferId);
+    if (j.decodeEngineId != null) {
+      tellDecode(j.decodeEngineId, j.targetRanks,
+          new EngineActor.TransferFailed(j.transferId, self.engineId(), j.failure, self.tpRank()));
+    }
+    if (j.saved()) {
+      // Only a saved request's free was delayed for this transfer; one the engine never handed
+      // us for saving was freed by the engine already, and must not be reported done sending.
+      tracker.tell(new RequestTrackerActor.SendFinished(j.requestId, j.transferId, j.failure, 0));
+    }
+  }
+
+  /** Tells D's workers this worker writes into (all we can know of them) {@code message}. */
+  private void tellDecode(String decodeEngineId, int[] knownRanks, EngineActor.Command message) {
+    int[] ranks = knownRanks;
+    if (ranks == null) {
+      OptionalInt tp = PeerPlanning.tpSizeOf(directory, decodeEngineId);
+      boolean mla = geometry.layout() == KvCacheGeometry.Layout.MLA;
+      ranks =
+          tp.isEmpty() || tp.getAsInt() == self.tpSize()
+              ? new int[] {self.tpRank()}
+              : TensorParallelSplit.targetsOf(self.tpRank(), self.tpSize(), tp.getAsInt(), mla);
+    }
+    for (int rank : ranks) {
+      owner.tell(new EngineActor.SendToPeer(decodeEngineId, rank, message));
     }
   }
 
@@ -619,9 +687,18 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private Behavior<Command> onAbandon(Abandon m) {
     WriteJob j = jobs.get(m.transferId());
     if (j != null) {
+      if (j.decodeEngineId == null && !m.decodeEngineId().isEmpty()) {
+        j.decodeEngineId = m.decodeEngineId();
+      }
       fail(j, "transfer " + m.transferId() + " abandoned: " + m.reason(), j.requestId);
     } else {
       terminal.add(m.transferId()); // saves that come later are refused and reported
+      if (!m.decodeEngineId().isEmpty()) {
+        // Nothing of ours is in flight: confirm at once, so D can free its blocks.
+        tellDecode(m.decodeEngineId(), null,
+            new EngineActor.TransferFailed(m.transferId(), self.engineId(),
+                "transfer " + m.transferId() + " abandoned: " + m.reason(), self.tpRank()));
+      }
     }
     return this;
   }

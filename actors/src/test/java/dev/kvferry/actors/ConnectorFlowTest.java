@@ -191,7 +191,7 @@ class ConnectorFlowTest {
 
     // D already has the first block cached: it allocates 3 and reads P's last 3.
     ConnectorRequest dReq = new ConnectorRequest("r", 16, fd.paramsForPeer());
-    assertEquals(new MatchedTokens(11, false), dSched.numNewMatchedTokens(dReq, 4));
+    assertEquals(new MatchedTokens(11, true), dSched.numNewMatchedTokens(dReq, 4));
     int[] dBlocks = {5, 6, 1};
     dSched.updateStateAfterAlloc(dReq, dBlocks, 11);
     d.startLoadKv(dSched.buildConnectorMeta(new SchedulerOutput(List.of(), List.of())));

@@ -78,12 +78,26 @@ class DoneWordWatcherTest {
   }
 
   private static void store(DoneWordWatcher.Ticket t, long value) throws Exception {
-    try (FileChannel ch = FileChannel.open(Path.of(t.path()), StandardOpenOption.READ,
+    try (FileChannel ch = FileChannel.open(dev.kvferry.rdma.cuda.SharedDoneWords.PEER_DIR.resolve(t.name()), StandardOpenOption.READ,
         StandardOpenOption.WRITE)) {
       MappedByteBuffer b = ch.map(FileChannel.MapMode.READ_WRITE, 0, 8L * t.slots());
       b.order(ByteOrder.nativeOrder()).putLong(8 * t.slot(), value);
       b.force();
     }
-    assertTrue(Files.exists(Path.of(t.path())));
+    assertTrue(Files.exists(dev.kvferry.rdma.cuda.SharedDoneWords.PEER_DIR.resolve(t.name())));
+  }
+
+  @Test
+  void doneWordFilesOfProcessesThatAreGoneAreSweptAndThoseOfLiveOnesKept(@org.junit.jupiter.api.io.TempDir Path dir)
+      throws Exception {
+    long ownPid = ProcessHandle.current().pid();
+    long deadPid = 4_000_000_000L; // above any Linux pid_max: no such process
+    Path dead = Files.write(dir.resolve("kvferry-done-decode-0_tp0-" + deadPid + "-ab12"), new byte[8]);
+    Path live = Files.write(dir.resolve("kvferry-done-decode-0_tp0-" + ownPid + "-cd34"), new byte[8]);
+    Path other = Files.write(dir.resolve("someone-else-" + deadPid + "-ab12"), new byte[8]);
+    assertEquals(1, DoneWordWatcher.sweepStale(dir));
+    assertFalse(Files.exists(dead), "a killed decode's file stays in /dev/shm");
+    assertTrue(Files.exists(live));
+    assertTrue(Files.exists(other));
   }
 }

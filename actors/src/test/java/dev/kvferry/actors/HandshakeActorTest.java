@@ -113,4 +113,62 @@ class HandshakeActorTest {
     assertEquals("prefill-0", reply.engineId());
     assertTrue(reply.blob().length > 0);
   }
+
+  @Test
+  void aWorkerRestartedUnderTheSameIdIsAskedAgainNotServedItsOldMetadata() {
+    AtomicInteger askedOld = new AtomicInteger();
+    ActorRef<EngineActor.Command> old = fx.startPeer(peer, p -> {
+      askedOld.incrementAndGet();
+      return fx.peerMetadata(p);
+    });
+    ActorRef<HandshakeActor.Command> h = handshake(ConnectorSettings.DEFAULTS);
+    h.tell(new HandshakeActor.DirectoryChanged(EngineDirectory.of(List.of(old))));
+    TestProbe<HandshakeActor.Result> w = fx.kit.createTestProbe();
+    h.tell(new HandshakeActor.Fetch("decode-0", 0, w.ref()));
+    HandshakeActor.Ready first =
+        assertInstanceOf(HandshakeActor.Ready.class, w.receiveMessage(Duration.ofSeconds(5)));
+
+    // The engine restarts with its regions elsewhere; the listing goes from the old incarnation
+    // to the new one with no gap in between.
+    fx.kit.stop(old);
+    AtomicInteger askedNew = new AtomicInteger();
+    ActorRef<EngineActor.Command> restarted = fx.startPeer(peer, p -> {
+      askedNew.incrementAndGet();
+      List<RegionDescriptor> moved = new ArrayList<>();
+      for (int l = fx.peerLayers.size() - 1; l >= 0; l--) {
+        moved.add(fx.transport.describe(fx.peerLayers.get(l)));
+      }
+      return new AgentMetadata(p.engineId(), 0, 0, 1, fx.transport.name(), PeerFixture.GEOMETRY,
+          moved).pack();
+    });
+    h.tell(new HandshakeActor.DirectoryChanged(EngineDirectory.of(List.of(restarted))));
+    h.tell(new HandshakeActor.Fetch("decode-0", 0, w.ref()));
+    HandshakeActor.Ready second =
+        assertInstanceOf(HandshakeActor.Ready.class, w.receiveMessage(Duration.ofSeconds(5)));
+    assertEquals(1, askedNew.get(), "the new incarnation was not asked");
+    assertEquals(first.metadata().layers().get(1).regionId(),
+        second.metadata().layers().get(0).regionId(), "served the old incarnation's regions");
+  }
+
+  @Test
+  void aPeerThatLeavesIsReportedSoItsTransportStateIsReleased() {
+    ActorRef<EngineActor.Command> peerRef = fx.startPeer(peer, fx::peerMetadata);
+    List<RegionDescriptor> layers = new ArrayList<>();
+    fx.localLayers.forEach(r -> layers.add(fx.transport.describe(r)));
+    AgentMetadata local = new AgentMetadata(self.engineId(), 0, 0, 1, fx.transport.name(),
+        PeerFixture.GEOMETRY, layers);
+    TestProbe<EngineActor.Command> owner = fx.kit.createTestProbe();
+    ActorRef<HandshakeActor.Command> h =
+        fx.kit.spawn(HandshakeActor.create(local, ConnectorSettings.DEFAULTS, owner.ref()));
+    h.tell(new HandshakeActor.DirectoryChanged(EngineDirectory.of(List.of(peerRef))));
+    TestProbe<HandshakeActor.Result> w = fx.kit.createTestProbe();
+    h.tell(new HandshakeActor.Fetch("decode-0", 0, w.ref()));
+    assertInstanceOf(HandshakeActor.Ready.class, w.receiveMessage(Duration.ofSeconds(5)));
+
+    h.tell(new HandshakeActor.DirectoryChanged(EngineDirectory.EMPTY));
+    EngineActor.PeerGone gone =
+        owner.expectMessageClass(EngineActor.PeerGone.class, Duration.ofSeconds(5));
+    assertEquals("decode-0", gone.metadata().engineId());
+    assertEquals(PeerFixture.LAYERS, gone.metadata().layers().size());
+  }
 }

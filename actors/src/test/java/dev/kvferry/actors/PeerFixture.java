@@ -92,10 +92,16 @@ final class PeerFixture implements AutoCloseable {
   }
 
   ConnectorWorker worker(Role role, TransferMode mode, String engineId, ConnectorSettings s) {
+    return worker(role, mode, engineId, s, transport, localLayers);
+  }
+
+  /** A worker with its own transport over the given layers (the peer's, for a second worker). */
+  ConnectorWorker worker(Role role, TransferMode mode, String engineId, ConnectorSettings s,
+      Transport t, List<MemoryRegion> layers) {
     ConnectorWorker w =
         new ConnectorWorker(
-            kit.system(), new EngineIdentity(role, engineId, 0, 1, 0, 1, mode), transport, s);
-    w.registerKvCaches(GEOMETRY, localLayers);
+            kit.system(), new EngineIdentity(role, engineId, 0, 1, 0, 1, mode), t, s);
+    w.registerKvCaches(GEOMETRY, layers);
     workers.add(w);
     return w;
   }
@@ -177,6 +183,7 @@ final class PeerFixture implements AutoCloseable {
     Set<String> sending = new HashSet<>();
     Set<String> receiving = new HashSet<>();
     Map<String, String> failed = new HashMap<>();
+    Set<Integer> loadErrors = new HashSet<>();
     Finished[] all = new Finished[1];
     kit.createTestProbe()
         .awaitAssert(
@@ -187,7 +194,9 @@ final class PeerFixture implements AutoCloseable {
               sending.addAll(f.doneSending());
               receiving.addAll(f.doneReceiving());
               failed.putAll(f.failed());
-              all[0] = new Finished(Set.copyOf(sending), Set.copyOf(receiving), Map.copyOf(failed));
+              loadErrors.addAll(f.blockIdsWithLoadErrors());
+              all[0] = new Finished(Set.copyOf(sending), Set.copyOf(receiving), Map.copyOf(failed),
+                  Set.copyOf(loadErrors));
               assertTrue(done.test(all[0]), "finished so far on " + w.identity().label() + ": " + all[0]);
               return null;
             });

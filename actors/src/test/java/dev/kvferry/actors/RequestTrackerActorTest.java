@@ -18,6 +18,7 @@ class RequestTrackerActorTest {
 
   private final ActorTestKit kit = ActorTestKit.create();
   private final FinishedSink sink = new FinishedSink();
+  private final TestProbe<EngineActor.Command> owner = kit.createTestProbe();
 
   @AfterEach
   void stop() {
@@ -25,7 +26,7 @@ class RequestTrackerActorTest {
   }
 
   private ActorRef<RequestTrackerActor.Command> tracker(ConnectorSettings s) {
-    return kit.spawn(RequestTrackerActor.create("test/tp0", s, sink));
+    return kit.spawn(RequestTrackerActor.create("test/tp0", s, sink, owner.ref()));
   }
 
   /** Drains the sink until {@code expected} holds, then checks nothing more arrives. */
@@ -80,11 +81,21 @@ class RequestTrackerActorTest {
   }
 
   @Test
-  void aReceiveThatOutlivesTheTransferTimeoutFailsNamingThePeer() {
+  void aReceiveThatOutlivesTheTransferTimeoutAsksItsOwnerToEndItAndFreesNothingBeforeItEnded() {
     ActorRef<RequestTrackerActor.Command> t =
         tracker(ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(200)));
-    t.tell(new RequestTrackerActor.ExpectReceive("r1", "tx1", "prefill-7"));
+    t.tell(new RequestTrackerActor.ExpectReceive("r1", "tx1", "prefill-7", new int[] {4, 5}));
+    EngineActor.ReceiveOverdue overdue =
+        owner.expectMessageClass(EngineActor.ReceiveOverdue.class, Duration.ofSeconds(5));
+    assertEquals("tx1", overdue.transferId());
+    assertTrue(overdue.reason().contains("prefill-7"), overdue.reason());
+    // A timeout is a request to end the transfer: the engine is not told to free anything yet.
+    owner.expectNoMessage(Duration.ofMillis(300));
+    assertTrue(sink.drain().isEmpty(), "reported before the owner ended the transfer");
+
+    t.tell(new RequestTrackerActor.TransferFailed("tx1", overdue.reason()));
     Finished f = awaitExactly(x -> x.failed().containsKey("r1"));
     assertTrue(f.failed().get("r1").contains("prefill-7"), f.toString());
+    assertEquals(Set.of(4, 5), f.blockIdsWithLoadErrors(), "load errors in the same report");
   }
 }

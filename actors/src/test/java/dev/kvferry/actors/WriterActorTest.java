@@ -105,4 +105,14 @@ class WriterActorTest {
     assertTrue(f.failed().get("r3").contains("300 ms"), f.toString());
     assertTrue(fx.peerUntouched());
   }
+
+  @Test
+  void aSaveOfAnUnregisteredLayerFailsTheRequestAndStillFreesItsBlocks() {
+    ConnectorWorker p = prefill(ConnectorSettings.DEFAULTS);
+    ReqMeta r = new ReqMeta("r4", "tx4", new int[] {1}, null, "decode-0", 0);
+    ConnectorMetadata meta = new ConnectorMetadata(List.of(r), List.of(), List.of());
+    p.saveKvLayer(meta, 99, HostLayerEvent.completed());
+    Finished f = fx.awaitFinished(p, x -> x.doneSending().contains("r4"));
+    assertTrue(f.failed().get("r4").contains("layer 99 is not registered"), f.toString());
+  }
 }

@@ -103,6 +103,14 @@ public final class DemoCommand implements Callable<Integer> {
           tpP, tpD, blockSizeP != null ? blockSizeP : blockSize,
           blockSizeD != null ? blockSizeD : blockSize, pGpu != null ? pGpu : -1,
           dGpu != null ? dGpu : -1);
+      long available = Demo.availableMemoryBytes();
+      if (available >= 0) {
+        // Refuse up front: a node the OOM killer ends midway prints no result at all.
+        java.util.Optional<String> tooBig = Demo.memoryRefusal(options, available);
+        if (tooBig.isPresent()) {
+          throw new IllegalArgumentException(tooBig.get());
+        }
+      }
       if (gpus) {
         // Fail here, before any JVM starts: "CUDA not available: <reason>", or no such device.
         Cuda.requireDevice(options.pGpu());

@@ -188,9 +188,18 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
 
   @Override
   public void close() {
+    List<java.util.concurrent.CompletableFuture<Void>> stopped = new ArrayList<>();
     for (Engine e : engines) {
       e.driver().stop();
-      e.workers().forEach(ConnectorWorker::shutdown);
+      e.workers().forEach(w -> stopped.add(w.stop()));
+    }
+    try {
+      // The stops are messages: wait until the workers are gone before their transports go.
+      java.util.concurrent.CompletableFuture.allOf(
+              stopped.toArray(java.util.concurrent.CompletableFuture[]::new))
+          .get(30, TimeUnit.SECONDS);
+    } catch (Exception e) {
+      log.warn("engine workers did not stop within 30 s; closing their transports anyway", e);
     }
     // Workers may share a transport (cuda): close each once, after every worker stopped.
     Set<Transport> transports = Collections.newSetFromMap(new IdentityHashMap<>());

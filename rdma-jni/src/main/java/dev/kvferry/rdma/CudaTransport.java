@@ -62,7 +62,19 @@ public final class CudaTransport implements Transport {
 
   private final CopyMethod method;
   private final CudaEventPoller poller;
-  private final Map<String, Long> openedAllocations = new ConcurrentHashMap<>();
+  /** Remote allocations opened through IPC, by local device and handle: base and real size. */
+  private final Map<String, Opened> openedAllocations = new ConcurrentHashMap<>();
+  /**
+   * Regions any cuda transport of this process described, by address, with their length: the only
+   * memory a descriptor naming this process may reach without IPC. The pid, boot id and address
+   * come off the wire; a peer must not be able to point our copies at any other memory of ours.
+   */
+  private static final Map<Long, Long> DESCRIBED_HERE = new ConcurrentHashMap<>();
+
+  private record Opened(long base, long bytes) {}
+
+  /** Which opened allocations (keys of openedAllocations) belong to which peer process. */
+  private final Map<String, java.util.Set<String>> allocationsByPeer = new ConcurrentHashMap<>();
   private final Map<String, Lane> lanes = new ConcurrentHashMap<>();
   private final Map<Long, byte[]> describedHandles = new ConcurrentHashMap<>();
   private volatile boolean closed;
@@ -130,7 +142,9 @@ public final class CudaTransport implements Transport {
     Cuda.setDevice(device);
     Lane lane = lanes.computeIfAbsent(laneKey(device, remote), k -> new Lane(device));
     synchronized (lane) {
-      Cuda.streamWriteValue64(lane.stream, wordDeviceAddress, value);
+      if (!lane.closed) {
+        Cuda.streamWriteValue64(lane.stream, wordDeviceAddress, value);
+      }
     }
   }
 
@@ -154,7 +168,45 @@ public final class CudaTransport implements Transport {
                   .putLong(address - range[0])
                   .array();
             });
+    DESCRIBED_HERE.merge(local.address(), local.lengthBytes(), Math::max);
     return local.descriptor().withCudaIpcHandle(handle.clone());
+  }
+
+  /**
+   * Why a descriptor naming this process may not be used as it is, or null: its address must be a
+   * region described here, and its length no more than that region's.
+   */
+  static String sameProcessRefusal(RegionDescriptor remote, Map<Long, Long> describedHere) {
+    Long length = describedHere.get(remote.baseAddress());
+    if (length == null) {
+      return "cuda: region " + remote.regionId() + " of " + owner(remote)
+          + " claims to be in this process at 0x" + Long.toHexString(remote.baseAddress())
+          + ", where no region was described; refused";
+    }
+    if (remote.lengthBytes() > length) {
+      return "cuda: region " + remote.regionId() + " of " + owner(remote) + " claims "
+          + remote.lengthBytes() + " bytes at 0x" + Long.toHexString(remote.baseAddress())
+          + "; the region described there has " + length + "; refused";
+    }
+    return null;
+  }
+
+  /**
+   * Why a region opened through IPC may not be used, or null: the range it claims, {@code
+   * lengthBytes} from {@code offsetInAllocation}, must lie within the allocation the driver
+   * opened, {@code allocationBytes} long (cuMemGetAddressRange), not just within what the peer
+   * says.
+   */
+  static String ipcRangeRefusal(
+      RegionDescriptor remote, long offsetInAllocation, long allocationBytes) {
+    if (offsetInAllocation < 0
+        || offsetInAllocation > allocationBytes
+        || remote.lengthBytes() > allocationBytes - offsetInAllocation) {
+      return "cuda: region " + remote.regionId() + " of " + owner(remote) + " claims "
+          + remote.lengthBytes() + " bytes at offset " + offsetInAllocation
+          + " of an allocation the driver says has " + allocationBytes + " bytes; refused";
+    }
+    return null;
   }
 
   private TransferStatus start(
@@ -183,6 +235,10 @@ public final class CudaTransport implements Transport {
       TransferStatus status = TransferStatus.pending();
       long bytes = batch.totalBytes();
       synchronized (lane) {
+        if (lane.closed) {
+          return TransferStatus.failed("cuda: " + owner(remote) + " left while this transfer"
+              + " started; nothing was moved");
+        }
         if (after != null) {
           Cuda.streamWaitEvent(lane.stream, after.handle());
         }
@@ -242,7 +298,8 @@ public final class CudaTransport implements Transport {
           + " and region " + remote.regionId() + " of " + owner(remote) + " is " + remote.kind();
     }
     if (remote.pid() == OWN_PID && remote.bootId().equals(HostIdentity.bootId())) {
-      return null; // same process: the address is usable as it is
+      // Same process: the address is usable as it is, if it is one of the regions we described.
+      return sameProcessRefusal(remote, DESCRIBED_HERE);
     }
     if (!remote.bootId().equals(HostIdentity.bootId())) {
       return "cuda: region " + remote.regionId() + " of " + owner(remote)
@@ -267,14 +324,60 @@ public final class CudaTransport implements Transport {
     byte[] h = remote.cudaIpcHandle();
     long offset = ByteBuffer.wrap(h, Cuda.IPC_HANDLE_BYTES, 8).order(ByteOrder.LITTLE_ENDIAN).getLong();
     String key = device + ":" + HexFormat.of().formatHex(h, 0, Cuda.IPC_HANDLE_BYTES);
-    long base =
+    Opened opened =
         openedAllocations.computeIfAbsent(
-            key, k -> Cuda.ipcOpenMemHandle(java.util.Arrays.copyOf(h, Cuda.IPC_HANDLE_BYTES)));
-    return base + offset;
+            key,
+            k -> {
+              long base = Cuda.ipcOpenMemHandle(java.util.Arrays.copyOf(h, Cuda.IPC_HANDLE_BYTES));
+              long[] range = Cuda.allocationRange(base); // the driver's size, not the peer's
+              allocationsByPeer
+                  .computeIfAbsent(peerOf(remote), p -> ConcurrentHashMap.newKeySet())
+                  .add(k);
+              return new Opened(base, range[0] + range[1] - base);
+            });
+    String refusal = ipcRangeRefusal(remote, offset, opened.bytes());
+    if (refusal != null) {
+      throw new RegionBoundsException(refusal);
+    }
+    return opened.base() + offset;
   }
 
   private static String laneKey(int device, RegionDescriptor remote) {
-    return device + "->" + remote.bootId() + "/" + remote.pid() + "/" + remote.device();
+    return device + "->" + peerOf(remote) + "/" + remote.device();
+  }
+
+  private static String peerOf(RegionDescriptor remote) {
+    return remote.bootId() + "/" + remote.pid();
+  }
+
+  /**
+   * Closes the copy lanes to the peer's process (each waits for its queued copies first) and then
+   * its IPC mappings, instead of keeping them until this transport closes.
+   */
+  @Override
+  public void peerGone(RegionDescriptor peerRegion) {
+    if (closed || !Cuda.available()) {
+      return;
+    }
+    String peer = "->" + peerOf(peerRegion) + "/";
+    for (String key : lanes.keySet()) {
+      if (key.contains(peer)) {
+        Lane lane = lanes.remove(key);
+        if (lane != null) {
+          lane.close();
+        }
+      }
+    }
+    java.util.Set<String> opened = allocationsByPeer.remove(peerOf(peerRegion));
+    if (opened != null) {
+      for (String k : opened) {
+        Opened o = openedAllocations.remove(k);
+        if (o != null) {
+          Cuda.setDevice(Integer.parseInt(k.substring(0, k.indexOf(':'))));
+          Cuda.ipcCloseMemHandle(o.base());
+        }
+      }
+    }
   }
 
   private static String owner(RegionDescriptor d) {
@@ -297,9 +400,9 @@ public final class CudaTransport implements Transport {
       lane.close();
     }
     lanes.clear();
-    for (Map.Entry<String, Long> e : openedAllocations.entrySet()) {
+    for (Map.Entry<String, Opened> e : openedAllocations.entrySet()) {
       Cuda.setDevice(Integer.parseInt(e.getKey().substring(0, e.getKey().indexOf(':'))));
-      Cuda.ipcCloseMemHandle(e.getValue());
+      Cuda.ipcCloseMemHandle(e.getValue().base());
     }
     openedAllocations.clear();
   }
@@ -319,6 +422,8 @@ public final class CudaTransport implements Transport {
     Memory sizes;
     final Memory attrs = new Memory(24);
     final Memory attrIndex = new Memory(8);
+    /** Closed because its peer left: a transfer that still got hold of it fails. */
+    boolean closed;
 
     Lane(int device) {
       this.device = device;
@@ -397,6 +502,10 @@ public final class CudaTransport implements Transport {
     }
 
     synchronized void close() {
+      if (closed) {
+        return;
+      }
+      closed = true;
       Cuda.setDevice(device);
       Cuda.streamSynchronize(stream);
       for (ScatterPlan p : plans.values()) {

@@ -36,6 +36,8 @@ import org.slf4j.LoggerFactory;
 public final class TcpTransport implements Transport {
   private static final Logger log = LoggerFactory.getLogger(TcpTransport.class);
   private static final int MAX_IDLE_PER_ENDPOINT = 8;
+  /** Peer incarnations that may keep idle connections; the oldest seen go first beyond it. */
+  static final int MAX_POOLED_PEERS = 64;
 
   private final RegionRegistry registry;
   private final TransportOptions options;
@@ -200,7 +202,7 @@ public final class TcpTransport implements Transport {
     String endpoint = remote.tcpHost() + ":" + remote.tcpPort();
     String key = endpoint + "#" + Base64.getEncoder().encodeToString(remote.token());
     for (int attempt = 0; ; attempt++) {
-      Connection c = idle.computeIfAbsent(key, k -> new ConcurrentLinkedDeque<>()).pollFirst();
+      Connection c = pool(key, endpoint).pollFirst();
       boolean reused = c != null;
       try {
         if (c == null) {
@@ -252,9 +254,47 @@ public final class TcpTransport implements Transport {
     }
   }
 
+  /**
+   * The idle connections to one peer incarnation (endpoint and token). A new token at an endpoint
+   * is a restarted peer: the old incarnation's connections are closed, not kept forever; and no
+   * more than {@link #MAX_POOLED_PEERS} peers keep idle connections.
+   */
+  private ConcurrentLinkedDeque<Connection> pool(String key, String endpoint) {
+    ConcurrentLinkedDeque<Connection> pool = idle.get(key);
+    if (pool != null) {
+      return pool;
+    }
+    String prefix = endpoint + "#";
+    for (String other : idle.keySet()) {
+      if (other.startsWith(prefix) || idle.size() >= MAX_POOLED_PEERS) {
+        closeIdle(other);
+      }
+    }
+    return idle.computeIfAbsent(key, k -> new ConcurrentLinkedDeque<>());
+  }
+
+  private void closeIdle(String key) {
+    ConcurrentLinkedDeque<Connection> gone = idle.remove(key);
+    for (Connection old; gone != null && (old = gone.pollFirst()) != null; ) {
+      old.close();
+    }
+  }
+
+  @Override
+  public void peerGone(RegionDescriptor peerRegion) {
+    String key = peerRegion.tcpHost() + ":" + peerRegion.tcpPort() + "#"
+        + Base64.getEncoder().encodeToString(peerRegion.token());
+    closeIdle(key); // connections in use are not pooled: their batches finish or fail
+  }
+
+  /** Peer incarnations with a pool of idle connections (tests). */
+  int pooledPeers() {
+    return idle.size();
+  }
+
   private void release(String key, Connection c) {
-    ConcurrentLinkedDeque<Connection> pool = idle.computeIfAbsent(key, k -> new ConcurrentLinkedDeque<>());
-    if (closed || pool.size() >= MAX_IDLE_PER_ENDPOINT) {
+    ConcurrentLinkedDeque<Connection> pool = idle.get(key);
+    if (closed || pool == null || pool.size() >= MAX_IDLE_PER_ENDPOINT) {
       c.close();
     } else {
       pool.offerFirst(c);

@@ -26,6 +26,13 @@ public interface Transport extends AutoCloseable {
    */
   RegionDescriptor describe(MemoryRegion local);
 
+  /**
+   * The peer that described {@code peerRegion} has left (or restarted as a new incarnation):
+   * release what is kept for it (idle connections, opened mappings, copy streams). Copies already
+   * queued to it still complete first; a later transfer with it fails or reopens what it needs.
+   */
+  default void peerGone(RegionDescriptor peerRegion) {}
+
   /** Stops listeners and closes connections; pending transfers fail. */
   @Override
   void close();

@@ -159,4 +159,30 @@ class CudaTransportTest {
     }
   }
 
+
+  private static RegionDescriptor cudaRegion(long lengthBytes, long baseAddress) {
+    return new RegionDescriptor(3, lengthBytes, RegionKind.CUDA, 0, "decode-0",
+        ProcessHandle.current().pid(), baseAddress, "boot", "", 0, null, null);
+  }
+
+  @Test
+  void aRegionOpenedThroughIpcMustLieWithinTheAllocationTheDriverOpenedNotWhatThePeerClaims() {
+    // The peer claims 1 MiB at offset 4 KiB; the driver says the allocation has 512 KiB.
+    String why = CudaTransport.ipcRangeRefusal(cudaRegion(1 << 20, 0), 4096, 512 << 10);
+    assertTrue(why != null && why.contains("driver says has 524288 bytes"), why);
+    assertTrue(CudaTransport.ipcRangeRefusal(cudaRegion(1 << 20, 0), -1, 2 << 20) != null);
+    assertTrue(CudaTransport.ipcRangeRefusal(cudaRegion(Long.MAX_VALUE, 0), 4096, 2 << 20) != null,
+        "no overflow in offset + length");
+    assertEquals(null, CudaTransport.ipcRangeRefusal(cudaRegion(1 << 20, 0), 4096, (1 << 20) + 4096));
+  }
+
+  @Test
+  void aDescriptorClaimingThisProcessReachesOnlyRegionsDescribedHere() {
+    java.util.Map<Long, Long> described = java.util.Map.of(0x7f0000000000L, 1L << 20);
+    String elsewhere = CudaTransport.sameProcessRefusal(cudaRegion(4096, 0x7f0000100000L), described);
+    assertTrue(elsewhere != null && elsewhere.contains("no region was described"), elsewhere);
+    String longer = CudaTransport.sameProcessRefusal(cudaRegion(2L << 20, 0x7f0000000000L), described);
+    assertTrue(longer != null && longer.contains("has 1048576"), longer);
+    assertEquals(null, CudaTransport.sameProcessRefusal(cudaRegion(1 << 20, 0x7f0000000000L), described));
+  }
 }

@@ -116,6 +116,31 @@ class TcpTransportTest {
   }
 
   @Test
+  void aNewTokenAtAnEndpointDropsTheOldIncarnationsIdleConnections() {
+    MemoryRegion src = ours.allocateHost(4096);
+    MemoryRegion dst = peer.allocateHost(4096);
+    RegionDescriptor d = server.describe(dst);
+    assertTrue(Patterns.await(client.write(src, d, single(0, 0, 4096))).succeeded());
+    assertEquals(1, client.pooledPeers());
+    // What a peer restarted at the same endpoint looks like: its descriptors carry a new token.
+    // (This listener still has the old one and refuses; the pool is what is checked here.)
+    RegionDescriptor restarted = d.withTcp(d.tcpHost(), d.tcpPort(), new byte[] {1, 2, 3, 4});
+    assertFalse(Patterns.await(client.write(src, restarted, single(0, 0, 4096))).succeeded());
+    assertEquals(1, client.pooledPeers(), "the old incarnation's connections are still pooled");
+  }
+
+  @Test
+  void aPeerThatLeftHasItsIdleConnectionsClosed() {
+    MemoryRegion src = ours.allocateHost(4096);
+    MemoryRegion dst = peer.allocateHost(4096);
+    RegionDescriptor d = server.describe(dst);
+    assertTrue(Patterns.await(client.write(src, d, single(0, 0, 4096))).succeeded());
+    assertEquals(1, client.pooledPeers());
+    client.peerGone(d);
+    assertEquals(0, client.pooledPeers(), "sockets to a peer that left are kept");
+  }
+
+  @Test
   void failsWithTheReceiversReasonWhenItsRegionWasClosed() {
     for (int length : new int[] {4096, 8 << 20}) {
       MemoryRegion src = ours.allocateHost(length);

@@ -105,6 +105,56 @@ public final class ChildProcess implements AutoCloseable {
     return ended;
   }
 
+  /**
+   * How the process ended, for error messages: its exit code, or the signal that killed it (a
+   * SIGKILL the demo did not send is most likely the kernel's out-of-memory killer), or a Java
+   * OutOfMemoryError its log shows; "is running" while it runs.
+   */
+  public String exitDescription() {
+    if (process.isAlive()) {
+      return name + " is running";
+    }
+    boolean javaOom = false;
+    try {
+      javaOom = Files.exists(log) && Files.readString(log).contains("java.lang.OutOfMemoryError");
+    } catch (IOException | RuntimeException e) {
+      // no log to read: the exit status says enough
+    }
+    return name + " " + describeExit(process.exitValue(), stoppedByUs, javaOom);
+  }
+
+  /**
+   * Words for an exit status as Java reports it: 128 + n for a process killed by signal n.
+   *
+   * @param stoppedByUs whether this program sent the stop (SIGTERM or SIGKILL) itself
+   * @param javaOutOfMemory whether the process's log shows a java.lang.OutOfMemoryError
+   */
+  static String describeExit(int status, boolean stoppedByUs, boolean javaOutOfMemory) {
+    if (javaOutOfMemory) {
+      return "ran out of Java heap (java.lang.OutOfMemoryError in its log; exit status " + status
+          + ")";
+    }
+    if (status > 128 && status <= 128 + 64) {
+      int signal = status - 128;
+      String name = switch (signal) {
+        case 1 -> "SIGHUP";
+        case 2 -> "SIGINT";
+        case 6 -> "SIGABRT";
+        case 9 -> "SIGKILL";
+        case 11 -> "SIGSEGV";
+        case 15 -> "SIGTERM";
+        default -> "signal " + signal;
+      };
+      String how = "was killed by " + name + " (signal " + signal + ")";
+      if (signal == 9 && !stoppedByUs) {
+        return how + ", not by kvferry: most likely the kernel's out-of-memory killer (see"
+            + " dmesg or journalctl -k for \"Out of memory\")";
+      }
+      return how;
+    }
+    return "exited with code " + status;
+  }
+
   /** Whether the process ended without being killed or closed by us. */
   public boolean exitedUnexpectedly() {
     return !stoppedByUs && !process.isAlive();
@@ -126,7 +176,7 @@ public final class ChildProcess implements AutoCloseable {
         // the log is being written: read again
       }
       if (!process.isAlive()) {
-        throw new IllegalStateException(name + " exited before it was up; its log (" + log
+        throw new IllegalStateException(exitDescription() + " before it was up; its log (" + log
             + ") ends with:\n" + tail(20));
       }
       TimeUnit.MILLISECONDS.sleep(100);

@@ -106,6 +106,44 @@ public final class Demo implements AutoCloseable {
     this.clusterSettings = Map.copyOf(merged);
   }
 
+  /** Heap the demo's JVMs may take besides the KV caches: 3 children at -Xmx512m and this one. */
+  static final long JVM_BYTES = 4L * 512 * 1024 * 1024;
+
+  /**
+   * Why the demo would not fit in {@code availableBytes} of host memory, or empty: its KV caches
+   * (both nodes, every mode) and its JVMs must fit, or the kernel's OOM killer ends a node midway
+   * and no result is printed.
+   */
+  public static java.util.Optional<String> memoryRefusal(DemoOptions o, long availableBytes) {
+    long p = o.hostKvCacheBytes(true);
+    long d = o.hostKvCacheBytes(false);
+    long need = p + d + JVM_BYTES;
+    if (p + d == 0 || need <= availableBytes) {
+      return java.util.Optional.empty();
+    }
+    return java.util.Optional.of(String.format(java.util.Locale.ROOT,
+        "the KV caches need %s of host memory (prefill %s: %d blocks; decode %s: %d blocks; %d"
+            + " layers, %d mode(s)) and the JVMs about %s, %s in all, but only %s is available"
+            + " (MemAvailable): lower --num-blocks-p/--num-blocks-d or --layers, or run one mode",
+        human(p + d), human(p), o.numBlocksP(), human(d), o.numBlocksD(), o.layers(),
+        o.modes().size(), human(JVM_BYTES), human(need), human(availableBytes)));
+  }
+
+  /** This host's MemAvailable from /proc/meminfo, or -1 where it cannot be read. */
+  public static long availableMemoryBytes() {
+    try {
+      for (String line : Files.readAllLines(Path.of("/proc/meminfo"))) {
+        if (line.startsWith("MemAvailable:")) {
+          String[] f = line.trim().split("\\s+");
+          return Long.parseLong(f[1]) * 1024; // kB
+        }
+      }
+    } catch (IOException | RuntimeException e) {
+      // not Linux: the check is skipped
+    }
+    return -1;
+  }
+
   public Path logDir() {
     return logDir;
   }
@@ -344,7 +382,18 @@ public final class Demo implements AutoCloseable {
       CompletableFuture.allOf(all.toArray(new CompletableFuture<?>[0])).get();
     }
     double seconds = (System.nanoTime() - start) / 1e9;
-    int leaked = awaitBlocksFree(pSim) + awaitBlocksFree(dSim);
+    int leaked;
+    try {
+      leaked = awaitBlocksFree(pSim) + awaitBlocksFree(dSim);
+    } catch (Exception e) {
+      for (ChildProcess c : children) {
+        if (c.exitedUnexpectedly()) {
+          throw new IllegalStateException(c.exitDescription() + " during the " + mode
+              + " workload; its log (" + c.log() + ") ends with:\n" + c.tail(20), e);
+        }
+      }
+      throw e;
+    }
     return summarize(mode, specs.size(), results, seconds, leaked);
   }
 
@@ -377,6 +426,11 @@ public final class Demo implements AutoCloseable {
     }
     if (leaked > 0) {
       problems.add(leaked + " blocks still allocated after the workload");
+    }
+    for (ChildProcess c : children) {
+      if (c.exitedUnexpectedly()) {
+        problems.add(c.exitDescription() + "; its log: " + c.log());
+      }
     }
     Collections.sort(latencies);
     double p50 = percentile(latencies, 0.50);
@@ -470,7 +524,7 @@ public final class Demo implements AutoCloseable {
     while (System.nanoTime() < deadline) {
       for (ChildProcess c : process != null ? List.of(process) : children) {
         if (!c.isAlive() && c.exitedUnexpectedly()) {
-          throw new IllegalStateException(c.name() + " exited while waiting for " + what
+          throw new IllegalStateException(c.exitDescription() + " while waiting for " + what
               + "; its log (" + c.log() + ") ends with:\n" + c.tail(20));
         }
       }

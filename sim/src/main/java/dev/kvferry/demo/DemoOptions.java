@@ -141,6 +141,27 @@ public record DemoOptions(
     return gpu < 0 ? "none" : Integer.toString(gpu);
   }
 
+  /**
+   * Bytes of host memory the KV caches of P's ({@code prefill}) or D's node take: every layer of
+   * every TP rank of each mode's engine (a node runs one engine per mode); 0 when they are on a
+   * GPU.
+   */
+  public long hostKvCacheBytes(boolean prefill) {
+    if (onGpus()) {
+      return 0;
+    }
+    int tp = prefill ? tpP : tpD;
+    int numBlocks = prefill ? numBlocksP : numBlocksD;
+    int nodeBlockSize = prefill ? blockSizeP : blockSizeD;
+    dev.kvferry.actors.plan.KvCacheGeometry rank =
+        mla
+            ? dev.kvferry.actors.plan.KvCacheGeometry.mla(numBlocks, nodeBlockSize, latent,
+                dtypeBytes)
+            : dev.kvferry.actors.plan.KvCacheGeometry.standard(numBlocks, nodeBlockSize,
+                kvHeads / tp, headDim, dtypeBytes);
+    return Math.multiplyExact(rank.layerRegionBytes(), (long) layers * tp * modes.size());
+  }
+
   /** The node flags that put P's ({@code prefill}) or D's KV cache where these options say. */
   List<String> kvCacheFlags(boolean prefill) {
     List<String> f = new java.util.ArrayList<>(List.of("--transport", transport));

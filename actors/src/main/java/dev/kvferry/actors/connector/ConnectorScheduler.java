@@ -31,6 +31,12 @@ public final class ConnectorScheduler {
   private final Map<String, Pending> reqsNeedSave = new LinkedHashMap<>();
   private final Map<String, Pending> reqsNeedPendingSave = new HashMap<>();
   private final List<ConnectorMetadata.PendingSend> reqsNeedSend = new ArrayList<>();
+  /**
+   * Requests whose transfer the workers hold blocks of: P, WRITE, handed to the workers to save; D,
+   * scheduled with a transfer. If one of them is aborted its free is delayed until the workers
+   * report it, since a copy may still touch its blocks (DESIGN.md section 3, block lifetime).
+   */
+  private final java.util.Set<String> lentToTransfer = new java.util.HashSet<>();
 
   private record Pending(ConnectorRequest request, int[] blockIds) {}
 
@@ -75,8 +81,10 @@ public final class ConnectorScheduler {
       // P writes all of it while D waits: loaded asynchronously between steps.
       return new MatchedTokens(Math.max(0, request.numPromptTokens() - numComputedTokens), true);
     }
-    // READ: the last prompt token is recomputed on D to produce the first output token.
-    return new MatchedTokens(Math.max(0, request.numPromptTokens() - 1 - numComputedTokens), false);
+    // READ: the last prompt token is recomputed on D to produce the first output token. Loaded
+    // asynchronously: the engine waits for getFinished (or per layer, waitForLayerLoad) before it
+    // runs over these tokens; a synchronous load would let it compute while reads still land.
+    return new MatchedTokens(Math.max(0, request.numPromptTokens() - 1 - numComputedTokens), true);
   }
 
   /** Called once the engine allocated {@code blockIds} for the request. */
@@ -100,6 +108,7 @@ public final class ConnectorScheduler {
         for (ActorRef<EngineActor.Command> w : localWorkers) {
           w.tell(new EngineActor.AnnounceRemoteBlocks(meta));
         }
+        lentToTransfer.add(request.requestId());
       }
       // Only one KV transfer per request.
       request.setParams(p.withDoRemotePrefill(false));
@@ -114,10 +123,12 @@ public final class ConnectorScheduler {
       // Chunked prefill: a request is saved only when its final chunk is scheduled.
       for (SchedulerOutput.CachedRequest c : output.scheduledCachedReqs()) {
         Pending pending = reqsNeedPendingSave.get(c.requestId());
-        if (pending == null || c.newBlockIds() == null) {
+        if (pending == null) {
           continue;
         }
-        int[] blocks = concat(pending.blockIds(), c.newBlockIds());
+        // vLLM passes no new block ids when the chunk fits in the blocks it has: none added.
+        int[] added = c.newBlockIds() == null ? new int[0] : c.newBlockIds();
+        int[] blocks = concat(pending.blockIds(), added);
         if (isLastChunk(pending.request(), blocks, c.computedTokensAfterStep())) {
           reqsNeedPendingSave.remove(c.requestId());
           save.add(toSaveMeta(pending.request(), blocks));
@@ -128,6 +139,9 @@ public final class ConnectorScheduler {
     }
     for (Pending pr : reqsNeedRecv.values()) {
       KvTransferParams p = pr.request().params();
+      if (pr.blockIds().length > 0) {
+        lentToTransfer.add(pr.request().requestId()); // the workers read into these from now on
+      }
       recv.add(
           new ReqMeta(
               pr.request().requestId(), p.transferId(), pr.blockIds(), p.remoteBlockIds(),
@@ -146,6 +160,9 @@ public final class ConnectorScheduler {
       if (mode == TransferMode.WRITE) {
         save.add(toSaveMeta(pr.request(), pr.blockIds()));
       }
+    }
+    for (ReqMeta r : save) {
+      lentToTransfer.add(r.requestId());
     }
     List<ConnectorMetadata.PendingSend> send = List.copyOf(reqsNeedSend);
     reqsNeedRecv.clear();
@@ -179,8 +196,30 @@ public final class ConnectorScheduler {
   public FinishDecision requestFinished(ConnectorRequest request, int[] blockIds) {
     KvTransferParams p = request.params();
     reqsNeedPendingSave.remove(request.requestId());
+    boolean lent = lentToTransfer.remove(request.requestId());
     if (p == null) {
       return FinishDecision.FREE_NOW;
+    }
+    boolean aborted = request.status() == ConnectorRequest.Status.FINISHED_ABORTED;
+    if (role == Role.DECODE && !p.doRemotePrefill()) {
+      Pending notHandedOver = reqsNeedRecv.get(request.requestId());
+      if (notHandedOver != null) {
+        // Scheduled but not handed to the workers yet: nothing reads into its blocks. Read
+        // nothing; tell P to free its blocks.
+        reqsNeedRecv.put(request.requestId(), new Pending(request, new int[0]));
+        return FinishDecision.FREE_NOW;
+      }
+      if (aborted && lent) {
+        // Its transfer may still be copying into its blocks: end it like a timeout (P is asked
+        // to abandon) and free once the workers report the request.
+        for (ActorRef<EngineActor.Command> w : localWorkers) {
+          w.tell(
+              new EngineActor.AbortReceive(
+                  request.requestId(), p.transferId(),
+                  "request " + request.requestId() + " aborted on decode engine " + engineId));
+        }
+        return new FinishDecision(true, null);
+      }
     }
     if (p.doRemotePrefill()) {
       // Still set: the request was aborted before it was scheduled. Tell P to free its blocks
@@ -189,7 +228,7 @@ public final class ConnectorScheduler {
       request.setParams(p.withDoRemotePrefill(false));
       return FinishDecision.FREE_NOW;
     }
-    if (p.doRemoteDecode() && request.status() == ConnectorRequest.Status.FINISHED_ABORTED) {
+    if (p.doRemoteDecode() && aborted) {
       // P gave up on the request: D must not wait for writes that will never come.
       for (ActorRef<EngineActor.Command> w : localWorkers) {
         w.tell(
@@ -197,7 +236,11 @@ public final class ConnectorScheduler {
                 request.requestId(), p.transferId(), p.remoteEngineId(),
                 "request " + request.requestId() + " aborted on prefill engine " + engineId));
       }
-      return FinishDecision.FREE_NOW;
+      // Handed to the workers to save: writes may be reading its blocks; they are freed when the
+      // workers report it done sending. Otherwise nothing touches them: free now.
+      return lent && mode == TransferMode.WRITE
+          ? new FinishDecision(true, null)
+          : FinishDecision.FREE_NOW;
     }
     if (!p.doRemoteDecode()
         || request.status() != ConnectorRequest.Status.FINISHED_LENGTH_CAPPED) {

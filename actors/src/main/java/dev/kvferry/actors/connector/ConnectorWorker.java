@@ -27,6 +27,8 @@ public final class ConnectorWorker implements AutoCloseable {
   private final FinishedSink sink;
   private volatile ActorRef<EngineActor.Command> engine;
   private ConnectorMetadata lastSaved;
+  /** D, READ: the transfers this step loads, which {@link #waitForLayerLoad} waits for. */
+  private java.util.Set<String> loadsThisStep = java.util.Set.of();
   private int layersSavedThisStep;
 
   public ConnectorWorker(
@@ -64,9 +66,33 @@ public final class ConnectorWorker implements AutoCloseable {
   /** Starts this step's loads (D, READ) and records the blocks P keeps for D (P, READ). */
   public void startLoadKv(ConnectorMetadata metadata) {
     requireRegistered();
+    java.util.Set<String> loads = new java.util.HashSet<>();
+    for (ReqMeta r : metadata.reqsToRecv()) {
+      if (r.localBlockIds().length > 0) {
+        loads.add(r.transferId());
+        sink.layerLoads().begin(r.transferId());
+      }
+    }
+    sink.layerLoads().forget(loadsThisStep);
+    loadsThisStep = java.util.Set.copyOf(loads);
     if (!metadata.reqsToRecv().isEmpty() || !metadata.reqsToSend().isEmpty()) {
       engine.tell(new EngineActor.StartLoad(metadata));
     }
+  }
+
+  /**
+   * D: blocks until layer {@code layer} of every load this step started has landed (or its
+   * transfer ended; failures come with {@link #getFinished}), so the engine never runs a layer
+   * over KV still being copied: vLLM's {@code wait_for_layer_load}. Returns at once when nothing
+   * is loaded this step.
+   *
+   * @return false if the layer did not land within the transfer timeout
+   */
+  public boolean waitForLayerLoad(int layer) throws InterruptedException {
+    if (loadsThisStep.isEmpty()) {
+      return true;
+    }
+    return sink.layerLoads().await(loadsThisStep, layer, settings.transferTimeout().toNanos());
   }
 
   /** P: layer {@code layer} is being computed; its KV is complete when {@code event} fires. */
@@ -122,10 +148,43 @@ public final class ConnectorWorker implements AutoCloseable {
   }
 
   public void shutdown() {
-    if (engine != null) {
-      engine.tell(new EngineActor.Stop());
-      engine = null;
+    stop();
+  }
+
+  /**
+   * Stops the worker and its children; completes once its actor has terminated, so a shared
+   * transport can be closed after it (copies queued but not started are skipped as it stops).
+   */
+  public java.util.concurrent.CompletableFuture<Void> stop() {
+    java.util.concurrent.CompletableFuture<Void> stopped =
+        new java.util.concurrent.CompletableFuture<>();
+    ActorRef<EngineActor.Command> ref = engine;
+    if (ref == null) {
+      stopped.complete(null);
+      return stopped;
     }
+    engine = null;
+    try {
+      system.systemActorOf(
+          org.apache.pekko.actor.typed.javadsl.Behaviors.<Void>setup(
+              ctx -> {
+                ctx.watch(ref);
+                return org.apache.pekko.actor.typed.javadsl.Behaviors.<Void>receive(Void.class)
+                    .onSignal(
+                        org.apache.pekko.actor.typed.Terminated.class,
+                        sig -> {
+                          stopped.complete(null);
+                          return org.apache.pekko.actor.typed.javadsl.Behaviors.stopped();
+                        })
+                    .build();
+              }),
+          "stop-watch-" + identity.toActorName() + "-" + java.util.UUID.randomUUID(),
+          Props.empty());
+    } catch (RuntimeException e) {
+      stopped.complete(null); // the system is shutting down: nothing left to wait for
+    }
+    ref.tell(new EngineActor.Stop());
+    return stopped;
   }
 
   @Override

@@ -154,6 +154,11 @@ public record AgentMetadata(
       throw new HandshakeException(
           "agent metadata of " + engineId + ": tp_rank " + tp + " outside tp_size " + tpSize);
     }
+    if ((long) geometry.kvHeads() * tpSize > Integer.MAX_VALUE) {
+      throw new HandshakeException(
+          "agent metadata of " + engineId + ": " + geometry.kvHeads() + " KV heads x tp_size "
+              + tpSize + " overflows the model's head count");
+    }
     AgentMetadata m = new AgentMetadata(engineId, dp, tp, tpSize, transport, geometry, layers);
     // Heads are split evenly over the TP ranks; a peer that says otherwise cannot be paired.
     if ((totalKvHeads >= 0 && totalKvHeads != m.totalKvHeads())
@@ -169,12 +174,12 @@ public record AgentMetadata(
 
   /** KV heads of the whole model: this rank's heads times the TP size (0 for MLA). */
   public int totalKvHeads() {
-    return geometry.kvHeads() * tpSize;
+    return Math.multiplyExact(geometry.kvHeads(), tpSize);
   }
 
   /** The first (global) KV head this rank holds: heads are split evenly over the TP ranks. */
   public int headOffset() {
-    return geometry.kvHeads() * tpRank;
+    return Math.multiplyExact(geometry.kvHeads(), tpRank);
   }
 
   /**

@@ -15,36 +15,89 @@ import org.apache.pekko.actor.typed.ActorRef;
  */
 public final class EngineDirectory {
 
-  public static final EngineDirectory EMPTY = new EngineDirectory(Map.of());
+  public static final EngineDirectory EMPTY = new EngineDirectory(Map.of(), List.of());
 
   /** One worker: who it is and where to send to it. */
   public record Entry(EngineIdentity identity, ActorRef<EngineActor.Command> ref) {}
 
-  private final Map<String, Map<Integer, Entry>> byEngine;
-
-  private EngineDirectory(Map<String, Map<Integer, Entry>> byEngine) {
-    this.byEngine = byEngine;
+  /**
+   * Two workers listed under the same engine id and TP rank (two engines given one id): {@code
+   * kept} is routed to, {@code refused} is not. Every node keeps the same one (the first by
+   * address), so they agree without talking.
+   */
+  public record Duplicate(String engineId, int tpRank, ActorRef<EngineActor.Command> kept,
+      ActorRef<EngineActor.Command> refused) {
+    /** The error to show: names both workers and what to do. */
+    public String message() {
+      return "engine id " + engineId + " (TP rank " + tpRank + ") is registered twice: by "
+          + kept.path() + " and by " + refused.path() + "; the second is refused (no transfer"
+          + " goes to it while both are listed). Give every engine its own id.";
+    }
   }
 
-  /** Builds a directory from listed refs; refs whose names are not engine names are skipped. */
+  private final Map<String, Map<Integer, Entry>> byEngine;
+  private final List<Duplicate> duplicates;
+
+  private EngineDirectory(Map<String, Map<Integer, Entry>> byEngine, List<Duplicate> duplicates) {
+    this.byEngine = byEngine;
+    this.duplicates = duplicates;
+  }
+
+  /**
+   * Builds a directory from listed refs; refs whose names are not engine names are skipped. Two
+   * refs with one engine id and TP rank do not overwrite each other silently: one is kept, and
+   * the other is listed in {@link #duplicates()}.
+   */
   public static EngineDirectory of(Collection<ActorRef<EngineActor.Command>> refs) {
+    List<ActorRef<EngineActor.Command>> ordered = new ArrayList<>(refs);
+    // The same order on every node: by path, then by incarnation (uid) for one path reused.
+    ordered.sort(
+        java.util.Comparator.<ActorRef<EngineActor.Command>, String>comparing(
+                r -> r.path().toString())
+            .thenComparingInt(r -> r.path().uid()));
     Map<String, Map<Integer, Entry>> map = new HashMap<>();
-    for (ActorRef<EngineActor.Command> ref : refs) {
+    List<Duplicate> duplicates = new ArrayList<>();
+    for (ActorRef<EngineActor.Command> ref : ordered) {
       EngineIdentity.fromActorName(ref.path().name())
           .ifPresent(
-              id ->
-                  map.computeIfAbsent(id.engineId(), k -> new HashMap<>())
-                      .put(id.tpRank(), new Entry(id, ref)));
+              id -> {
+                Map<Integer, Entry> ranks =
+                    map.computeIfAbsent(id.engineId(), k -> new HashMap<>());
+                Entry first = ranks.putIfAbsent(id.tpRank(), new Entry(id, ref));
+                if (first != null) {
+                  duplicates.add(new Duplicate(id.engineId(), id.tpRank(), first.ref(), ref));
+                }
+              });
     }
     map.replaceAll((k, v) -> Map.copyOf(v));
-    return new EngineDirectory(Map.copyOf(map));
+    return new EngineDirectory(Map.copyOf(map), List.copyOf(duplicates));
   }
 
   /** Merges two directories (e.g. the listings of both roles). */
   public EngineDirectory merge(EngineDirectory other) {
     Map<String, Map<Integer, Entry>> map = new HashMap<>(byEngine);
-    map.putAll(other.byEngine);
-    return new EngineDirectory(Map.copyOf(map));
+    List<Duplicate> dups = new ArrayList<>(duplicates);
+    dups.addAll(other.duplicates);
+    for (Map.Entry<String, Map<Integer, Entry>> e : other.byEngine.entrySet()) {
+      Map<Integer, Entry> mine = map.get(e.getKey());
+      if (mine == null) {
+        map.put(e.getKey(), e.getValue());
+        continue;
+      }
+      // One id used by engines of both roles: the same refusal as within one listing.
+      for (Entry theirs : e.getValue().values()) {
+        Entry kept = mine.get(theirs.identity().tpRank());
+        if (kept != null) {
+          dups.add(new Duplicate(e.getKey(), theirs.identity().tpRank(), kept.ref(), theirs.ref()));
+        }
+      }
+    }
+    return new EngineDirectory(Map.copyOf(map), List.copyOf(dups));
+  }
+
+  /** Workers refused because another worker already has their engine id and TP rank. */
+  public List<Duplicate> duplicates() {
+    return duplicates;
   }
 
   public Optional<Entry> find(String engineId, int tpRank) {

@@ -93,11 +93,12 @@ public record KvCacheGeometry(
 
   /** Bytes of one block of K (or of V, or of the latent for MLA); one copy moves this much. */
   public long blockBytes() {
+    // All products in long and checked: the constructor proved they fit, so these never throw.
     long elements =
         layout == Layout.STANDARD
-            ? (long) blockSize * kvHeads * headDim
+            ? Math.multiplyExact((long) blockSize * kvHeads, (long) headDim)
             : (long) blockSize * latent;
-    return elements * elementBytes;
+    return Math.multiplyExact(elements, (long) elementBytes);
   }
 
   /** Bytes from one block to the next within a region; the tensor is contiguous. */
@@ -107,12 +108,13 @@ public record KvCacheGeometry(
 
   /** Bytes from a block's K to its V: {@code numBlocks * blockStrideBytes}; 0 for MLA. */
   public long kToVStrideBytes() {
-    return layout == Layout.STANDARD ? numBlocks * blockStrideBytes() : 0L;
+    return layout == Layout.STANDARD ? Math.multiplyExact((long) numBlocks, blockStrideBytes()) : 0L;
   }
 
   /** Bytes of one layer's whole tensor: {@code regionsPerLayer * numBlocks * blockBytes}. */
   public long layerRegionBytes() {
-    return regionsPerLayer() * numBlocks * blockBytes();
+    // (long) first: 2 * 2^30 blocks overflows an int and gave a negative size.
+    return Math.multiplyExact((long) regionsPerLayer() * numBlocks, blockBytes());
   }
 
   private static void requirePositive(String name, int value) {

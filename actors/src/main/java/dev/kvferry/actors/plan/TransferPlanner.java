@@ -197,11 +197,11 @@ public final class TransferPlanner {
     for (int region = 0; region < regions; region++) {
       long baseL = region * local.kToVStrideBytes();
       long baseR = region * remote.kToVStrideBytes();
-      for (int t = 0; t < tokens; t++) {
-        long l = baseL + localBlockIds[t / bl] * local.blockBytes() + (t % bl) * tokenBytesL
+      for (long t = 0; t < tokens; t++) { // long: blocks x block size can pass 2^31 tokens
+        long l = baseL + localBlockIds[(int) (t / bl)] * local.blockBytes() + (t % bl) * tokenBytesL
             + innerL;
-        long r = baseR + remoteBlockIds[t / br] * remote.blockBytes() + (t % br) * tokenBytesR
-            + innerR;
+        long r = baseR + remoteBlockIds[(int) (t / br)] * remote.blockBytes()
+            + (t % br) * tokenBytesR + innerR;
         if (count > 0
             && lo[count - 1] + sz[count - 1] == l
             && ro[count - 1] + sz[count - 1] == r) {

@@ -92,7 +92,8 @@ class ConnectorSchedulerTest {
         BLOCK, List.of(), ConnectorSettings.DEFAULTS, CLOCK);
     ConnectorRequest r = new ConnectorRequest("r", 100, KvTransferParams.forDecode("tx", "p", 0));
     assertEquals(new MatchedTokens(84, true), write.numNewMatchedTokens(r, 16));
-    assertEquals(new MatchedTokens(83, false), read.numNewMatchedTokens(r, 16));
+    assertEquals(new MatchedTokens(83, true), read.numNewMatchedTokens(r, 16),
+        "READ loads asynchronously: the engine must wait for it");
     assertEquals(MatchedTokens.NONE, prefill(TransferMode.WRITE).numNewMatchedTokens(r, 0));
   }
 
@@ -105,5 +106,68 @@ class ConnectorSchedulerTest {
     e = org.junit.jupiter.api.Assertions.assertThrows(InvalidTransferParamsException.class,
         () -> KvTransferParams.fromMap(java.util.Map.of("do_remote_decode", true)));
     assertTrue(e.getMessage().contains("transfer_id"), e.getMessage());
+  }
+
+  @Test
+  void aLastChunkThatNeedsNoNewBlockIsStillSaved() {
+    ConnectorScheduler s = prefill(TransferMode.WRITE);
+    ConnectorRequest r = new ConnectorRequest("r", 40, KvTransferParams.forPrefill("tx", "decode-0", 0));
+    int[] blocks = {1, 2, 3};
+    s.updateStateAfterAlloc(r, blocks, 0);
+    assertTrue(s.buildConnectorMeta(new SchedulerOutput(
+        List.of(new SchedulerOutput.NewRequest("r", blocks, 35)), List.of())).reqsToSave().isEmpty());
+    // vLLM passes no new block ids when the final chunk fits in the blocks already allocated.
+    ConnectorMetadata last = s.buildConnectorMeta(new SchedulerOutput(
+        List.of(), List.of(new SchedulerOutput.CachedRequest("r", null, 40))));
+    assertEquals(1, last.reqsToSave().size(), "the request was never saved");
+    assertArrayEquals(blocks, last.reqsToSave().get(0).localBlockIds());
+  }
+
+  @Test
+  void prefillAbortedAfterItsSaveWasHandedToTheWorkersDelaysItsFree() {
+    ConnectorScheduler s = prefill(TransferMode.WRITE);
+    ConnectorRequest saved = new ConnectorRequest("a", 8, KvTransferParams.forPrefill("tx-a", "decode-0", 0));
+    ConnectorRequest early = new ConnectorRequest("b", 40, KvTransferParams.forPrefill("tx-b", "decode-0", 0));
+    s.updateStateAfterAlloc(saved, new int[] {1}, 0);
+    s.updateStateAfterAlloc(early, new int[] {2}, 0);
+    ConnectorMetadata m = s.buildConnectorMeta(new SchedulerOutput(List.of(
+        new SchedulerOutput.NewRequest("a", new int[] {1}, 8),
+        new SchedulerOutput.NewRequest("b", new int[] {2}, 16)), List.of()));
+    assertEquals(List.of("a"), m.reqsToSave().stream().map(r -> r.requestId()).toList());
+    saved.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
+    early.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
+    assertTrue(s.requestFinished(saved, new int[] {1}).delayFreeBlocks(),
+        "its writes may still read its blocks");
+    assertFalse(s.requestFinished(early, new int[] {2}).delayFreeBlocks(),
+        "nothing was handed to the workers: free at once");
+  }
+
+  @Test
+  void decodeAbortedAfterAllocationButBeforeItsLoadWasHandedOverReadsNothing() {
+    ConnectorScheduler s = new ConnectorScheduler(Role.DECODE, TransferMode.READ, "decode-0", 0,
+        BLOCK, List.of(), ConnectorSettings.DEFAULTS, CLOCK);
+    KvTransferParams p = new KvTransferParams(true, false, "tx", "prefill-0", 0, new int[] {8, 9},
+        "", 0, 1);
+    ConnectorRequest r = new ConnectorRequest("r", 20, p);
+    s.updateStateAfterAlloc(r, new int[] {4, 5}, 19);
+    r.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
+    assertFalse(s.requestFinished(r, new int[] {4, 5}).delayFreeBlocks());
+    ConnectorMetadata m = s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of()));
+    assertEquals(1, m.reqsToRecv().size(), "P is still told to free its blocks");
+    assertEquals(0, m.reqsToRecv().get(0).localBlockIds().length,
+        "read into blocks the engine freed");
+  }
+
+  @Test
+  void decodeAbortedWhileItsLoadIsInFlightDelaysItsFree() {
+    ConnectorScheduler s = new ConnectorScheduler(Role.DECODE, TransferMode.READ, "decode-0", 0,
+        BLOCK, List.of(), ConnectorSettings.DEFAULTS, CLOCK);
+    KvTransferParams p = new KvTransferParams(true, false, "tx", "prefill-0", 0, new int[] {8, 9},
+        "", 0, 1);
+    ConnectorRequest r = new ConnectorRequest("r", 20, p);
+    s.updateStateAfterAlloc(r, new int[] {4, 5}, 19);
+    assertEquals(1, s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of())).reqsToRecv().size());
+    r.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
+    assertTrue(s.requestFinished(r, new int[] {4, 5}).delayFreeBlocks());
   }
 }

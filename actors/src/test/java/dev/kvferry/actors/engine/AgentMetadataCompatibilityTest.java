@@ -89,4 +89,28 @@ class AgentMetadataCompatibilityTest {
         refusal(meta("p", 1, 2, KvCacheGeometry.standard(8, 16, 2, 8, 2), 2),
             meta("d", 0, 1, KvCacheGeometry.standard(8, 16, 2, 8, 2), 2)));
   }
+
+  @Test
+  void aPeerWhoseHeadsTimesTpSizeOverflowsIsRefusedAtTheHandshake() throws Exception {
+    // 2^29 heads x 8 ranks is 2^32: in int arithmetic 0, which could pass as "same total heads".
+    var out = new java.io.ByteArrayOutputStream();
+    try (var p = org.msgpack.core.MessagePack.newDefaultPacker(out)) {
+      p.packMapHeader(11);
+      p.packString("engine_id").packString("prefill-0");
+      p.packString("dp_rank").packInt(0);
+      p.packString("tp_rank").packInt(0);
+      p.packString("tp_size").packInt(8);
+      p.packString("layout").packString("STANDARD");
+      p.packString("num_blocks").packInt(1);
+      p.packString("block_size").packInt(1);
+      p.packString("kv_heads").packInt(1 << 29);
+      p.packString("head_dim").packInt(1);
+      p.packString("elem_size").packInt(1);
+      p.packString("layer_descriptors").packArrayHeader(0);
+    }
+    String why =
+        assertThrows(HandshakeException.class, () -> AgentMetadata.unpack(out.toByteArray()))
+            .getMessage();
+    org.junit.jupiter.api.Assertions.assertTrue(why.contains("overflows"), why);
+  }
 }

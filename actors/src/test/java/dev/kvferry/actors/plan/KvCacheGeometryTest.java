@@ -73,4 +73,17 @@ class KvCacheGeometryTest {
             + " the shape",
         e.getMessage());
   }
+
+  @Test
+  void aLayerOfMoreThanTwoToTheThirtyBlocksHasItsTrueSizeNotANegativeOne() {
+    int blocks = (1 << 30) + 1;
+    KvCacheGeometry standard = KvCacheGeometry.standard(blocks, 1, 1, 1, 1);
+    assertEquals(2L * blocks, standard.layerRegionBytes());
+    assertEquals((long) blocks, standard.kToVStrideBytes());
+    KvCacheGeometry big = KvCacheGeometry.standard(Integer.MAX_VALUE, 16, 8, 128, 2);
+    assertEquals(2L * Integer.MAX_VALUE * 32_768, big.layerRegionBytes());
+    assertEquals((long) Integer.MAX_VALUE * 32_768, big.kToVStrideBytes());
+    KvCacheGeometry mla = KvCacheGeometry.mla(Integer.MAX_VALUE, 64, 576, 2);
+    assertEquals((long) Integer.MAX_VALUE * 73_728, mla.layerRegionBytes());
+  }
 }

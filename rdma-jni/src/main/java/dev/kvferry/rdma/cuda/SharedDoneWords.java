@@ -28,6 +28,14 @@ public final class SharedDoneWords implements AutoCloseable {
       MethodHandles.byteBufferViewVarHandle(long[].class, ByteOrder.nativeOrder());
   private static final int PAGE_BYTES = 4096;
 
+  /** Where D keeps its done words; a peer's words are opened nowhere else. */
+  public static final Path PEER_DIR = Path.of("/dev/shm");
+  /** The names kvferry gives done-word files; a peer's words are opened under no other name. */
+  private static final java.util.regex.Pattern PEER_NAME =
+      java.util.regex.Pattern.compile("kvferry-done-[A-Za-z0-9_-][A-Za-z0-9._-]{0,159}");
+  /** The most words a peer's file may hold (D uses 4096). */
+  public static final int MAX_PEER_SLOTS = 1 << 16;
+
   private final Path path;
   private final boolean owner;
   private final int slots;
@@ -43,7 +51,8 @@ public final class SharedDoneWords implements AutoCloseable {
     try (FileChannel ch = owner
         ? FileChannel.open(path, StandardOpenOption.CREATE_NEW, StandardOpenOption.READ,
             StandardOpenOption.WRITE)
-        : FileChannel.open(path, StandardOpenOption.READ, StandardOpenOption.WRITE)) {
+        : FileChannel.open(path, StandardOpenOption.READ, StandardOpenOption.WRITE,
+            java.nio.file.LinkOption.NOFOLLOW_LINKS)) {
       if (owner) {
         ch.truncate(bytes);
         ch.write(java.nio.ByteBuffer.allocate(1), bytes - 1); // size the file, zero-filled
@@ -63,7 +72,68 @@ public final class SharedDoneWords implements AutoCloseable {
     return new SharedDoneWords(dir.resolve(name), true, slots);
   }
 
-  /** P: the owner's words, mapped here and made writable from every GPU. */
+  /**
+   * P: the words D named in its remote blocks, mapped here and made writable from every GPU. The
+   * name comes off the wire, so it is checked first ({@link #checkedPeerFile}): P maps and stores
+   * into nothing but a kvferry done-word file of D's under {@link #PEER_DIR}.
+   *
+   * @throws IllegalArgumentException naming what is wrong with the name or the file
+   */
+  public static SharedDoneWords openPeerWords(String name, int slots) {
+    return openForGpuWrites(checkedPeerFile(PEER_DIR, name, slots), slots);
+  }
+
+  /**
+   * The done-word file a peer named, if it may be opened: a bare name of kvferry's pattern (no
+   * directory), under {@code dir}, a regular file (not a link) of exactly the size {@code slots}
+   * words take, owned by this process's user.
+   */
+  public static Path checkedPeerFile(Path dir, String name, int slots) {
+    if (name == null || !PEER_NAME.matcher(name).matches() || name.contains("..")) {
+      throw new IllegalArgumentException(
+          "done words named '" + name + "' by the peer are not a kvferry done-word file; refused");
+    }
+    if (slots < 1 || slots > MAX_PEER_SLOTS) {
+      throw new IllegalArgumentException(
+          "done words " + name + ": " + slots + " slots named by the peer; at most "
+              + MAX_PEER_SLOTS);
+    }
+    Path path = dir.resolve(name);
+    java.nio.file.attribute.BasicFileAttributes a;
+    try {
+      a = Files.readAttributes(path, java.nio.file.attribute.BasicFileAttributes.class,
+          java.nio.file.LinkOption.NOFOLLOW_LINKS);
+    } catch (IOException e) {
+      throw new IllegalArgumentException("done words " + path + ": " + e.getMessage(), e);
+    }
+    if (!a.isRegularFile()) {
+      throw new IllegalArgumentException(
+          "done words " + path + " is not a regular file (a link?); refused");
+    }
+    long want = roundToPage(8L * slots);
+    if (a.size() != want) {
+      throw new IllegalArgumentException(
+          "done words " + path + " has " + a.size() + " bytes; " + slots + " words take " + want
+              + "; refused");
+    }
+    try {
+      Object fileUid = Files.getAttribute(path, "unix:uid", java.nio.file.LinkOption.NOFOLLOW_LINKS);
+      Object ownUid = Files.getAttribute(Path.of("/proc/self"), "unix:uid");
+      if (!fileUid.equals(ownUid)) {
+        throw new IllegalArgumentException(
+            "done words " + path + " belong to uid " + fileUid + ", not to this process's "
+                + ownUid + "; refused");
+      }
+    } catch (IOException | UnsupportedOperationException e) {
+      // no unix attributes or no /proc here: the name, place, type and size checks stand
+    }
+    return path;
+  }
+
+  /**
+   * The owner's words at a path this program chose itself (benchmarks), mapped here and made
+   * writable from every GPU. A path from a peer goes through {@link #openPeerWords}.
+   */
   public static SharedDoneWords openForGpuWrites(Path path, int slots) {
     SharedDoneWords w = new SharedDoneWords(path, false, slots);
     w.deviceAddress = Cuda.hostRegisterMapped(w.hostAddress, w.buffer.capacity());

@@ -33,4 +33,31 @@ class SharedDoneWordsTest {
     }
     assertFalse(Files.exists(dir.resolve("done")));
   }
+
+  private String refusal(String name, int slots) {
+    return assertThrows(IllegalArgumentException.class,
+        () -> SharedDoneWords.checkedPeerFile(dir, name, slots)).getMessage();
+  }
+
+  @Test
+  void aPeerCannotNameAFileOfItsChoiceForPrefillToMapAndWrite() throws Exception {
+    try (SharedDoneWords words = SharedDoneWords.create(dir, "kvferry-done-decode-0-42-ab", 4096)) {
+      assertEquals(words.path(),
+          SharedDoneWords.checkedPeerFile(dir, "kvferry-done-decode-0-42-ab", 4096));
+      // Any path, or a name outside kvferry's pattern, is refused before anything is opened.
+      for (String bad : new String[] {"/etc/passwd", "../kvferry-done-x", "kvferry-done-a/../../b",
+          "passwd", "", "kvferry-done-..", "kvferry-done-"}) {
+        assertTrue(refusal(bad, 4096).contains("not a kvferry done-word file"), bad);
+      }
+      assertTrue(refusal(null, 4096).contains("refused"));
+      // The right name with the wrong word count: the file's size does not match.
+      assertTrue(refusal("kvferry-done-decode-0-42-ab", 8).contains("bytes"));
+      assertTrue(refusal("kvferry-done-decode-0-42-ab", Integer.MAX_VALUE).contains("at most"));
+    }
+    // A link with kvferry's name pointing at another file is not followed.
+    Path target = Files.write(dir.resolve("victim"), new byte[32768]);
+    Files.createSymbolicLink(dir.resolve("kvferry-done-link"), target);
+    assertTrue(refusal("kvferry-done-link", 4096).contains("not a regular file"));
+    assertTrue(refusal("kvferry-done-missing", 4096).contains("kvferry-done-missing"));
+  }
 }

@@ -1,0 +1,323 @@
+package dev.kvferry.actors;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvferry.actors.connector.ConnectorMetadata;
+import dev.kvferry.actors.connector.ConnectorRequest;
+import dev.kvferry.actors.connector.ConnectorScheduler;
+import dev.kvferry.actors.connector.ConnectorWorker;
+import dev.kvferry.actors.connector.FinishDecision;
+import dev.kvferry.actors.connector.Finished;
+import dev.kvferry.actors.connector.HostLayerEvent;
+import dev.kvferry.actors.connector.KvTransferParams;
+import dev.kvferry.actors.connector.ReqMeta;
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.TransferMode;
+import dev.kvferry.actors.engine.ConnectorSettings;
+import dev.kvferry.actors.engine.EngineIdentity;
+import java.time.Clock;
+import java.time.Duration;
+import java.util.List;
+import java.util.Set;
+import org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes;
+import org.apache.pekko.actor.typed.ActorRef;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The block-lifetime rule of DESIGN.md section 3: a block lent to a transfer goes back to its
+ * engine only when no copy into or out of it can still happen and the peer confirmed the end (or
+ * left the cluster). Timeouts and aborts ask the peer to end the transfer; they free nothing.
+ */
+class BlockLifetimeTest {
+
+  private static final Duration WITHIN = Duration.ofSeconds(10);
+  private static final Duration QUIET = Duration.ofMillis(500);
+
+  private final PeerFixture fx = new PeerFixture();
+  private final EngineIdentity prefill =
+      new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.WRITE);
+  private final EngineIdentity decode =
+      new EngineIdentity(Role.DECODE, "decode-0", 0, 1, 0, 1, TransferMode.WRITE);
+
+  @AfterEach
+  void stop() {
+    fx.close();
+  }
+
+  private <T> T fishPeer(Class<T> type) {
+    return type.cast(fx.peerInbox.fishForMessage(WITHIN,
+        m -> type.isInstance(m) ? FishingOutcomes.complete() : FishingOutcomes.continueAndIgnore())
+        .get(0));
+  }
+
+  /** {@code w} reports nothing for a while (its blocks stay with the transfer). */
+  private void assertNothingFinishedFor(ConnectorWorker w, Duration quiet) {
+    fx.kit.createTestProbe().expectNoMessage(quiet);
+    Finished f = w.getFinished();
+    assertTrue(f.isEmpty(), "reported before the transfer ended: " + f);
+  }
+
+  private ActorRef<EngineActor.Command> listedPrefillPeer(EngineIdentity p) {
+    ActorRef<EngineActor.Command> ref = fx.startPeer(p, fx::peerMetadata);
+    fx.awaitListed(Role.PREFILL, p.engineId());
+    return ref;
+  }
+
+  private void awaitSubmitted(GatedTransport t, int copies) {
+    fx.kit.createTestProbe().awaitAssert(WITHIN, () -> {
+      assertEquals(copies, t.submitted());
+      return null;
+    });
+  }
+
+  @Test
+  void decodeTimeoutAsksPrefillToAbandonAndFreesOnlyWhenPrefillConfirms() {
+    listedPrefillPeer(prefill);
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0",
+        ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(300)));
+    d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
+        new ReqMeta("r1", "tx1", new int[] {1, 2}, null, "prefill-0", 0)));
+    assertEquals("tx1", fishPeer(EngineActor.RemoteBlocks.class).transferId());
+
+    EngineActor.TransferFailed ask = fishPeer(EngineActor.TransferFailed.class);
+    assertEquals("tx1", ask.transferId());
+    assertTrue(ask.reason().contains("did not finish within 300 ms"), ask.reason());
+    assertNothingFinishedFor(d, QUIET);
+
+    d.engineRef().tell(new EngineActor.TransferFailed("tx1", "prefill-0", "abandoned", 0));
+    Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r1"));
+    assertTrue(f.failed().get("r1").contains("did not finish within 300 ms"), f.toString());
+    assertEquals(Set.of(1, 2), f.blockIdsWithLoadErrors());
+  }
+
+  @Test
+  void decodeTimeoutFreesWhenPrefillIsDownedInsteadOfConfirming() {
+    ActorRef<EngineActor.Command> p = listedPrefillPeer(prefill);
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0",
+        ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(300)));
+    d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
+        new ReqMeta("r1", "tx1", new int[] {1, 2}, null, "prefill-0", 0)));
+    fishPeer(EngineActor.TransferFailed.class);
+    assertNothingFinishedFor(d, QUIET);
+
+    fx.kit.stop(p); // leaves the listing, as a downed member does
+    assertTrue(fx.awaitFinished(d, x -> x.failed().containsKey("r1")).failed().containsKey("r1"));
+  }
+
+  @Test
+  void aLateSaveAfterDecodeTimedOutWritesNothingIntoDecodesBlocks() {
+    ConnectorSettings s = ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(300));
+    ConnectorWorker p = fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0", s);
+    ConnectorWorker d =
+        fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0", s, fx.transport, fx.peerLayers);
+    fx.awaitListed(Role.PREFILL, "prefill-0");
+    fx.awaitListed(Role.DECODE, "decode-0");
+    d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
+        new ReqMeta("r1", "tx1", new int[] {1, 2}, null, "prefill-0", 0)));
+    // P's forward pass is slow: its layers are saved but not computed when D's timeout passes.
+    ReqMeta r = new ReqMeta("r1", "tx1", new int[] {5, 6}, null, "decode-0", 0);
+    ConnectorMetadata meta = new ConnectorMetadata(List.of(r), List.of(), List.of());
+    HostLayerEvent[] events = new HostLayerEvent[PeerFixture.LAYERS];
+    for (int l = 0; l < PeerFixture.LAYERS; l++) {
+      events[l] = new HostLayerEvent();
+      p.saveKvLayer(meta, l, events[l]);
+    }
+    p.waitForSave();
+
+    assertTrue(fx.awaitFinished(d, x -> x.failed().containsKey("r1")).failed().containsKey("r1"));
+    Finished pf = fx.awaitFinished(p, x -> x.doneSending().contains("r1"));
+    assertTrue(pf.failed().containsKey("r1"), pf.toString());
+    // D's engine has its blocks back (and may reuse them): P's late layers must not land there.
+    for (HostLayerEvent e : events) {
+      e.fire();
+    }
+    fx.kit.createTestProbe().expectNoMessage(QUIET);
+    assertTrue(fx.peerUntouched(), "a late save wrote into decode blocks already freed");
+  }
+
+  @Test
+  void decodeRequestAbortedAfterSchedulingKeepsItsBlocksUntilPrefillConfirms() {
+    listedPrefillPeer(prefill);
+    ConnectorWorker d =
+        fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0", ConnectorSettings.DEFAULTS);
+    ConnectorScheduler sched = new ConnectorScheduler(Role.DECODE, TransferMode.WRITE, "decode-0",
+        0, PeerFixture.BLOCK, List.of(d.engineRef()), ConnectorSettings.DEFAULTS,
+        Clock.systemUTC());
+    ConnectorRequest req =
+        new ConnectorRequest("r2", 8, KvTransferParams.forDecode("tx2", "prefill-0", 0));
+    sched.numNewMatchedTokens(req, 0);
+    sched.updateStateAfterAlloc(req, new int[] {3, 4}, 8);
+    fishPeer(EngineActor.RemoteBlocks.class);
+
+    req.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
+    FinishDecision fd = sched.requestFinished(req, new int[] {3, 4});
+    assertTrue(fd.delayFreeBlocks(), "P may be writing into the aborted request's blocks");
+    EngineActor.TransferFailed ask = fishPeer(EngineActor.TransferFailed.class);
+    assertTrue(ask.reason().contains("aborted on decode engine decode-0"), ask.reason());
+    assertNothingFinishedFor(d, QUIET);
+
+    d.engineRef().tell(new EngineActor.TransferFailed("tx2", "prefill-0", "abandoned", 0));
+    assertTrue(fx.awaitFinished(d, x -> x.failed().containsKey("r2")).failed().containsKey("r2"));
+  }
+
+  @Test
+  void prefillAbandonedWhileAWriteIsInFlightConfirmsAndFreesOnlyAfterItLanded() {
+    GatedTransport gated = new GatedTransport(fx.transport);
+    fx.startPeer(decode, fx::peerMetadata);
+    fx.awaitListed(Role.DECODE, "decode-0");
+    ConnectorWorker p = fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0",
+        ConnectorSettings.DEFAULTS, gated, fx.localLayers);
+    p.engineRef().tell(new EngineActor.RemoteBlocks("tx5", "r5", new int[] {3}, "decode-0", 0));
+    PeerFixture.saveAllLayers(p, new ReqMeta("r5", "tx5", new int[] {1}, null, "decode-0", 0));
+    awaitSubmitted(gated, PeerFixture.LAYERS);
+
+    // D gives up while P's copies are in flight: they can still land in D's blocks.
+    p.engineRef().tell(new EngineActor.TransferFailed("tx5", "decode-0", "decode gave up", 0));
+    fx.peerInbox.expectNoMessage(QUIET);
+    assertNothingFinishedFor(p, Duration.ZERO);
+
+    gated.open();
+    EngineActor.TransferFailed confirm = fishPeer(EngineActor.TransferFailed.class);
+    assertEquals("tx5", confirm.transferId());
+    assertEquals(0, confirm.senderTpRank());
+    Finished f = fx.awaitFinished(p, x -> x.doneSending().contains("r5"));
+    assertTrue(f.failed().get("r5").contains("decode gave up"), f.toString());
+  }
+
+  @Test
+  void aReadTimeoutFailsClosedOnlyAfterEveryLayerInFlightHasFinished() {
+    GatedTransport gated = new GatedTransport(fx.transport);
+    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.READ));
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0",
+        ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(300)), gated,
+        fx.localLayers);
+    d.startLoadKv(new ConnectorMetadata(List.of(),
+        List.of(new ReqMeta("r6", "tx6", new int[] {1, 2}, new int[] {3, 4}, "prefill-0", 0)),
+        List.of()));
+    awaitSubmitted(gated, PeerFixture.LAYERS);
+
+    // The timeout passes while both layers' reads are in flight: nothing is freed or released.
+    fx.peerInbox.expectNoMessage(Duration.ofMillis(700));
+    assertNothingFinishedFor(d, Duration.ZERO);
+
+    gated.open();
+    assertEquals("tx6", fishPeer(EngineActor.Release.class).transferId());
+    Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r6"));
+    assertTrue(f.failed().get("r6").contains("did not finish within 300 ms"), f.toString());
+    assertEquals(Set.of(1, 2), f.blockIdsWithLoadErrors());
+    assertTrue(f.doneReceiving().isEmpty(), f.toString());
+  }
+
+  @Test
+  void aReadFailureWaitsForTheOtherLayersInFlightBeforeInvalidatingAndReleasing() {
+    GatedTransport gated = new GatedTransport(fx.transport);
+    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.READ));
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0",
+        ConnectorSettings.DEFAULTS, gated, fx.localLayers);
+    d.startLoadKv(new ConnectorMetadata(List.of(),
+        List.of(new ReqMeta("r6", "tx6", new int[] {1, 2}, new int[] {3, 4}, "prefill-0", 0)),
+        List.of()));
+    awaitSubmitted(gated, PeerFixture.LAYERS);
+
+    // P ends the transfer (it gave up waiting) while our reads are still landing.
+    d.engineRef().tell(new EngineActor.TransferFailed("tx6", "prefill-0", "prefill gave up", 0));
+    fx.peerInbox.expectNoMessage(QUIET);
+    assertNothingFinishedFor(d, Duration.ZERO);
+
+    gated.open();
+    assertEquals("tx6", fishPeer(EngineActor.Release.class).transferId());
+    Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r6"));
+    assertTrue(f.failed().get("r6").contains("prefill gave up"), f.toString());
+  }
+
+  @Test
+  void prefillReadDeadlineAsksDecodeToReleaseAndFreesOnlyOnItsRelease() {
+    fx.startPeer(new EngineIdentity(Role.DECODE, "decode-0", 0, 1, 0, 1, TransferMode.READ),
+        fx::peerMetadata);
+    fx.awaitListed(Role.DECODE, "decode-0");
+    ConnectorWorker p =
+        fx.worker(Role.PREFILL, TransferMode.READ, "prefill-0", ConnectorSettings.DEFAULTS);
+    p.startLoadKv(new ConnectorMetadata(List.of(), List.of(), List.of(
+        new ConnectorMetadata.PendingSend("r7", "tx7", System.currentTimeMillis() + 200,
+            "decode-0"))));
+
+    EngineActor.TransferFailed ask = fishPeer(EngineActor.TransferFailed.class);
+    assertEquals("tx7", ask.transferId());
+    assertTrue(ask.reason().contains("release its blocks"), ask.reason());
+    assertNothingFinishedFor(p, QUIET);
+
+    p.engineRef().tell(new EngineActor.Release("tx7", "decode-0", 0, 1));
+    assertEquals(Set.of("r7"), fx.awaitFinished(p, x -> !x.doneSending().isEmpty()).doneSending());
+  }
+
+  @Test
+  void readWorkHeldForAnUnlistedPrefillIsDroppedWhenItsTransferEnds() {
+    GatedTransport gated = new GatedTransport(fx.transport);
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0",
+        ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(300)), gated,
+        fx.localLayers);
+    d.startLoadKv(new ConnectorMetadata(List.of(),
+        List.of(new ReqMeta("r8", "tx8", new int[] {1, 2}, new int[] {3, 4}, "prefill-9", 0)),
+        List.of()));
+    assertTrue(fx.awaitFinished(d, x -> x.failed().containsKey("r8")).failed().containsKey("r8"));
+
+    // A prefill engine comes (back) under that id after D freed the request's blocks.
+    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-9", 0, 1, 0, 1, TransferMode.READ));
+    fx.kit.createTestProbe().expectNoMessage(QUIET);
+    assertEquals(0, gated.submitted(), "held reads started into blocks already freed");
+  }
+
+  @Test
+  void aWriteAbortedOnPrefillBeforeItWasSavedIsNotReportedDoneSending() {
+    fx.startPeer(decode, fx::peerMetadata);
+    fx.awaitListed(Role.DECODE, "decode-0");
+    ConnectorWorker p =
+        fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0", ConnectorSettings.DEFAULTS);
+    p.engineRef().tell(new EngineActor.RemoteBlocks("tx9", "r9", new int[] {3}, "decode-0", 0));
+    // Aborted mid-prefill: the engine frees its blocks at once and saves nothing.
+    p.engineRef().tell(
+        new EngineActor.AbortTransfer("r9", "tx9", "decode-0", "request r9 aborted on prefill"));
+    EngineActor.TransferFailed told = fishPeer(EngineActor.TransferFailed.class);
+    assertTrue(told.reason().contains("aborted on prefill"), told.reason());
+    assertNothingFinishedFor(p, QUIET);
+  }
+
+  @Test
+  void aReadModeLayerWaitReturnsOnlyOnceThatLayerHasLanded() throws Exception {
+    GatedTransport gated = new GatedTransport(fx.transport);
+    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.READ));
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0",
+        ConnectorSettings.DEFAULTS, gated, fx.localLayers);
+    d.startLoadKv(new ConnectorMetadata(List.of(),
+        List.of(new ReqMeta("r10", "tx10", new int[] {1, 2}, new int[] {3, 4}, "prefill-0", 0)),
+        List.of()));
+    awaitSubmitted(gated, PeerFixture.LAYERS);
+
+    java.util.concurrent.CompletableFuture<Boolean> layer0 = waitInBackground(d, 0);
+    java.util.concurrent.CompletableFuture<Boolean> layer1 = waitInBackground(d, 1);
+    fx.kit.createTestProbe().expectNoMessage(QUIET);
+    assertTrue(!layer0.isDone() && !layer1.isDone(), "a layer wait returned while reads landed");
+
+    gated.openFor(fx.localLayers.get(0));
+    assertTrue(layer0.get(10, java.util.concurrent.TimeUnit.SECONDS));
+    fx.kit.createTestProbe().expectNoMessage(Duration.ofMillis(200));
+    assertTrue(!layer1.isDone(), "layer 1 is still being read");
+    gated.open();
+    assertTrue(layer1.get(10, java.util.concurrent.TimeUnit.SECONDS));
+    assertEquals(Set.of("r10"), fx.awaitFinished(d, x -> !x.doneReceiving().isEmpty()).doneReceiving());
+  }
+
+  private static java.util.concurrent.CompletableFuture<Boolean> waitInBackground(
+      ConnectorWorker d, int layer) {
+    return java.util.concurrent.CompletableFuture.supplyAsync(() -> {
+      try {
+        return d.waitForLayerLoad(layer);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        return false;
+      }
+    });
+  }
+}
