@@ -373,6 +373,9 @@ public final class Demo implements AutoCloseable {
     if (leaked > 0) {
       problems.add(leaked + " blocks still allocated after the workload");
     }
+    if (completed == 0) {
+      problems.add("no request completed: nothing was moved and verified");
+    }
     Collections.sort(latencies);
     double p50 = percentile(latencies, 0.50);
     double p99 = percentile(latencies, 0.99);
