@@ -69,12 +69,17 @@ class BadPeerInputTest {
     assertEquals(tx, done.transferId());
     assertTrue(fx.awaitFinished(p, x -> x.doneSending().contains(request)).failed().isEmpty());
     long block = PeerFixture.GEOMETRY.blockBytes();
+    long stride = PeerFixture.GEOMETRY.kToVStrideBytes();
     for (int l = 0; l < PeerFixture.LAYERS; l++) {
       MemoryRegion d = fx.peerLayers.get(l);
       ByteBuffer b = d.buffer(0, (int) d.lengthBytes());
       for (int i = 0; i < b.capacity(); i++) {
-        long inBlock = (i % PeerFixture.GEOMETRY.kToVStrideBytes()) / block;
-        byte expected = inBlock == 10 || inBlock == 11 ? (byte) (l + 1) : 0;
+        long half = i / stride * stride; // K or V
+        long inBlock = (i % stride) / block;
+        // D's blocks 10 and 11 hold P's blocks 4 and 5, the same position in the same half.
+        long source = inBlock == 10 ? 4 : inBlock == 11 ? 5 : -1;
+        byte expected = source < 0 ? 0
+            : PeerFixture.patternByte(l, half + source * block + i % block);
         if (b.get(i) != expected) {
           throw new AssertionError("layer " + l + " byte " + i + " of D is " + b.get(i)
               + ", expected " + expected);
