@@ -117,13 +117,26 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
       simulator =
           new SimulatedEngine(
               settings.role(), engineId, settings.geometry(), cache, scheduler, workers, 512,
-              engineId.hashCode(), SimulatedEngine.LayerListener.NONE);
+              engineId.hashCode(), layerCompute(settings.simulatedLayerCompute()));
       simulator.start();
       system.systemActorOf(
           SimEngineActor.create(simulator), "sim~" + workers.get(0).identity().toActorName(),
           Props.empty());
     }
     return new Engine(engineId, mode, List.copyOf(workers), scheduler, simulator);
+  }
+
+  /** After each layer is handed to the connector, the simulated compute time of the next. */
+  private static SimulatedEngine.LayerListener layerCompute(java.time.Duration perLayer) {
+    if (perLayer.isZero()) {
+      return SimulatedEngine.LayerListener.NONE;
+    }
+    long nanos = perLayer.toNanos();
+    return (layer, layers, firedNanos) -> {
+      if (layer < layers - 1) {
+        java.util.concurrent.locks.LockSupport.parkNanos(nanos);
+      }
+    };
   }
 
   /**

@@ -22,6 +22,7 @@ public record NodeSettings(
     KvCacheGeometry geometry,
     int layers,
     boolean simulatedEngine,
+    java.time.Duration simulatedLayerCompute,
     ConnectorSettings connector) {
 
   /** Reads and checks {@code kvferry.node} and {@code kvferry.connector}. */
@@ -71,6 +72,7 @@ public record NodeSettings(
         geometry,
         layers,
         n.getBoolean("simulated-engine"),
+        nonNegative(n.getDuration("simulated-layer-compute"), "simulated-layer-compute"),
         connectorSettings(root));
   }
 
@@ -92,6 +94,13 @@ public record NodeSettings(
       throw new IllegalArgumentException("the cuda transport moves GPU memory: give the node a GPU"
           + " with kvferry.node.gpu (--gpu N), or pick cma or tcp for a KV cache in host memory");
     }
+  }
+
+  private static java.time.Duration nonNegative(java.time.Duration d, String key) {
+    if (d.isNegative()) {
+      throw new IllegalArgumentException("kvferry.node." + key + " must be >= 0, got " + d);
+    }
+    return d;
   }
 
   /** Whether the KV cache lives on a GPU ({@link #gpu()}) rather than in host memory. */
