@@ -447,7 +447,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         .onMessage(
             GetTransfers.class,
             m -> {
-              tracker.tell(new RequestTrackerActor.GetSnapshot(m.replyTo()));
+              // The writer adds P's writes in progress and asks the tracker for the rest.
+              writer.tell(new WriterActor.ListWrites(tracker, m.replyTo()));
               return this;
             })
         .onMessage(DoneWordSeen.class, this::onDoneWordSeen)

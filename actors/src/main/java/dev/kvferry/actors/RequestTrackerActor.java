@@ -73,13 +73,37 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
 
   /** Transfers in flight, by state, for /kvferry/transfers. */
-  public record GetSnapshot(ActorRef<Snapshot> replyTo) implements Command {}
+  /**
+   * @param writes P's writes in progress (from its writer), listed with this tracker's transfers
+   */
+  public record GetSnapshot(ActorRef<Snapshot> replyTo, List<TransferView> writes)
+      implements Command {
+    public GetSnapshot(ActorRef<Snapshot> replyTo) {
+      this(replyTo, List.of());
+    }
+  }
 
   public record Snapshot(Map<String, Integer> countsByState, List<TransferView> transfers)
       implements LocalOnly {}
 
+  /**
+   * One transfer in flight.
+   *
+   * @param progress for P's writes ("writing"): how far they got; null for other states
+   */
   public record TransferView(
-      String requestId, String transferId, String state, String peerEngineId, long ageMs) {}
+      String requestId, String transferId, String state, String peerEngineId, long ageMs,
+      WriteProgress progress) {}
+
+  /**
+   * How far P's writes of one transfer got, so an observer can tell a transfer whose bytes are
+   * moving from one that has not started or has finished.
+   *
+   * @param layersFired layers whose compute event fired (their KV exists on P)
+   * @param layerWritesDone layer writes completed, over every D worker written to
+   * @param layerWritesInFlight layer writes issued and not completed
+   */
+  public record WriteProgress(int layersFired, int layerWritesDone, int layerWritesInFlight) {}
 
   private record DeadlinePassed(String transferId) implements Command {}
 
@@ -392,7 +416,12 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
       String state =
           t.overdue ? "ending" : t.state.name().toLowerCase(java.util.Locale.ROOT);
       counts.merge(state, 1, Integer::sum);
-      views.add(new TransferView(t.requestId, t.transferId, state, t.peerEngineId, now - t.startedMs));
+      views.add(new TransferView(
+          t.requestId, t.transferId, state, t.peerEngineId, now - t.startedMs, null));
+    }
+    for (TransferView w : m.writes()) {
+      counts.merge(w.state(), 1, Integer::sum);
+      views.add(w);
     }
     m.replyTo().tell(new Snapshot(counts, views));
     return this;

@@ -76,6 +76,15 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     }
   }
 
+  /**
+   * Lists the writes in progress (state "writing", with their {@link
+   * RequestTrackerActor.WriteProgress}) and hands them to {@code tracker}, which answers {@code
+   * replyTo} with them and its own transfers.
+   */
+  public record ListWrites(
+      ActorRef<RequestTrackerActor.Command> tracker,
+      ActorRef<RequestTrackerActor.Snapshot> replyTo) implements Command {}
+
   private record LayerFired(String transferId, int layer) implements Command {}
 
   private record PeerReady(String transferId, HandshakeActor.Result result) implements Command {}
@@ -109,6 +118,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   /** Everything known about one request's writes. */
   private static final class WriteJob {
     final String transferId;
+    final long startedMs = System.currentTimeMillis();
     String requestId;
     String decodeEngineId;
     int[] localBlockIds;
@@ -241,6 +251,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
         .onMessage(DeferExpired.class, this::onDeferExpired)
         .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
         .onMessage(Abandon.class, this::onAbandon)
+        .onMessage(ListWrites.class, this::onListWrites)
         .onSignal(PostStop.class, sig -> {
           // Submissions still queued on the io pool skip their copies: the transport may close.
           jobs.values().forEach(j -> j.cancelled.set(true));
@@ -535,6 +546,21 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
                     rank,
                     layer,
                     error != null ? TransferStatus.failed("write raised " + error) : status));
+  }
+
+  private Behavior<Command> onListWrites(ListWrites m) {
+    List<RequestTrackerActor.TransferView> writes = new ArrayList<>();
+    long now = System.currentTimeMillis();
+    for (WriteJob j : jobs.values()) {
+      if (!j.saved()) {
+        continue; // only D's block ids so far: nothing of ours exists yet
+      }
+      writes.add(new RequestTrackerActor.TransferView(
+          j.requestId, j.transferId, "writing", j.decodeEngineId, now - j.startedMs,
+          new RequestTrackerActor.WriteProgress(j.firedLayers.size(), j.completed, j.inFlight)));
+    }
+    m.tracker().tell(new RequestTrackerActor.GetSnapshot(m.replyTo(), writes));
+    return this;
   }
 
   private Behavior<Command> onLayerWritten(LayerWritten m) {

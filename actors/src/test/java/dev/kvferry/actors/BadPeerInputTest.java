@@ -69,12 +69,17 @@ class BadPeerInputTest {
     assertEquals(tx, done.transferId());
     assertTrue(fx.awaitFinished(p, x -> x.doneSending().contains(request)).failed().isEmpty());
     long block = PeerFixture.GEOMETRY.blockBytes();
+    long stride = PeerFixture.GEOMETRY.kToVStrideBytes();
     for (int l = 0; l < PeerFixture.LAYERS; l++) {
       MemoryRegion d = fx.peerLayers.get(l);
       ByteBuffer b = d.buffer(0, (int) d.lengthBytes());
       for (int i = 0; i < b.capacity(); i++) {
-        long inBlock = (i % PeerFixture.GEOMETRY.kToVStrideBytes()) / block;
-        byte expected = inBlock == 10 || inBlock == 11 ? (byte) (l + 1) : 0;
+        long half = i / stride * stride; // K or V
+        long inBlock = (i % stride) / block;
+        // D's blocks 10 and 11 hold P's blocks 4 and 5, the same position in the same half.
+        long source = inBlock == 10 ? 4 : inBlock == 11 ? 5 : -1;
+        byte expected = source < 0 ? 0
+            : PeerFixture.patternByte(l, half + source * block + i % block);
         if (b.get(i) != expected) {
           throw new AssertionError("layer " + l + " byte " + i + " of D is " + b.get(i)
               + ", expected " + expected);
@@ -161,5 +166,75 @@ class BadPeerInputTest {
         new ReqMeta("after", "tx-after", new int[] {2}, null, "no-such-prefill", 0)));
     d.engineRef().tell(new EngineActor.WriteDone("tx-after", "no-such-prefill"));
     assertEquals(Set.of("after"), fx.awaitFinished(d, x -> !x.doneReceiving().isEmpty()).doneReceiving());
+  }
+
+  private static ConnectorSettings holding(Duration transferTimeout, int terminalIdCapacity) {
+    ConnectorSettings d = ConnectorSettings.DEFAULTS;
+    return new ConnectorSettings(d.handshakeTimeout(), d.handshakeAttempts(),
+        d.handshakeBackoff(), d.deferTimeout(), transferTimeout, d.readAbortTimeout(),
+        terminalIdCapacity);
+  }
+
+  /** P tells {@code decode} (listed or not) that transfer {@code tx} failed. */
+  private static void abort(ConnectorWorker p, String tx, String decode) {
+    p.engineRef().tell(new EngineActor.AbortTransfer("r-" + tx, tx, decode, "test abort " + tx));
+  }
+
+  /** The transfer ids of the next {@code n} failure notices the peer receives. */
+  private List<String> nextFailureNotices(int n) {
+    List<String> ids = new java.util.ArrayList<>();
+    while (ids.size() < n) {
+      Object m = fx.peerInbox.receiveMessage(WITHIN);
+      if (m instanceof EngineActor.TransferFailed f) {
+        ids.add(f.transferId());
+      }
+    }
+    return ids;
+  }
+
+  private static final EngineIdentity LATE_DECODE =
+      new EngineIdentity(Role.DECODE, "late-decode", 0, 1, 0, 1, TransferMode.WRITE);
+
+  @Test
+  void messagesHeldForAnEngineNotListedYetReachItWhenItIsListedWithinTheTransferTimeout() {
+    ConnectorWorker p = fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0",
+        holding(Duration.ofMinutes(10), 64));
+    abort(p, "tx-held", "late-decode");
+    fx.startPeer(LATE_DECODE, fx::peerMetadata);
+    assertEquals(List.of("tx-held"), nextFailureNotices(1));
+  }
+
+  @Test
+  void messagesHeldForAnEngineNotListedArePassedOnlyWithinTheTransferTimeout() {
+    // A transfer timeout shorter than any hold: the notice for the engine not listed is dropped,
+    // so the first notice it receives once listed is one sent after that.
+    ConnectorWorker p = fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0",
+        holding(Duration.ofNanos(1), 64));
+    abort(p, "tx-stale", "late-decode");
+    fx.startPeer(LATE_DECODE, fx::peerMetadata);
+    fx.awaitListed(Role.DECODE, "late-decode");
+    String[] first = new String[1];
+    fx.peerInbox.awaitAssert(WITHIN, Duration.ofMillis(50), () -> {
+      String tx = "tx-fresh-" + System.nanoTime();
+      abort(p, tx, "late-decode");
+      Object m = fx.peerInbox.receiveMessage(Duration.ofMillis(500));
+      assertTrue(m instanceof EngineActor.TransferFailed, String.valueOf(m));
+      first[0] = ((EngineActor.TransferFailed) m).transferId();
+      return null;
+    });
+    assertTrue(first[0].startsWith("tx-fresh-"), "the stale notice was passed on: " + first[0]);
+  }
+
+  @Test
+  void messagesHeldForEnginesNotListedAreCappedAtTheTerminalIdCapacityKeepingTheNewest() {
+    ConnectorWorker p = fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0",
+        holding(Duration.ofMinutes(10), 4));
+    for (int i = 0; i < 10; i++) {
+      abort(p, "tx-" + i, "late-decode");
+    }
+    fx.startPeer(LATE_DECODE, fx::peerMetadata);
+    assertEquals(List.of("tx-6", "tx-7", "tx-8", "tx-9"), nextFailureNotices(4));
+    abort(p, "tx-after", "late-decode");
+    assertEquals(List.of("tx-after"), nextFailureNotices(1), "only the newest four were held");
   }
 }

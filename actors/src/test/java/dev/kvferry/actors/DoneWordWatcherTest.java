@@ -78,7 +78,8 @@ class DoneWordWatcherTest {
   }
 
   private static void store(DoneWordWatcher.Ticket t, long value) throws Exception {
-    try (FileChannel ch = FileChannel.open(dev.kvferry.rdma.cuda.SharedDoneWords.PEER_DIR.resolve(t.name()), StandardOpenOption.READ,
+    try (FileChannel ch = FileChannel.open(
+        dev.kvferry.rdma.cuda.SharedDoneWords.PEER_DIR.resolve(t.name()), StandardOpenOption.READ,
         StandardOpenOption.WRITE)) {
       MappedByteBuffer b = ch.map(FileChannel.MapMode.READ_WRITE, 0, 8L * t.slots());
       b.order(ByteOrder.nativeOrder()).putLong(8 * t.slot(), value);

@@ -65,17 +65,27 @@ final class PeerFixture implements AutoCloseable {
     peerInbox = kit.createTestProbe();
     for (int l = 0; l < LAYERS; l++) {
       MemoryRegion local = localRegistry.allocateHost(GEOMETRY.layerRegionBytes());
-      fill(local, (byte) (l + 1));
+      fill(local, l);
       localLayers.add(local);
       peerLayers.add(peerRegistry.allocateHost(GEOMETRY.layerRegionBytes()));
     }
   }
 
-  static void fill(MemoryRegion r, byte value) {
+  /** Fills P's layer {@code layer} with {@link #patternByte}. */
+  static void fill(MemoryRegion r, int layer) {
     ByteBuffer b = r.buffer(0, (int) r.lengthBytes());
     for (int i = 0; i < b.capacity(); i++) {
-      b.put(i, value);
+      b.put(i, patternByte(layer, i));
     }
+  }
+
+  /**
+   * The byte P's layer {@code layer} holds at {@code offsetBytes}: a hash of both, so a block
+   * written from the wrong source block, layer, K|V half or position reads differently at D.
+   */
+  static byte patternByte(int layer, long offsetBytes) {
+    long x = (offsetBytes + 1) * 0x9E3779B97F4A7C15L + (layer + 1) * 0xC2B2AE3D27D4EB4FL;
+    return (byte) ((x >>> 56) ^ (x >>> 29));
   }
 
   /** Whether every byte of every peer layer is still zero. */

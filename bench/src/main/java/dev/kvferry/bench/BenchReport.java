@@ -17,6 +17,11 @@ public final class BenchReport {
     return rows;
   }
 
+  /** Whether some row's work was wrong (see {@link BenchRow#failed()}). */
+  public boolean anyFailed() {
+    return rows.stream().anyMatch(BenchRow::failed);
+  }
+
   /** A fixed-width table, then the notes of the rows that have one. */
   public String toTable() {
     int nameWidth = "name".length();
@@ -30,7 +35,7 @@ public final class BenchReport {
     List<String> notes = new ArrayList<>();
     for (BenchRow r : rows) {
       Boolean met = r.meetsGoal();
-      String verdict = met == null ? "" : met ? "met" : "MISSED";
+      String verdict = r.failed() ? "FAILED" : met == null ? "" : met ? "met" : "MISSED";
       out.append(String.format(Locale.ROOT, format, r.name(), r.unit(), figure(r.kvferry()),
           figure(r.peer()), ratio(r.ratio()), r.goal() == null ? "-" : ">=" + ratio(r.goal()),
           verdict));
@@ -47,7 +52,7 @@ public final class BenchReport {
     return out.toString();
   }
 
-  /** {@code {"rows": [{"name", "unit", "kvferry", "peer", "ratio", "goal", "note"}, ...]}} on one line. */
+  /** {@code {"rows": [{"name", "unit", "kvferry", "peer", "ratio", "goal", "failed", "note"}, ...]}} on one line. */
   public String toJson() {
     StringBuilder json = new StringBuilder("{\"rows\": [");
     for (int i = 0; i < rows.size(); i++) {
@@ -61,6 +66,7 @@ public final class BenchReport {
           .append(", \"peer\": ").append(number(r.peer()))
           .append(", \"ratio\": ").append(number(r.ratio()))
           .append(", \"goal\": ").append(number(r.goal()))
+          .append(", \"failed\": ").append(r.failed())
           .append(", \"note\": ").append(quote(r.note()))
           .append('}');
     }

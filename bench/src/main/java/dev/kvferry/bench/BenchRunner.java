@@ -17,10 +17,26 @@ public final class BenchRunner {
   /** Suite names, in the order they run. */
   public static final List<String> SUITES = List.of("cma", "tcp", "planner", "notify", "e2e");
 
-  /** What to run and how long. */
+  /**
+   * What to run and how long.
+   *
+   * @param promptTokens prompt lengths of the host transfer rows
+   * @param plannerBlocks request sizes of the planner rows
+   * @param warmupNanos least warm-up of the planner and of kvferry's notify round trips
+   */
   public record Options(
-      Set<String> suites, @Nullable Path peersDir, int rounds, int repeats, int roundTrips,
-      int e2eTokens, int e2eRequests, Path chart) {}
+      Set<String> suites, @Nullable Path peersDir, int[] promptTokens, int[] plannerBlocks,
+      int rounds, int repeats, int roundTrips, long warmupNanos, int e2eTokens, int e2eRequests,
+      Path chart) {
+
+    /** The published sizes and warm-ups ({@code kvferry bench}'s defaults). */
+    public static Options published(Set<String> suites, @Nullable Path peersDir, int rounds,
+        int repeats, int roundTrips, int e2eTokens, int e2eRequests, Path chart) {
+      return new Options(suites, peersDir, Geometry.PROMPT_TOKENS, PlannerSuite.BLOCK_COUNTS,
+          rounds, repeats, roundTrips, NotifyRoundTripSuite.WARMUP_NANOS, e2eTokens, e2eRequests,
+          chart);
+    }
+  }
 
   private final Options options;
   private final PrintStream progress;
@@ -35,8 +51,8 @@ public final class BenchRunner {
     try {
       PeerTools peers = new PeerTools(PeerTools.locatePeers(options.peersDir(), work), work);
       List<BenchRow> rows = new ArrayList<>();
-      HostTransferSuite host =
-          new HostTransferSuite(peers, options.rounds(), options.repeats(), progress);
+      HostTransferSuite host = new HostTransferSuite(
+          peers, options.promptTokens(), options.rounds(), options.repeats(), progress);
       if (options.suites().contains("cma")) {
         progress.println("host transfer, cma vs memcpy_ceiling.c");
         rows.addAll(host.cma());
@@ -47,11 +63,13 @@ public final class BenchRunner {
       }
       if (options.suites().contains("planner")) {
         progress.println("planner vs seed_planner.py");
-        rows.addAll(new PlannerSuite(peers, progress).run());
+        rows.addAll(new PlannerSuite(peers, options.plannerBlocks(),
+            Math.min(options.warmupNanos(), 2_000_000_000L), progress).run());
       }
       if (options.suites().contains("notify")) {
         progress.println("notify round trip vs seed_notify_rtt.py");
-        rows.addAll(new NotifyRoundTripSuite(peers, options.roundTrips(), progress).run());
+        rows.addAll(new NotifyRoundTripSuite(peers, options.roundTrips(), options.warmupNanos(),
+            progress).run());
       }
       if (options.suites().contains("e2e")) {
         progress.println("end to end with the simulated engine");
@@ -60,7 +78,7 @@ public final class BenchRunner {
       }
       if (options.chart() != null && !host.series().isEmpty()) {
         ThroughputChart.write(options.chart(),
-            "Host KV transfer P->D: kvferry vs peers, same run", Geometry.PROMPT_TOKENS,
+            "Host KV transfer P->D: kvferry vs peers, same run", host.promptTokens(),
             host.series());
         progress.println("chart written to " + options.chart());
       }

@@ -85,7 +85,8 @@ public final class EndToEndSuite {
       r = measure();
     } catch (Exception e) {
       String why = "end to end failed: " + e;
-      return List.of(BenchRow.figure("e2e last layer -> D done p50 " + size, "us", null, why));
+      return List.of(BenchRow.lowerIsBetter("e2e last layer -> D done p50 " + size, "us", null,
+          layerUs, GOAL, "").failedBecause(why));
     }
     String what = "peer column: one layer's cma write (" + Geometry.layerBytes(promptTokens) / 1024
         + " KiB) in this run; goal: added latency after the last layer <= one layer's transfer"
@@ -108,6 +109,9 @@ public final class EndToEndSuite {
     int blocks = 2 * Geometry.blocksPerLayer(promptTokens);
     HostTransferBench.Result r = HostTransferBench.run(new HostTransferBench.Config(
         Geometry.BLOCK_BYTES, blocks, 21, "cma", HostTransferBench.Layout.SCATTERED));
+    if (!r.verified()) {
+      throw new IOException("the bytes at D differ from P's after one layer's cma write");
+    }
     return Geometry.layerBytes(promptTokens) / r.medianGbps() / 1e3;
   }
 

@@ -19,7 +19,8 @@ import java.util.Map;
  * Host bytes from P to D in another process: the {@code cma} transport against a single-thread
  * memcpy of the same bytes in one process (shared/peers/memcpy_ceiling.c, compiled here), and the
  * {@code tcp} transport against an iperf3 single stream on loopback. Each figure is the median of
- * {@code repeats} runs, each itself a median over rounds (see {@link HostTransferBench}).
+ * {@code repeats} runs, each itself a median over rounds (see {@link HostTransferBench}). A row
+ * whose bytes at D are wrong after its timed rounds fails, whatever its speed.
  */
 public final class HostTransferSuite {
 
@@ -28,25 +29,40 @@ public final class HostTransferSuite {
   public static final double CMA_SCATTERED_GOAL = 0.7;
   public static final double TCP_GOAL = 0.9;
 
+  /** What a scattered row moves, for its note. */
+  static final String SCATTERED_NOTE =
+      "kvferry: n random block ids out of a pool of 2n on both sides";
+
   private static final ObjectMapper JSON = new ObjectMapper();
 
   private final PeerTools peers;
+  private final int[] promptTokens;
   private final int rounds;
   private final int repeats;
   private final PrintStream progress;
   /** Series for the chart: label to GB/s per prompt length (null where not measured). */
   private final Map<String, Double[]> series = new LinkedHashMap<>();
 
-  public HostTransferSuite(PeerTools peers, int rounds, int repeats, PrintStream progress) {
+  /**
+   * @param promptTokens the prompt lengths every row is measured at ({@link
+   *     Geometry#PROMPT_TOKENS} for the published figures)
+   */
+  public HostTransferSuite(
+      PeerTools peers, int[] promptTokens, int rounds, int repeats, PrintStream progress) {
     this.peers = peers;
+    this.promptTokens = promptTokens.clone();
     this.rounds = rounds;
     this.repeats = repeats;
     this.progress = progress;
   }
 
-  /** GB/s by series and prompt length ({@link Geometry#PROMPT_TOKENS}), for the chart. */
+  /** GB/s by series and prompt length (the constructor's {@code promptTokens}), for the chart. */
   public Map<String, Double[]> series() {
     return series;
+  }
+
+  public int[] promptTokens() {
+    return promptTokens.clone();
   }
 
   /** Rows for cma (contiguous and scattered) at every prompt length. */
@@ -61,15 +77,13 @@ public final class HostTransferSuite {
     } catch (IOException e) {
       missing = "memcpy_ceiling could not be built: " + e.getMessage();
     }
-    int sizes = Geometry.PROMPT_TOKENS.length;
-    for (int s = 0; s < sizes; s++) {
-      int tokens = Geometry.PROMPT_TOKENS[s];
+    for (int s = 0; s < promptTokens.length; s++) {
+      int tokens = promptTokens[s];
       int blocks = Geometry.transferBlocks(tokens);
-      List<Double> kvContig = new ArrayList<>();
-      List<Double> kvScatter = new ArrayList<>();
+      Measured contiguous = new Measured();
+      Measured scattered = new Measured();
       List<Double> ceilContig = new ArrayList<>();
       List<Double> ceilScatter = new ArrayList<>();
-      String failure = null;
       for (int r = 0; r < repeats; r++) {
         progress.printf("  cma %s (%d blocks of 32 KiB), run %d of %d%n",
             Geometry.tokens(tokens), blocks, r + 1, repeats);
@@ -85,32 +99,31 @@ public final class HostTransferSuite {
             missing = "memcpy_ceiling failed: " + e.getMessage();
           }
         }
-        try {
-          kvContig.add(cmaGbps(blocks, Layout.CONTIGUOUS));
-          kvScatter.add(cmaGbps(blocks, Layout.SCATTERED));
-        } catch (IOException | RuntimeException e) {
-          failure = "kvferry cma failed: " + e.getMessage();
-          break;
-        }
+        contiguous.add("cma", blocks, Layout.CONTIGUOUS);
+        scattered.add("cma", blocks, Layout.SCATTERED);
       }
-      Double kc = kvContig.isEmpty() ? null : Samples.median(kvContig);
-      Double ks = kvScatter.isEmpty() ? null : Samples.median(kvScatter);
       Double pc = ceilContig.isEmpty() ? null : Samples.median(ceilContig);
       Double ps = ceilScatter.isEmpty() ? null : Samples.median(ceilScatter);
-      String note = failure != null ? failure : missing != null ? missing : "";
-      rows.add(BenchRow.higherIsBetter("host P->D cma contiguous " + Geometry.tokens(tokens),
-          "GB/s", kc, pc, CMA_CONTIGUOUS_GOAL, note));
-      rows.add(BenchRow.higherIsBetter("host P->D cma scattered " + Geometry.tokens(tokens),
-          "GB/s", ks, ps, CMA_SCATTERED_GOAL, note));
-      put("kvferry cma contiguous", s, kc);
-      put("kvferry cma scattered", s, ks);
+      String peerNote = missing != null ? missing : "";
+      rows.add(contiguous.row(BenchRow.higherIsBetter(
+          "host P->D cma contiguous " + Geometry.tokens(tokens), "GB/s", contiguous.median(), pc,
+          CMA_CONTIGUOUS_GOAL, peerNote)));
+      rows.add(scattered.row(BenchRow.higherIsBetter(
+          "host P->D cma scattered " + Geometry.tokens(tokens), "GB/s", scattered.median(), ps,
+          CMA_SCATTERED_GOAL, join(peerNote, SCATTERED_NOTE + "; memcpy_ceiling: n blocks "
+              + "shuffled on both sides, one memcpy per block"))));
+      put("kvferry cma contiguous", s, contiguous.median());
+      put("kvferry cma scattered", s, scattered.median());
       put("memcpy contiguous (peer)", s, pc);
       put("memcpy scattered (peer)", s, ps);
     }
     return rows;
   }
 
-  /** Rows for tcp (contiguous 32 KiB blocks) at every prompt length, against one iperf3 figure. */
+  /**
+   * Rows for tcp (contiguous and scattered 32 KiB blocks) at every prompt length, against one
+   * iperf3 figure measured in this run.
+   */
   public List<BenchRow> tcp() {
     List<BenchRow> rows = new ArrayList<>();
     Double iperf = null;
@@ -128,37 +141,64 @@ public final class HostTransferSuite {
     } catch (IOException | RuntimeException e) {
       note = "iperf3 failed: " + e.getMessage();
     }
-    for (int s = 0; s < Geometry.PROMPT_TOKENS.length; s++) {
-      int tokens = Geometry.PROMPT_TOKENS[s];
+    for (int s = 0; s < promptTokens.length; s++) {
+      int tokens = promptTokens[s];
       int blocks = Geometry.transferBlocks(tokens);
-      List<Double> runs = new ArrayList<>();
-      String rowNote = note;
+      Measured contiguous = new Measured();
+      Measured scattered = new Measured();
       for (int r = 0; r < repeats; r++) {
         progress.printf("  tcp %s, run %d of %d%n", Geometry.tokens(tokens), r + 1, repeats);
-        try {
-          runs.add(HostTransferBench.run(new HostTransferBench.Config(
-              Geometry.BLOCK_BYTES, blocks, rounds, "tcp", Layout.CONTIGUOUS)).medianGbps());
-        } catch (IOException | RuntimeException e) {
-          rowNote = "kvferry tcp failed: " + e.getMessage();
-          break;
-        }
+        contiguous.add("tcp", blocks, Layout.CONTIGUOUS);
+        scattered.add("tcp", blocks, Layout.SCATTERED);
       }
-      Double kv = runs.isEmpty() ? null : Samples.median(runs);
-      rows.add(BenchRow.higherIsBetter("host P->D tcp loopback " + Geometry.tokens(tokens),
-          "GB/s", kv, iperf, TCP_GOAL, rowNote));
-      put("kvferry tcp", s, kv);
+      rows.add(contiguous.row(BenchRow.higherIsBetter(
+          "host P->D tcp loopback contiguous " + Geometry.tokens(tokens), "GB/s",
+          contiguous.median(), iperf, TCP_GOAL, note)));
+      rows.add(scattered.row(BenchRow.higherIsBetter(
+          "host P->D tcp loopback scattered " + Geometry.tokens(tokens), "GB/s",
+          scattered.median(), iperf, TCP_GOAL, join(note, SCATTERED_NOTE))));
+      put("kvferry tcp contiguous", s, contiguous.median());
+      put("kvferry tcp scattered", s, scattered.median());
       put("iperf3 single stream (peer)", s, iperf);
     }
     return rows;
   }
 
-  private double cmaGbps(int blocks, Layout layout) throws IOException {
-    HostTransferBench.Result r = HostTransferBench.run(
-        new HostTransferBench.Config(Geometry.BLOCK_BYTES, blocks, rounds, "cma", layout));
-    if (!r.verified()) {
-      throw new IOException("the bytes at D differ from P's after a cma " + layout + " run");
+  /** kvferry's runs of one row; the first failure (wrong bytes, an error) ends them. */
+  private final class Measured {
+    private final List<Double> gbps = new ArrayList<>();
+    private String failure;
+
+    void add(String transport, int blocks, Layout layout) {
+      if (failure != null) {
+        return;
+      }
+      try {
+        HostTransferBench.Result r = HostTransferBench.run(new HostTransferBench.Config(
+            Geometry.BLOCK_BYTES, blocks, rounds, transport, layout));
+        if (!r.verified()) {
+          failure = "the bytes at D differ from P's after the timed rounds of a " + transport + " "
+              + layout.name().toLowerCase(java.util.Locale.ROOT) + " run";
+        } else {
+          gbps.add(r.medianGbps());
+        }
+      } catch (IOException | RuntimeException e) {
+        failure = "kvferry " + transport + " failed: " + e.getMessage();
+      }
     }
-    return r.medianGbps();
+
+    /** The median of the verified runs, or null when a run failed. */
+    Double median() {
+      return failure != null || gbps.isEmpty() ? null : Samples.median(gbps);
+    }
+
+    BenchRow row(BenchRow measured) {
+      return failure == null ? measured : measured.failedBecause(failure);
+    }
+  }
+
+  private static String join(String a, String b) {
+    return a.isEmpty() ? b : b.isEmpty() ? a : a + "; " + b;
   }
 
   /** One iperf3 client run of 3 s (the first second omitted) against a one-shot server. */
@@ -207,6 +247,6 @@ public final class HostTransferSuite {
   }
 
   private void put(String label, int sizeIndex, Double value) {
-    series.computeIfAbsent(label, k -> new Double[Geometry.PROMPT_TOKENS.length])[sizeIndex] = value;
+    series.computeIfAbsent(label, k -> new Double[promptTokens.length])[sizeIndex] = value;
   }
 }

@@ -22,7 +22,7 @@ import java.util.Random;
  * blocks (an allocator in use hands out scattered ids), Llama-3-8B geometry. The seed reports the
  * median of its 5 rounds (in its own process); kvferry's planner runs in this JVM after a 2 s
  * warm-up, 5 rounds before and 5 after the seed's, and reports their median. The two plans are
- * compared, so both did the same work.
+ * compared, so both did the same work: a row whose plans differ fails.
  */
 public final class PlannerSuite {
 
@@ -34,10 +34,23 @@ public final class PlannerSuite {
   private static volatile long sink;
 
   private final PeerTools peers;
+  private final int[] blockCounts;
+  private final long warmupNanos;
   private final PrintStream progress;
 
+  /** The published sizes ({@link #BLOCK_COUNTS}) after a 2 s warm-up. */
   public PlannerSuite(PeerTools peers, PrintStream progress) {
+    this(peers, BLOCK_COUNTS, 2_000_000_000L, progress);
+  }
+
+  /**
+   * @param blockCounts the request sizes, one row each
+   * @param warmupNanos how long kvferry's planner runs before its timed rounds
+   */
+  public PlannerSuite(PeerTools peers, int[] blockCounts, long warmupNanos, PrintStream progress) {
     this.peers = peers;
+    this.blockCounts = blockCounts.clone();
+    this.warmupNanos = warmupNanos;
     this.progress = progress;
   }
 
@@ -52,10 +65,11 @@ public final class PlannerSuite {
     } catch (PeerTools.MissingPeerException e) {
       missing = e.getMessage();
     }
-    for (int n : BLOCK_COUNTS) {
+    for (int n : blockCounts) {
       progress.printf("  planner, %,d blocks%n", n);
       Request req = request(n, 42 + n);
       String note = missing;
+      String failure = null;
       Double kvferry = null;
       Double seed = null;
       TransferPlanner planner = new TransferPlanner();
@@ -63,14 +77,14 @@ public final class PlannerSuite {
       try {
         // kvferry's rounds run before and after the seed's, so load that comes and goes on a
         // shared machine weighs on both alike; the median of all of them is reported.
-        timing = new TransferPlan(planner, req);
+        timing = new TransferPlan(planner, req, warmupNanos);
         timing.rounds(ROUNDS);
         if (python != null) {
           try {
             SeedResult s = seed(python, script, req);
             seed = s.secondsPerCall * 1e6;
             if (!s.plan.equals(timing.plan)) {
-              note = "the seed's plan differs from kvferry's (" + s.plan + " vs " + timing.plan
+              failure = "the seed's plan differs from kvferry's (" + s.plan + " vs " + timing.plan
                   + ")";
             }
           } catch (IOException | RuntimeException e) {
@@ -80,10 +94,11 @@ public final class PlannerSuite {
         timing.rounds(ROUNDS);
         kvferry = timing.medianSecondsPerCall() * 1e6;
       } catch (InvalidBlockIdsException e) {
-        note = "kvferry refused the request: " + e.getMessage();
+        failure = "kvferry refused the request: " + e.getMessage();
       }
-      rows.add(BenchRow.lowerIsBetter(String.format("planner %,d blocks", n), "us/plan",
-          kvferry, seed, GOAL, note));
+      BenchRow row = BenchRow.lowerIsBetter(String.format("planner %,d blocks", n), "us/plan",
+          kvferry, seed, GOAL, note);
+      rows.add(failure == null ? row : row.failedBecause(failure));
     }
     return rows;
   }
@@ -98,7 +113,7 @@ public final class PlannerSuite {
   }
 
 
-  /** Times kvferry's planner on one request: warmed up for 2 s, then rounds of >= 50 ms. */
+  /** Times kvferry's planner on one request: warmed up, then rounds of >= 50 ms. */
   private static final class TransferPlan {
     private final TransferPlanner planner;
     private final Request req;
@@ -106,18 +121,19 @@ public final class PlannerSuite {
     private final int callsPerRound;
     private final List<Double> secondsPerCall = new ArrayList<>();
 
-    TransferPlan(TransferPlanner planner, Request req) throws InvalidBlockIdsException {
+    TransferPlan(TransferPlanner planner, Request req, long warmupNanos)
+        throws InvalidBlockIdsException {
       this.planner = planner;
       this.req = req;
       this.plan = planOnce();
       long s = 0;
       int calls = 0;
       long t0 = System.nanoTime();
-      long warmEnd = t0 + 2_000_000_000L;
-      while (System.nanoTime() < warmEnd) {
+      long warmEnd = t0 + warmupNanos;
+      do {
         s += planOnce().count();
         calls++;
-      }
+      } while (System.nanoTime() < warmEnd);
       sink = s;
       double perCallNs = (System.nanoTime() - t0) / (double) calls;
       callsPerRound = (int) Math.max(10, 50_000_000L / perCallNs);

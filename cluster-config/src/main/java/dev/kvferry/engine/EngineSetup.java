@@ -1,5 +1,6 @@
 package dev.kvferry.engine;
 
+import com.typesafe.config.Config;
 import dev.kvferry.actors.connector.Role;
 import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.actors.plan.KvCacheGeometry;
@@ -11,6 +12,7 @@ import java.util.List;
  *
  * @param gpu the CUDA device the KV cache lives on, or -1 for host memory
  * @param rankRegistries per TP rank, in rank order, the registry its layer regions join
+ * @param nodeConfig the node's {@code kvferry.node} section: a kind reads its own settings there
  */
 public record EngineSetup(
     Role role,
@@ -19,7 +21,8 @@ public record EngineSetup(
     KvCacheGeometry geometry,
     int layers,
     int gpu,
-    List<RegionRegistry> rankRegistries) {
+    List<RegionRegistry> rankRegistries,
+    Config nodeConfig) {
 
   public EngineSetup {
     rankRegistries = List.copyOf(rankRegistries);

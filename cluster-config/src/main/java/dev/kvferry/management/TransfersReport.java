@@ -20,7 +20,7 @@ import org.apache.pekko.actor.typed.javadsl.AskPattern;
  * This node's transfers in flight, merged over its workers, as {@code GET /kvferry/transfers}
  * shows them.
  *
- * @param counts transfers in flight by state ("receiving", "awaiting_release")
+ * @param counts transfers in flight by state ("receiving", "awaiting_release", "writing")
  * @param transfers one line per transfer, oldest first
  * @param unanswered workers that did not answer in time, with the reason; their transfers are
  *     missing from the counts
@@ -28,14 +28,18 @@ import org.apache.pekko.actor.typed.javadsl.AskPattern;
 public record TransfersReport(
     Map<String, Integer> counts, List<TransferLine> transfers, List<String> unanswered) {
 
-  /** One transfer in flight on one worker ({@code engine} is the worker's label, "id/tpN"). */
+  /**
+   * One transfer in flight on one worker ({@code engine} is the worker's label, "id/tpN");
+   * {@code progress} only for P's writes (state "writing"), else null.
+   */
   public record TransferLine(
       String requestId,
       String transferId,
       String state,
       String peerEngineId,
       long ageMs,
-      String engine) {}
+      String engine,
+      RequestTrackerActor.WriteProgress progress) {}
 
   public TransfersReport {
     counts = Map.copyOf(counts);
@@ -84,7 +88,8 @@ public record TransfersReport(
       for (RequestTrackerActor.TransferView t : snapshot.transfers()) {
         lines.add(
             new TransferLine(
-                t.requestId(), t.transferId(), t.state(), t.peerEngineId(), t.ageMs(), engine));
+                t.requestId(), t.transferId(), t.state(), t.peerEngineId(), t.ageMs(), engine,
+                t.progress()));
       }
     }
 

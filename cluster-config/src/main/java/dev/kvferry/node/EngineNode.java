@@ -53,6 +53,8 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
   private final NodeMetrics metrics = new NodeMetrics();
   private final List<RegionRegistry> registries = new ArrayList<>();
   private final EngineKind engineKind;
+  /** {@code kvferry.node}: engine kinds read their own settings from it. */
+  private final Config nodeConfig;
   /** With the cuda transport, the one every worker of the node uses (see openTransport). */
   private @Nullable Transport cudaTransport;
   private final List<Engine> engines = new ArrayList<>();
@@ -62,6 +64,7 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
 
   private EngineNode(Config config) throws IOException {
     this.settings = NodeSettings.fromConfig(config);
+    this.nodeConfig = config.getConfig("kvferry.node");
     // Before anything starts: "CUDA not available: <reason>", no such GPU, an unknown engine kind.
     if (settings.onGpu()) {
       Cuda.requireDevice(settings.gpu());
@@ -101,7 +104,7 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
     EngineDriver driver =
         engineKind.create(
             new EngineSetup(settings.role(), engineId, mode, settings.geometry(), settings.layers(),
-                settings.gpu(), rankRegistries));
+                settings.gpu(), rankRegistries, nodeConfig));
     try {
       for (int tp = 0; tp < settings.tpSize(); tp++) {
         Transport transport = openTransport(rankRegistries.get(tp));

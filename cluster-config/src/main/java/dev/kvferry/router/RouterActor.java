@@ -203,11 +203,13 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
     inFlight.remove(f.route.spec().requestId());
     load.merge(f.prefill.identity().engineId(), -1, Integer::sum);
     load.merge(f.decode.identity().engineId(), -1, Integer::sum);
-    // An abort on either side is what the request was: report it as aborted.
+    // Bytes at D that differ from P's are never hidden: a mismatch is reported as one whatever
+    // else happened. Otherwise an abort on either side is what the request was.
     Outcome.Status status =
-        p.status() == Outcome.Status.ABORTED || d.status() == Outcome.Status.ABORTED
-            ? Outcome.Status.ABORTED
-            : d.status();
+        d.status() == Outcome.Status.MISMATCH ? Outcome.Status.MISMATCH
+            : p.status() == Outcome.Status.ABORTED || d.status() == Outcome.Status.ABORTED
+                ? Outcome.Status.ABORTED
+                : d.status();
     String detail = status == d.status() ? d.detail() : p.detail() + "; decode: " + d.detail();
     f.route.replyTo().tell(new Routed(
         f.route.spec().requestId(), f.prefill.identity().engineId(), f.decode.identity().engineId(),

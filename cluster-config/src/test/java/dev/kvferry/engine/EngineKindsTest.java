@@ -30,7 +30,8 @@ class EngineKindsTest {
     try (RegionRegistry r0 = new RegionRegistry("d/tp0");
         RegionRegistry r1 = new RegionRegistry("d/tp1")) {
       EngineSetup setup =
-          new EngineSetup(Role.DECODE, "d", TransferMode.WRITE, GEOMETRY, 3, -1, List.of(r0, r1));
+          new EngineSetup(Role.DECODE, "d", TransferMode.WRITE, GEOMETRY, 3, -1, List.of(r0, r1),
+              com.typesafe.config.ConfigFactory.empty());
       try (EngineDriver driver = EngineKinds.named("none").create(setup)) {
         for (int rank = 0; rank < 2; rank++) {
           List<MemoryRegion> layers = driver.layerRegions(rank);

@@ -110,6 +110,42 @@ class RouterActorTest {
     assertEquals("p0", routed.prefillEngineId());
   }
 
+  /** Routes one WRITE request and answers it with the two sides' outcomes; the client's answer. */
+  private RouterActor.Routed routeAnsweredWith(Outcome.Status prefill, Outcome.Status decode) {
+    TestProbe<EngineService.Submit> p = kit.createTestProbe();
+    TestProbe<EngineService.Submit> d = kit.createTestProbe();
+    engine(Role.PREFILL, "p0", TransferMode.WRITE, p);
+    engine(Role.DECODE, "d0", TransferMode.WRITE, d);
+    awaitListed(Role.PREFILL, 1);
+    awaitListed(Role.DECODE, 1);
+    ActorRef<RouterActor.Command> router = kit.spawn(RouterActor.create());
+    TestProbe<RouterActor.Routed> client = kit.createTestProbe();
+    awaitRoutable(kit, router, 1, 1);
+    router.tell(new RouterActor.Route(spec("r1"), TransferMode.WRITE, client.ref()));
+    EngineService.Submit toP = p.receiveMessage(Duration.ofSeconds(3));
+    EngineService.Submit toD = d.receiveMessage(Duration.ofSeconds(3));
+    toP.replyTo().tell(new Outcome("r1", "p0", Role.PREFILL, prefill, null, 0, 0,
+        "prefill says " + prefill));
+    toD.replyTo().tell(new Outcome("r1", "d0", Role.DECODE, decode, null, 10, 5,
+        "decode says " + decode));
+    return client.receiveMessage(Duration.ofSeconds(3));
+  }
+
+  @Test
+  void aMismatchAtDecodeIsReportedAsAMismatchEvenWhenPrefillAborted() {
+    RouterActor.Routed routed =
+        routeAnsweredWith(Outcome.Status.ABORTED, Outcome.Status.MISMATCH);
+    assertEquals(Outcome.Status.MISMATCH, routed.status());
+    assertEquals("decode says MISMATCH", routed.detail());
+  }
+
+  @Test
+  void anAbortOnPrefillIsReportedAsAnAbortWithBothSidesDetail() {
+    RouterActor.Routed routed = routeAnsweredWith(Outcome.Status.ABORTED, Outcome.Status.FAILED);
+    assertEquals(Outcome.Status.ABORTED, routed.status());
+    assertEquals("prefill says ABORTED; decode: decode says FAILED", routed.detail());
+  }
+
   @Test
   void picksTheLeastLoadedEngineAndOnlyEnginesOfTheAskedMode() {
     TestProbe<EngineService.Submit> p0 = kit.createTestProbe();

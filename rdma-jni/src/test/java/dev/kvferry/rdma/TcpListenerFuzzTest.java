@@ -44,6 +44,28 @@ class TcpListenerFuzzTest {
   private static final int PAGE = (int) RegionRegistry.PAGE_BYTES;
   private static final int LENGTH = 16 * PAGE;
   private static final byte GUARD = (byte) 0xA5;
+  /**
+   * Every refusal the listener can give a host region, numbers masked: the fuzzer must reach each
+   * (after its budget it goes on, up to {@link #COVERAGE_DEADLINE}, until it has). Left out: the
+   * GPU-staging refusal (no GPU region here) and failed copies into or out of host memory.
+   */
+  private static final java.util.Set<String> EVERY_REFUSAL = java.util.Set.of(
+      "bad token for the regions of DN",
+      "frame of N entries (expected N..N)",
+      "garbage frame: unknown op N",
+      "garbage hello: not a kvferry tcp peer",
+      "oversized entry of N bytes (at most N)",
+      "range [N, N + N) lies outside region N of DN (N bytes)",
+      "region N is not registered at DN",
+      "token of N bytes (expected N..N)",
+      "truncated frame entries: connection closed after N of N bytes",
+      "truncated frame header: connection closed after N of N bytes",
+      "truncated hello: connection closed after N of N bytes",
+      "truncated payload: connection closed after N of N bytes",
+      "truncated token: connection closed after N of N bytes",
+      "unsupported protocol version N (this listener speaks N)");
+  /** How long past its budget the fuzzer may run to reach every refusal: a bound, not a goal. */
+  private static final Duration COVERAGE_DEADLINE = Duration.ofSeconds(120);
   /** A deadline against a listener that never ends an exchange, not a timing assertion. */
   private static final int CLIENT_DEADLINE_MS = 20_000;
 
@@ -105,8 +127,10 @@ class TcpListenerFuzzTest {
       throws Exception {
     Random random = new Random(SEED);
     long deadline = System.nanoTime() + BUDGET.toNanos();
+    long coverageDeadline = deadline + COVERAGE_DEADLINE.toNanos();
     int runs = 0;
-    while (System.nanoTime() < deadline) {
+    while (System.nanoTime() < deadline
+        || (!refusals.keySet().containsAll(EVERY_REFUSAL) && System.nanoTime() < coverageDeadline)) {
       byte[] input = nextInput(random);
       try {
         exchange(input);
@@ -121,9 +145,13 @@ class TcpListenerFuzzTest {
       }
     }
     assertGoodClientStillSucceeds(runs);
-    System.out.printf("tcp listener fuzz: %d inputs in %d ms, seed %d; refusals by reason:%n", runs,
-        BUDGET.toMillis(), SEED);
+    System.out.printf("tcp listener fuzz: %d inputs (budget %d ms), seed %d; %d distinct refusal"
+        + " reasons:%n", runs, BUDGET.toMillis(), SEED, refusals.size());
     new TreeMap<>(refusals).forEach((reason, n) -> System.out.printf("  %6d  %s%n", n.sum(), reason));
+    java.util.Set<String> missed = new java.util.TreeSet<>(EVERY_REFUSAL);
+    missed.removeAll(refusals.keySet());
+    assertTrue(missed.isEmpty(), "after " + runs + " inputs (seed " + SEED + ") the fuzzer never"
+        + " reached these refusals: " + missed);
   }
 
   /** Sends {@code input}, half-closes, and drains whatever comes back until the listener closes. */

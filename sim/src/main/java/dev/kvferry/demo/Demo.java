@@ -432,6 +432,9 @@ public final class Demo implements AutoCloseable {
         problems.add(c.exitDescription() + "; its log: " + c.log());
       }
     }
+    if (completed == 0) {
+      problems.add("no request completed: nothing was moved and verified");
+    }
     Collections.sort(latencies);
     double p50 = percentile(latencies, 0.50);
     double p99 = percentile(latencies, 0.99);

@@ -18,7 +18,11 @@ public record ModeReport(
     int leakedBlocks,
     List<String> problems) {
 
+  /**
+   * Nothing mismatched, failed or leaked, and at least one request completed: a run in which
+   * every request aborted (or none ran) moved and verified nothing, so it shows nothing.
+   */
   public boolean passed() {
-    return mismatches == 0 && leakedBlocks == 0 && failed == 0;
+    return mismatches == 0 && leakedBlocks == 0 && failed == 0 && completed > 0;
   }
 }

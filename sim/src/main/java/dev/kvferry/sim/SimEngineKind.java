@@ -1,5 +1,6 @@
 package dev.kvferry.sim;
 
+import com.typesafe.config.Config;
 import dev.kvferry.actors.connector.ConnectorScheduler;
 import dev.kvferry.actors.connector.ConnectorWorker;
 import dev.kvferry.engine.EngineDriver;
@@ -7,8 +8,10 @@ import dev.kvferry.engine.EngineKind;
 import dev.kvferry.engine.EngineSetup;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionRegistry;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.locks.LockSupport;
 import org.apache.pekko.actor.typed.ActorSystem;
 import org.apache.pekko.actor.typed.Props;
 import org.jspecify.annotations.Nullable;
@@ -50,6 +53,30 @@ public final class SimEngineKind implements EngineKind {
     return new HostKvCache(setup.geometry(), byRank);
   }
 
+  /**
+   * After each layer is handed to the connector, the simulated compute time of the next ({@code
+   * kvferry.node.simulated-layer-compute}; 0: as fast as the fill goes).
+   */
+  static SimulatedEngine.LayerListener layerCompute(Config node) {
+    Duration perLayer =
+        node.hasPath("simulated-layer-compute")
+            ? node.getDuration("simulated-layer-compute")
+            : Duration.ZERO;
+    if (perLayer.isNegative()) {
+      throw new IllegalArgumentException(
+          "kvferry.node.simulated-layer-compute must not be negative, got " + perLayer);
+    }
+    if (perLayer.isZero()) {
+      return SimulatedEngine.LayerListener.NONE;
+    }
+    long nanos = perLayer.toNanos();
+    return (layer, layers, firedNanos) -> {
+      if (layer < layers - 1) {
+        LockSupport.parkNanos(nanos);
+      }
+    };
+  }
+
   /** Steps the simulated engine allows per scheduler step (tokens). */
   private static final int TOKENS_PER_STEP = 512;
 
@@ -75,7 +102,7 @@ public final class SimEngineKind implements EngineKind {
       simulator =
           new SimulatedEngine(
               setup.role(), setup.engineId(), setup.geometry(), cache, scheduler, workers,
-              TOKENS_PER_STEP, setup.engineId().hashCode(), SimulatedEngine.LayerListener.NONE);
+              TOKENS_PER_STEP, setup.engineId().hashCode(), layerCompute(setup.nodeConfig()));
       simulator.start();
       system.systemActorOf(
           SimEngineActor.create(simulator), "sim~" + workers.get(0).identity().toActorName(),

@@ -44,6 +44,75 @@ final class ClusterChecks {
       "kvferry.connector.transfer-timeout", "10m",
       "kvferry.connector.read-abort-timeout", "10m");
 
+  /**
+   * {@link #FAST_DOWNING}, and the simulated engines take this long to compute each layer after
+   * the first, so a transfer is mid-way (layers written, the last not computed yet) for hundreds
+   * of milliseconds: long enough to catch it there and cut it off.
+   */
+  static final Duration LAYER_COMPUTE = Duration.ofMillis(300);
+
+  static final Map<String, String> FAST_DOWNING_SLOW_LAYERS = with(FAST_DOWNING,
+      "kvferry.node.simulated-layer-compute", LAYER_COMPUTE.toMillis() + "ms");
+
+  private static Map<String, String> with(Map<String, String> base, String key, String value) {
+    Map<String, String> m = new java.util.HashMap<>(base);
+    m.put(key, value);
+    return Map.copyOf(m);
+  }
+
+  /**
+   * A write P was caught in with its bytes moving: as {@code node}'s /kvferry/transfers showed it,
+   * some layers written to {@code peerEngineId} and the last layer not even computed yet.
+   */
+  record WriteMidway(String node, String requestId, String transferId, String peerEngineId,
+      int layersFired, int layerWritesDone, int layers) {
+    @Override
+    public String toString() {
+      return requestId + " on " + node + " to " + peerEngineId + ": " + layerWritesDone
+          + " layer writes done, " + layersFired + " of " + layers + " layers computed";
+    }
+  }
+
+  /**
+   * Polls the prefill {@code nodes}' /kvferry/transfers until one shows a write to {@code
+   * peerEngineId} that is mid-way: at least one layer written and fewer than {@code layers}
+   * computed, so it cannot finish before the next layer's compute time.
+   */
+  WriteMidway awaitWriteMidway(String peerEngineId, int layers, String... nodes) {
+    WriteMidway[] seen = new WriteMidway[1];
+    kit.createTestProbe().awaitAssert(within, Duration.ofMillis(5), () -> {
+      for (String node : nodes) {
+        for (JsonNode t : transfers(node).path("transfers")) {
+          JsonNode p = t.path("progress");
+          if (t.path("state").asText().equals("writing")
+              && t.path("peerEngineId").asText().equals(peerEngineId)
+              && p.path("layerWritesDone").asInt() >= 1
+              && p.path("layersFired").asInt() < layers) {
+            seen[0] = new WriteMidway(node, t.path("requestId").asText(),
+                t.path("transferId").asText(), peerEngineId, p.path("layersFired").asInt(),
+                p.path("layerWritesDone").asInt(), layers);
+            return null;
+          }
+        }
+      }
+      throw new AssertionError("no write to " + peerEngineId + " caught mid-way on "
+          + String.join(", ", nodes));
+    });
+    return seen[0];
+  }
+
+  /** The answer to the routed request {@code requestId} among {@code routed}. */
+  RouterActor.Routed answerTo(String requestId,
+      List<CompletableFuture<RouterActor.Routed>> routed) throws Exception {
+    for (CompletableFuture<RouterActor.Routed> f : routed) {
+      RouterActor.Routed r = await(f);
+      if (r.requestId().equals(requestId)) {
+        return r;
+      }
+    }
+    throw new AssertionError(requestId + " is not among the routed requests");
+  }
+
   private final Demo demo;
   private final ActorTestKit kit;
   private final Duration within;

@@ -149,17 +149,25 @@ public final class GpuConnectorRun {
       ConnectorScheduler dSched = new ConnectorScheduler(Role.DECODE, TransferMode.WRITE,
           "decode-0", 0, BLOCK_TOKENS, List.of(dWorker.engineRef()), s, Clock.systemUTC());
 
-      // P's blocks contiguous, D's scattered: the copy is one entry per block (the harder case).
-      int[] pIds = new int[blocks];
-      List<Integer> free = new ArrayList<>();
-      for (int i = 0; i < capacity; i++) {
-        free.add(i);
+      // Both sides scattered, as caches in use hand them out: each a random subset of its cache
+      // (at least twice the request), so the copy is one entry per block.
+      if (2L * blocks > capacity) {
+        throw new IllegalArgumentException("--capacity " + capacity + " must be at least twice"
+            + " --blocks " + blocks);
       }
-      Collections.shuffle(free, new java.util.Random(7));
+      int[] pIds = new int[blocks];
       int[] dIds = new int[blocks];
+      List<Integer> pFree = new ArrayList<>();
+      List<Integer> dFree = new ArrayList<>();
+      for (int i = 0; i < capacity; i++) {
+        pFree.add(i);
+        dFree.add(i);
+      }
+      Collections.shuffle(pFree, new java.util.Random(6));
+      Collections.shuffle(dFree, new java.util.Random(7));
       for (int i = 0; i < blocks; i++) {
-        pIds[i] = i;
-        dIds[i] = free.get(i);
+        pIds[i] = pFree.get(i);
+        dIds[i] = dFree.get(i);
       }
       long[] pSlots = pKv.slotOffsets(pIds);
       long pOffsets = pKv.upload(pSlots);

@@ -328,8 +328,11 @@ public final class GpuTransferBench {
     }
 
     void run() throws Exception {
-      if (blocks > capacity) {
-        throw new IllegalArgumentException("--blocks " + blocks + " exceeds --capacity " + capacity);
+      if (2L * blocks > capacity) {
+        // The scattered rows pick their ids out of a pool at least twice their count (as a D
+        // in use hands out a subset of a larger cache), so few neighbours merge.
+        throw new IllegalArgumentException("--capacity " + capacity + " must be at least twice"
+            + " --blocks " + blocks);
       }
       Cuda.setDevice(pGpu);
       System.out.printf(Locale.ROOT, "kvferry GPU bench: P on GPU %d (%s), D on GPU %d (%s), CUDA runtime %d%n",

@@ -23,9 +23,10 @@ import java.util.SplittableRandom;
  * the same run: the same batch host -> host over the same tcp path. GPU -> GPU goes through
  * pinned staging on both ends (P stages device -> host, D host -> device), once per staging depth
  * so the effect of double buffering shows (depth 1: copies and socket I/O take turns). Both
- * layouts a KV transfer has: one contiguous run, and scattered 32 KiB blocks (shuffled on both
- * sides). WRITE (P pushes) and READ (P pulls). After each row's passes the destination is read back
- * and checked byte for byte. P and D are two transports in this JVM.
+ * layouts a KV transfer has: one contiguous run, and scattered 32 KiB blocks (on each side
+ * {@code --blocks} distinct random block ids out of a pool of twice as many, as an allocator in use
+ * hands them out, so few neighbours merge). WRITE (P pushes) and READ (P pulls). After each row's
+ * passes the destination is read back and checked byte for byte. P and D are two transports in this JVM.
  *
  * <p>Usage: {@code TcpGpuBench [--p-gpu 0] [--d-gpu 0] [--blocks 16384] [--block-bytes 32768]
  * [--reps 5] [--depths 1,2] [--buffer-bytes 4194304]}. GB/s = bytes / wall time of one batch from
@@ -50,15 +51,18 @@ public final class TcpGpuBench {
       System.exit(2);
     }
     long bytes = blocks * blockBytes;
-    if (bytes <= 0 || bytes > Integer.MAX_VALUE) {
+    // Each side's region holds a pool of twice the blocks moved, for the scattered layout.
+    long regionBytes = 2 * bytes;
+    if (bytes <= 0 || regionBytes > Integer.MAX_VALUE) {
       throw new IllegalArgumentException(
-          "--blocks x --block-bytes must be 1 byte to 2 GiB (the check reads it back whole), got "
-              + bytes);
+          "2 x --blocks x --block-bytes must be 1 byte to 2 GiB (the check reads the region back"
+              + " whole), got " + regionBytes);
     }
     System.out.printf(
         Locale.ROOT,
         "tcp over loopback, one JVM: P on GPU %d (%s), D on GPU %d (%s); %d MiB per batch "
-            + "(%d blocks of %d B when scattered); median of %d; staging buffers of %d B%n",
+            + "(%d blocks of %d B out of twice as many when scattered); median of %d; staging"
+            + " buffers of %d B%n",
         pGpu, Cuda.deviceName(pGpu), dGpu, Cuda.deviceName(dGpu), bytes >> 20, blocks, blockBytes,
         reps, bufferBytes);
     StringBuilder header =
@@ -71,22 +75,22 @@ public final class TcpGpuBench {
     List<String> json = new ArrayList<>();
     try (RegionRegistry p = new RegionRegistry("P0");
         RegionRegistry d = new RegionRegistry("D0");
-        Side pHost = Side.of(Where.HOST, p, -1, bytes);
-        Side dHost = Side.of(Where.HOST, d, -1, bytes);
-        Side pGpuSide = Side.of(Where.GPU, p, pGpu, bytes);
-        Side dGpuSide = Side.of(Where.GPU, d, dGpu, bytes);
-        Memory image = TcpGpuChecks.randomImage(bytes, 42);
-        Memory zeros = TcpGpuChecks.constantImage(bytes, (byte) 0);
-        Memory expected = new Memory(bytes);
-        Memory back = new Memory(bytes)) {
+        Side pHost = Side.of(Where.HOST, p, -1, regionBytes);
+        Side dHost = Side.of(Where.HOST, d, -1, regionBytes);
+        Side pGpuSide = Side.of(Where.GPU, p, pGpu, regionBytes);
+        Side dGpuSide = Side.of(Where.GPU, d, dGpu, regionBytes);
+        Memory image = TcpGpuChecks.randomImage(regionBytes, 42);
+        Memory zeros = TcpGpuChecks.constantImage(regionBytes, (byte) 0);
+        Memory expected = new Memory(regionBytes);
+        Memory back = new Memory(regionBytes)) {
       for (boolean scattered : new boolean[] {false, true}) {
         long[][] plan = plan(scattered, blocks, blockBytes);
-        expected.setMemory(0, bytes, (byte) 0);
+        expected.setMemory(0, regionBytes, (byte) 0);
         TcpGpuChecks.apply(image, expected, plan[0], plan[1], plan[2]);
         for (boolean write : new boolean[] {true, false}) {
           String layout = scattered ? "scattered" : "contiguous";
           String op = write ? "WRITE" : "READ";
-          Row row = new Row(write, plan, image, zeros, expected, back, reps, bytes);
+          Row row = new Row(write, plan, image, zeros, expected, back, reps, bytes, regionBytes);
           double host = row.measure(TransportOptions.defaults(), pHost, dHost);
           StringBuilder line = new StringBuilder(String.format(Locale.ROOT, "%-11s %-6s %7.2f GB/s", layout, op, host));
           StringBuilder js = new StringBuilder(String.format(Locale.ROOT,
@@ -107,7 +111,10 @@ public final class TcpGpuBench {
     System.exit(0);
   }
 
-  /** {source offsets, destination offsets, sizes}: one run, or blocks shuffled on both sides. */
+  /**
+   * {source offsets, destination offsets, sizes}: one run, or on each side {@code blocks} distinct
+   * random ids out of a pool of {@code 2 * blocks}, in random order.
+   */
   private static long[][] plan(boolean scattered, int blocks, long blockBytes) {
     if (!scattered) {
       return new long[][] {{0}, {0}, {blocks * blockBytes}};
@@ -116,8 +123,8 @@ public final class TcpGpuBench {
     long[] s = new long[blocks];
     long[] d = new long[blocks];
     long[] n = new long[blocks];
-    int[] from = shuffle(blocks, random);
-    int[] to = shuffle(blocks, random);
+    int[] from = pick(blocks, 2 * blocks, random);
+    int[] to = pick(blocks, 2 * blocks, random);
     for (int i = 0; i < blocks; i++) {
       s[i] = from[i] * blockBytes;
       d[i] = to[i] * blockBytes;
@@ -126,24 +133,25 @@ public final class TcpGpuBench {
     return new long[][] {s, d, n};
   }
 
-  private static int[] shuffle(int n, SplittableRandom random) {
-    int[] a = new int[n];
-    for (int i = 0; i < n; i++) {
+  /** {@code n} distinct ids below {@code pool} in random order (a partial Fisher-Yates). */
+  private static int[] pick(int n, int pool, SplittableRandom random) {
+    int[] a = new int[pool];
+    for (int i = 0; i < pool; i++) {
       a[i] = i;
     }
-    for (int i = n - 1; i > 0; i--) {
-      int j = random.nextInt(i + 1);
+    for (int i = 0; i < n; i++) {
+      int j = i + random.nextInt(pool - i);
       int t = a[i];
       a[i] = a[j];
       a[j] = t;
     }
-    return a;
+    return Arrays.copyOf(a, n);
   }
 
   /** One row's batch, timed over one pair of transports and checked afterwards. */
   private record Row(
       boolean write, long[][] plan, Memory image, Memory zeros, Memory expected, Memory back,
-      int reps, long bytes) {
+      int reps, long bytes, long regionBytes) {
 
     /** Median GB/s of the batch between P's side {@code p} and D's side {@code d}. */
     double measure(TransportOptions options, Side p, Side d) throws Exception {
@@ -170,7 +178,7 @@ public final class TcpGpuBench {
         }
       }
       dst.readInto(back);
-      TcpGpuChecks.compare(expected, back, bytes, "destination");
+      TcpGpuChecks.compare(expected, back, regionBytes, "destination");
       Arrays.sort(ns);
       return bytes / (double) ns[reps / 2];
     }

@@ -7,6 +7,7 @@ import dev.kvferry.rdma.TransportOptions;
 import dev.kvferry.rdma.Transports;
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
+import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.Base64;
 import java.util.zip.CRC32C;
@@ -14,7 +15,7 @@ import java.util.zip.CRC32C;
 /**
  * The destination process of {@link HostTransferBench}: registers a zeroed (so touched) host region,
  * serves it through the named transport, prints {@code DESCRIPTOR <base64>} and answers {@code CRC
- * offset length} until stdin closes.
+ * offset length} and {@code ZERO} (zeroes the whole region) until stdin closes.
  *
  * <p>Arguments: region bytes, transport name, socket buffer bytes (0 = kernel default).
  */
@@ -50,6 +51,19 @@ public final class BenchPeer {
             done += n;
           }
           System.out.println("CRC " + crc.getValue());
+        } else if (w[0].equals("ZERO")) {
+          for (long done = 0; done < region.lengthBytes(); ) {
+            int n = (int) Math.min(1 << 30, region.lengthBytes() - done);
+            ByteBuffer b = region.buffer(done, n);
+            for (int i = 0; i + 8 <= n; i += 8) {
+              b.putLong(i, 0L);
+            }
+            for (int i = n & ~7; i < n; i++) {
+              b.put(i, (byte) 0);
+            }
+            done += n;
+          }
+          System.out.println("ZEROED");
         } else {
           System.out.println("UNKNOWN " + line);
         }

@@ -23,10 +23,12 @@ import java.util.zip.CRC32C;
 /**
  * Host-to-host-process throughput of one transport, the way a KV transfer moves blocks: this JVM
  * holds the source blocks, a child JVM ({@link BenchPeer}) the destination region. Each round
- * writes every block once; the result is the median over rounds, after three warm-up rounds, and
- * the destination is verified by checksum. Layouts follow shared/peers/memcpy_ceiling.c:
- * {@code contiguous} (blocks in order on both sides, so runs merge) and {@code scattered} (a
- * shuffled block order on both sides).
+ * writes every block once; the result is the median over rounds, after three warm-up rounds. The
+ * peer zeroes its region after the warm-up, and after the timed rounds the destination is verified
+ * by checksum (every block where it belongs, every other block still zero), so the figure is of
+ * rounds that moved the right bytes. Layouts: {@code contiguous} (blocks in order on both sides,
+ * so runs merge) and {@code scattered} (on each side n distinct random block ids out of a pool of
+ * 2n, as an allocator in use hands them out, so sorting by address merges few runs).
  *
  * <pre>
  * java -cp ... dev.kvferry.bench.host.HostTransferBench BLOCK_BYTES NUM_BLOCKS ROUNDS cma|tcp
@@ -38,7 +40,7 @@ public final class HostTransferBench {
   private static final Duration REPLY = Duration.ofSeconds(120);
   private static final int WARMUP_ROUNDS = 3;
 
-  /** Block order on both sides. */
+  /** How block ids are chosen on both sides. */
   public enum Layout {
     CONTIGUOUS,
     SCATTERED;
@@ -80,18 +82,36 @@ public final class HostTransferBench {
     public long totalBytes() {
       return blockBytes * blockCount;
     }
+
+    /** Blocks in each side's region: the transfer's own, or twice that when scattered. */
+    public int poolBlocks() {
+      return layout == Layout.SCATTERED ? 2 * blockCount : blockCount;
+    }
+
+    public long regionBytes() {
+      return blockBytes * poolBlocks();
+    }
   }
 
-  /** Median, min and max GB/s (1e9 bytes per second) over the rounds; verified by checksum. */
-  public record Result(Config config, double medianGbps, double minGbps, double maxGbps, boolean verified) {
+  /**
+   * Median, min and max GB/s (1e9 bytes per second) over the timed rounds.
+   *
+   * @param verified whether D's region held exactly the expected bytes after the timed rounds
+   * @param sourceRuns runs of adjacent blocks on P's side once entries are sorted by P's address
+   * @param destinationRuns the same on D's side: what a transport that merges runs can merge
+   */
+  public record Result(Config config, double medianGbps, double minGbps, double maxGbps,
+      boolean verified, int sourceRuns, int destinationRuns) {
     public String toJson() {
       return String.format(
           Locale.ROOT,
           "{\"transport\": \"%s\", \"layout\": \"%s\", \"block_bytes\": %d, \"num_blocks\": %d, "
+              + "\"pool_blocks\": %d, \"source_runs\": %d, \"destination_runs\": %d, "
               + "\"rounds\": %d, \"gbps\": %.3f, \"min_gbps\": %.3f, \"max_gbps\": %.3f, "
               + "\"verified\": %s}",
           config.transport(), config.layout().name().toLowerCase(Locale.ROOT), config.blockBytes(),
-          config.blockCount(), config.rounds(), medianGbps, minGbps, maxGbps, verified);
+          config.blockCount(), config.poolBlocks(), sourceRuns, destinationRuns, config.rounds(),
+          medianGbps, minGbps, maxGbps, verified);
     }
   }
 
@@ -129,7 +149,7 @@ public final class HostTransferBench {
             ChildJvm.start(
                 BenchPeer.class.getName(),
                 List.of("-Xmx256m"),
-                List.of(String.valueOf(total), config.transport(),
+                List.of(String.valueOf(config.regionBytes()), config.transport(),
                     String.valueOf(config.socketBufferBytes())));
         RegionRegistry registry = new RegionRegistry("bench");
         Transport transport =
@@ -141,11 +161,11 @@ public final class HostTransferBench {
                     .withTcpSocketBufferBytes(config.socketBufferBytes())
                     .withCmaInlineMaxBytes(config.cmaInlineMaxBytes()))) {
       RegionDescriptor remote = descriptor(peer.awaitLine("DESCRIPTOR ", REPLY));
-      MemoryRegion source = registry.allocateHost(total);
+      MemoryRegion source = registry.allocateHost(config.regionBytes());
       fill(source);
       int n = config.blockCount();
-      int[] from = order(n, config.layout(), 42);
-      int[] to = order(n, config.layout(), 43);
+      int[] from = blockIds(n, config.poolBlocks(), config.layout(), 42);
+      int[] to = blockIds(n, config.poolBlocks(), config.layout(), 43);
       long[] lo = new long[n];
       long[] ro = new long[n];
       long[] sz = new long[n];
@@ -161,15 +181,18 @@ public final class HostTransferBench {
       for (int w = 0; w < WARMUP_ROUNDS; w++) {
         writeOnce(transport, source, remote, batch);
       }
-      boolean verified = verify(peer, source, from, to, config);
+      // The warm-up's bytes must not count for the timed rounds' check.
+      peer.request("ZERO", "ZEROED", REPLY);
       double[] gbps = new double[config.rounds()];
       for (int r = 0; r < config.rounds(); r++) {
         long t0 = System.nanoTime();
         writeOnce(transport, source, remote, batch);
         gbps[r] = total / (double) (System.nanoTime() - t0); // bytes per ns = GB/s
       }
+      boolean verified = verify(peer, source, from, to, config);
       Arrays.sort(gbps);
-      return new Result(config, gbps[gbps.length / 2], gbps[0], gbps[gbps.length - 1], verified);
+      return new Result(config, gbps[gbps.length / 2], gbps[0], gbps[gbps.length - 1], verified,
+          runs(from), runs(to));
     }
   }
 
@@ -182,24 +205,46 @@ public final class HostTransferBench {
     }
   }
 
-  /** Compares the peer's checksum of its region with the blocks we sent, in its order. */
+  /**
+   * Compares the peer's checksum of its whole region with what it must hold: block {@code to[i]}
+   * equal to our block {@code from[i]}, every block no entry names still zero.
+   */
   private static boolean verify(ChildJvm peer, MemoryRegion source, int[] from, int[] to, Config c)
       throws IOException {
-    int[] sourceOf = new int[from.length];
+    int[] sourceOf = new int[c.poolBlocks()];
+    Arrays.fill(sourceOf, -1);
     for (int i = 0; i < from.length; i++) {
       sourceOf[to[i]] = from[i];
     }
     CRC32C expected = new CRC32C();
-    for (int d = 0; d < from.length; d++) {
-      long offset = sourceOf[d] * c.blockBytes();
+    ByteBuffer zeros = ByteBuffer.allocateDirect((int) Math.min(1 << 20, c.blockBytes()));
+    for (int d = 0; d < sourceOf.length; d++) {
       for (long done = 0; done < c.blockBytes(); ) {
-        int len = (int) Math.min(1 << 30, c.blockBytes() - done);
-        expected.update(source.buffer(offset + done, len));
+        int len = (int) Math.min(sourceOf[d] < 0 ? zeros.capacity() : 1 << 30,
+            c.blockBytes() - done);
+        if (sourceOf[d] < 0) {
+          expected.update(zeros.duplicate().limit(len));
+        } else {
+          expected.update(source.buffer(sourceOf[d] * c.blockBytes() + done, len));
+        }
         done += len;
       }
     }
-    String crc = peer.request("CRC 0 " + c.totalBytes(), "CRC ", REPLY);
+    String crc = peer.request("CRC 0 " + c.regionBytes(), "CRC ", REPLY);
     return crc.equals(String.valueOf(expected.getValue()));
+  }
+
+  /** Runs of consecutive ids once sorted: 1 for a contiguous list, about n for a scattered one. */
+  static int runs(int[] ids) {
+    int[] sorted = ids.clone();
+    Arrays.sort(sorted);
+    int runs = sorted.length == 0 ? 0 : 1;
+    for (int i = 1; i < sorted.length; i++) {
+      if (sorted[i] != sorted[i - 1] + 1) {
+        runs++;
+      }
+    }
+    return runs;
   }
 
   private static void fill(MemoryRegion region) {
@@ -213,21 +258,25 @@ public final class HostTransferBench {
     }
   }
 
-  private static int[] order(int n, Layout layout, long seed) {
-    int[] order = new int[n];
-    for (int i = 0; i < n; i++) {
-      order[i] = i;
+  /**
+   * {@code n} block ids below {@code pool}: in order for contiguous, else {@code n} distinct random
+   * ids (a partial Fisher-Yates) in random order.
+   */
+  static int[] blockIds(int n, int pool, Layout layout, long seed) {
+    int[] all = new int[pool];
+    for (int i = 0; i < pool; i++) {
+      all[i] = i;
     }
     if (layout == Layout.SCATTERED) {
       Random r = new Random(seed);
-      for (int i = n - 1; i > 0; i--) {
-        int j = r.nextInt(i + 1);
-        int t = order[i];
-        order[i] = order[j];
-        order[j] = t;
+      for (int i = 0; i < n; i++) {
+        int j = i + r.nextInt(pool - i);
+        int t = all[i];
+        all[i] = all[j];
+        all[j] = t;
       }
     }
-    return order;
+    return Arrays.copyOf(all, n);
   }
 
   private static RegionDescriptor descriptor(String base64) throws IOException {
