@@ -76,7 +76,7 @@ console=$m2/org/junit/platform/junit-platform-console-standalone/$junit_platform
 [ -f "$console" ] || mvn -B -q dependency:get \
   -Dartifact=org.junit.platform:junit-platform-console-standalone:$junit_platform
 rm -rf .device/tests && mkdir -p .device/tests
-for module in rdma-jni actors cluster-config; do
+for module in rdma-jni actors cluster-config sim bench cli; do
   jar cf ".device/tests/kvferry-$module-tests.jar" -C "$module/target/test-classes" .
 done
 cp "$console" \

@@ -17,7 +17,7 @@ import java.util.Map;
 
 /**
  * Host bytes from P to D in another process: the {@code cma} transport against a single-thread
- * memcpy of the same bytes in one process (shared/peers/memcpy_ceiling.c, compiled here), and the
+ * memcpy of the same bytes in one process (kvferry's memcpy_ceiling.c, compiled here), and the
  * {@code tcp} transport against an iperf3 single stream on loopback. Each figure is the median of
  * {@code repeats} runs, each itself a median over rounds (see {@link HostTransferBench}). A row
  * whose bytes at D are wrong after its timed rounds fails, whatever its speed.
@@ -90,8 +90,10 @@ public final class HostTransferSuite {
         if (memcpy != null) {
           try {
             PeerTools.Output o = PeerTools.run(
+                // The same work as kvferry's scattered row: n of a pool of 2n blocks, both sides.
                 List.of(memcpy.toString(), String.valueOf(Geometry.BLOCK_BYTES),
-                    String.valueOf(blocks), String.valueOf(rounds)), null, Duration.ofMinutes(5));
+                    String.valueOf(blocks), String.valueOf(rounds), String.valueOf(2 * blocks)),
+                null, Duration.ofMinutes(5));
             JsonNode j = JSON.readTree(o.lastLine());
             ceilContig.add(j.get("contiguous_gbps").asDouble());
             ceilScatter.add(j.get("scattered_gbps").asDouble());
@@ -110,8 +112,8 @@ public final class HostTransferSuite {
           CMA_CONTIGUOUS_GOAL, peerNote)));
       rows.add(scattered.row(BenchRow.higherIsBetter(
           "host P->D cma scattered " + Geometry.tokens(tokens), "GB/s", scattered.median(), ps,
-          CMA_SCATTERED_GOAL, join(peerNote, SCATTERED_NOTE + "; memcpy_ceiling: n blocks "
-              + "shuffled on both sides, one memcpy per block"))));
+          CMA_SCATTERED_GOAL, join(peerNote, SCATTERED_NOTE + "; memcpy_ceiling: n random ids of"
+              + " a pool of 2n on both sides too, one memcpy per block"))));
       put("kvferry cma contiguous", s, contiguous.median());
       put("kvferry cma scattered", s, scattered.median());
       put("memcpy contiguous (peer)", s, pc);
