@@ -5,6 +5,7 @@ import com.sun.jna.Memory;
 import com.sun.jna.Pointer;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import org.jspecify.annotations.Nullable;
 
 /**
  * Cross-memory attach between processes on one host: {@code process_vm_writev} / {@code
@@ -112,7 +113,7 @@ public final class CmaTransport implements Transport {
   }
 
   /** Why this pair of regions cannot be reached through CMA, or null when it can. */
-  private String refusal(MemoryRegion local, RegionDescriptor remote) {
+  private @Nullable String refusal(MemoryRegion local, RegionDescriptor remote) {
     if (closed) {
       return "cma transport is closed";
     }
@@ -327,7 +328,7 @@ public final class CmaTransport implements Transport {
     }
 
     /** Sorts {@code key[0, n)} ascending (unsigned, as addresses), carrying a and b along. */
-    private static void heapSort(long[] key, long[] a, long[] b, int n) {
+    private static void heapSort(long[] key, long[] a, long @Nullable [] b, int n) {
       for (int i = n / 2 - 1; i >= 0; i--) {
         siftDown(key, a, b, i, n);
       }
@@ -337,7 +338,7 @@ public final class CmaTransport implements Transport {
       }
     }
 
-    private static void siftDown(long[] key, long[] a, long[] b, int root, int n) {
+    private static void siftDown(long[] key, long[] a, long @Nullable [] b, int root, int n) {
       while (true) {
         int child = 2 * root + 1;
         if (child >= n) {
@@ -354,7 +355,7 @@ public final class CmaTransport implements Transport {
       }
     }
 
-    private static void swap(long[] key, long[] a, long[] b, int i, int j) {
+    private static void swap(long[] key, long[] a, long @Nullable [] b, int i, int j) {
       long t = key[i];
       key[i] = key[j];
       key[j] = t;

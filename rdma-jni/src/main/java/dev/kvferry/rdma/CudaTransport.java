@@ -14,7 +14,9 @@ import java.util.ArrayDeque;
 import java.util.HexFormat;
 import java.util.LinkedHashMap;
 import java.util.Map;
+import java.util.Objects;
 import java.util.concurrent.ConcurrentHashMap;
+import org.jspecify.annotations.Nullable;
 
 /**
  * GPU memory between processes on one host: the peer's allocation is opened once through its CUDA
@@ -176,7 +178,7 @@ public final class CudaTransport implements Transport {
    * Why a descriptor naming this process may not be used as it is, or null: its address must be a
    * region described here, and its length no more than that region's.
    */
-  static String sameProcessRefusal(RegionDescriptor remote, Map<Long, Long> describedHere) {
+  static @Nullable String sameProcessRefusal(RegionDescriptor remote, Map<Long, Long> describedHere) {
     Long length = describedHere.get(remote.baseAddress());
     if (length == null) {
       return "cuda: region " + remote.regionId() + " of " + owner(remote)
@@ -197,7 +199,7 @@ public final class CudaTransport implements Transport {
    * opened, {@code allocationBytes} long (cuMemGetAddressRange), not just within what the peer
    * says.
    */
-  static String ipcRangeRefusal(
+  static @Nullable String ipcRangeRefusal(
       RegionDescriptor remote, long offsetInAllocation, long allocationBytes) {
     if (offsetInAllocation < 0
         || offsetInAllocation > allocationBytes
@@ -210,7 +212,7 @@ public final class CudaTransport implements Transport {
   }
 
   private TransferStatus start(
-      CudaEvent after,
+      @Nullable CudaEvent after,
       MemoryRegion local,
       RegionDescriptor remote,
       TransferBatch batch,
@@ -243,8 +245,8 @@ public final class CudaTransport implements Transport {
           Cuda.streamWaitEvent(lane.stream, after.handle());
         }
         if (methodFor(method, batch) == CopyMethod.KERNEL) {
-          lane.plan(batch).launch(lane.kernels, local.address(), remoteBase, toRemote, lane.stream,
-              lane.args);
+          lane.plan(batch).launch(Objects.requireNonNull(lane.kernels, "kernel method without kernels"),
+              local.address(), remoteBase, toRemote, lane.stream, lane.args);
         } else {
           lane.memcpyBatch(batch, local.address(), remoteBase, toRemote);
         }
@@ -289,7 +291,7 @@ public final class CudaTransport implements Transport {
         : CopyMethod.KERNEL;
   }
 
-  private String refusal(MemoryRegion local, RegionDescriptor remote) {
+  private @Nullable String refusal(MemoryRegion local, RegionDescriptor remote) {
     if (closed) {
       return "cuda transport is closed";
     }
@@ -411,15 +413,15 @@ public final class CudaTransport implements Transport {
   private final class Lane {
     final int device;
     final long stream;
-    final CudaKernels kernels;
+    final @Nullable CudaKernels kernels;
     final KernelArgs args = new KernelArgs(8);
     final ArrayDeque<Long> events = new ArrayDeque<>();
     final LinkedHashMap<TransferBatch, ScatterPlan> plans = new LinkedHashMap<>(16, 0.75f, true);
-    TransferBatch lastBatch;
-    ScatterPlan lastPlan;
-    Memory dsts;
-    Memory srcs;
-    Memory sizes;
+    @Nullable TransferBatch lastBatch;
+    @Nullable ScatterPlan lastPlan;
+    @Nullable Memory dsts;
+    @Nullable Memory srcs;
+    @Nullable Memory sizes;
     final Memory attrs = new Memory(24);
     final Memory attrIndex = new Memory(8);
     /** Closed because its peer left: a transfer that still got hold of it fails. */
@@ -437,8 +439,9 @@ public final class CudaTransport implements Transport {
 
     /** The batch's device plan: cached, since every layer of a request shares one. */
     ScatterPlan plan(TransferBatch batch) {
-      if (batch == lastBatch) {
-        return lastPlan;
+      ScatterPlan last = lastPlan;
+      if (batch == lastBatch && last != null) {
+        return last;
       }
       ScatterPlan plan = plans.get(batch);
       if (plan == null) {
@@ -474,10 +477,13 @@ public final class CudaTransport implements Transport {
       if (n == 0) {
         return;
       }
-      if (dsts == null || dsts.size() < 8L * n) {
-        dsts = new Memory(8L * n);
-        srcs = new Memory(8L * n);
-        sizes = new Memory(8L * n);
+      Memory dsts = this.dsts;
+      Memory srcs = this.srcs;
+      Memory sizes = this.sizes;
+      if (dsts == null || srcs == null || sizes == null || dsts.size() < 8L * n) {
+        dsts = this.dsts = new Memory(8L * n);
+        srcs = this.srcs = new Memory(8L * n);
+        sizes = this.sizes = new Memory(8L * n);
       }
       long[] lo = batch.localOffsets();
       long[] ro = batch.remoteOffsets();

@@ -1,5 +1,7 @@
 package dev.kvferry.rdma;
 
+import org.jspecify.annotations.Nullable;
+
 /**
  * Same-process transport: the remote region is registered in this process (looked up by id in the
  * given registry) and bytes move with a plain memory copy. Used by single-JVM tests and the demo's
@@ -63,7 +65,7 @@ public final class LocalTransport implements Transport {
         }
       }
     } catch (RegionBoundsException e) {
-      return TransferStatus.failed(e.getMessage());
+      return TransferStatus.failed(String.valueOf(e.getMessage()));
     } finally {
       target.unpin();
       local.unpin();
@@ -71,7 +73,7 @@ public final class LocalTransport implements Transport {
     return TransferStatus.succeeded(batch.totalBytes());
   }
 
-  private MemoryRegion find(RegionDescriptor remote) {
+  private @Nullable MemoryRegion find(RegionDescriptor remote) {
     for (RegionRegistry registry : reachable) {
       MemoryRegion r = registry.lookup(remote.regionId());
       if (r != null && r.address() == remote.baseAddress() && r.owner().equals(remote.owner())) {

@@ -4,6 +4,7 @@ import com.sun.jna.Pointer;
 import java.nio.ByteBuffer;
 import java.util.Objects;
 import java.util.concurrent.atomic.AtomicInteger;
+import org.jspecify.annotations.Nullable;
 
 /**
  * A registered range of memory: host memory kvferry allocated itself (page aligned, outside the
@@ -18,7 +19,7 @@ public final class MemoryRegion implements AutoCloseable {
   private final long lengthBytes;
   private final RegionKind kind;
   private final int device;
-  private final Runnable release;
+  private final @Nullable Runnable release;
   private volatile boolean closed;
   /** Transfers in flight (low bits) plus {@link #CLOSED_BIT}: memory is freed when both say so. */
   private final AtomicInteger pins = new AtomicInteger();
@@ -32,7 +33,7 @@ public final class MemoryRegion implements AutoCloseable {
       long lengthBytes,
       RegionKind kind,
       int device,
-      Runnable release) {
+      @Nullable Runnable release) {
     this.registry = registry;
     this.id = id;
     this.address = address;
@@ -90,8 +91,8 @@ public final class MemoryRegion implements AutoCloseable {
         HostIdentity.bootId(),
         "",
         0,
-        null,
-        null);
+        new byte[0],
+        new byte[0]);
   }
 
   /** Checks that {@code [offsetBytes, offsetBytes + length)} lies inside this region. */

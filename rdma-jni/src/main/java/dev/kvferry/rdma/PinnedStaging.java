@@ -379,8 +379,9 @@ final class PinnedStaging implements AutoCloseable {
    * copy per run rather than per entry (blocks that are neighbours on this side merge).
    */
   static final class EntryCursor {
-    private long[] offsets;
-    private long[] lengths;
+    private long[] offsets = NO_ENTRIES;
+    private long[] lengths = NO_ENTRIES;
+    private static final long[] NO_ENTRIES = new long[0];
     private int count;
     private int entry;
     private long entryDone;

@@ -5,6 +5,7 @@ import java.security.SecureRandom;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicInteger;
+import org.jspecify.annotations.Nullable;
 
 /**
  * The regions one owner (an engine worker) has registered, by id, plus the secret token that TCP
@@ -92,7 +93,7 @@ public final class RegionRegistry implements AutoCloseable {
    * releases it last).
    */
   public MemoryRegion registerExternal(
-      long address, long lengthBytes, RegionKind kind, int device, Runnable free) {
+      long address, long lengthBytes, RegionKind kind, int device, @Nullable Runnable free) {
     if (address == 0 || lengthBytes <= 0) {
       throw new IllegalArgumentException(
           "external region needs a non-null address and positive length, got 0x"
@@ -101,7 +102,8 @@ public final class RegionRegistry implements AutoCloseable {
     return add(address, lengthBytes, kind, device, free);
   }
 
-  private MemoryRegion add(long address, long length, RegionKind kind, int device, Runnable free) {
+  private MemoryRegion add(
+      long address, long length, RegionKind kind, int device, @Nullable Runnable free) {
     int id = nextId.getAndIncrement();
     MemoryRegion region = new MemoryRegion(this, id, address, length, kind, device, free);
     regions.put(id, region);
@@ -109,7 +111,7 @@ public final class RegionRegistry implements AutoCloseable {
   }
 
   /** The open region with this id, or null. */
-  public MemoryRegion lookup(int regionId) {
+  public @Nullable MemoryRegion lookup(int regionId) {
     return regions.get(regionId);
   }
 

@@ -19,6 +19,7 @@ import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.locks.LockSupport;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
+import org.jspecify.annotations.Nullable;
 
 /**
  * Serves the regions of one {@link RegionRegistry} over TCP ({@link TcpWire} protocol): one thread
@@ -134,7 +135,7 @@ final class TcpListener implements AutoCloseable {
     handlers.shutdownNow();
   }
 
-  private static SocketAddress remoteAddress(SocketChannel channel) {
+  private static @Nullable SocketAddress remoteAddress(SocketChannel channel) {
     try {
       return channel.getRemoteAddress();
     } catch (IOException e) {
@@ -154,7 +155,7 @@ final class TcpListener implements AutoCloseable {
   private static final class Refusal extends Exception {
     private static final long serialVersionUID = 1L;
 
-    Refusal(String reason) {
+    Refusal(@Nullable String reason) {
       super(reason, null, false, false);
     }
   }
@@ -162,7 +163,7 @@ final class TcpListener implements AutoCloseable {
   /** One accepted connection: hello, then frames until the peer closes or misbehaves. */
   private final class Connection implements Runnable {
     final SocketChannel channel;
-    final SocketAddress peer;
+    final @Nullable SocketAddress peer;
     final TcpWire.Progress progress = new TcpWire.Progress();
     final ByteBuffer header = ByteBuffer.allocateDirect(TcpWire.FRAME_HEADER_BYTES);
     final ByteBuffer entries =
@@ -174,7 +175,7 @@ final class TcpListener implements AutoCloseable {
     final ByteBuffer[] iov = new ByteBuffer[RegionSlots.SLOTS];
     final Map<MemoryRegion, RegionSlots> slots = new IdentityHashMap<>();
 
-    Connection(SocketChannel channel, SocketAddress peer) {
+    Connection(SocketChannel channel, @Nullable SocketAddress peer) {
       this.channel = channel;
       this.peer = peer;
     }

@@ -12,10 +12,12 @@ import java.util.Base64;
 import java.util.IdentityHashMap;
 import java.util.Map;
 import java.util.Set;
+import java.util.Objects;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ConcurrentLinkedDeque;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
+import org.jspecify.annotations.Nullable;
 
 /**
  * Moves bytes between hosts over TCP. Each instance can listen and serve the regions of its
@@ -42,7 +44,7 @@ public final class TcpTransport implements Transport {
   private final RegionRegistry registry;
   private final TransportOptions options;
   private final IoWatchdog watchdog;
-  private final TcpListener listener;
+  private final @Nullable TcpListener listener;
   private final String advertisedHost;
   private final TransferExecutor executor;
   private final PinnedStaging staging;
@@ -364,7 +366,7 @@ public final class TcpTransport implements Transport {
     }
 
     /** Presents the token; returns null when accepted, else the listener's reason. */
-    String hello(byte[] token) throws IOException {
+    @Nullable String hello(byte[] token) throws IOException {
       frame.clear().putInt(TcpWire.MAGIC).put((byte) TcpWire.VERSION).put((byte) token.length)
           .put(token).flip();
       TcpWire.writeFully(channel, frame, progress);
@@ -375,7 +377,7 @@ public final class TcpTransport implements Transport {
      * Sends one batch as frames of up to {@link TcpWire#MAX_ENTRIES} entries of at most {@link
      * TcpWire#MAX_ENTRY_BYTES} each. Returns null on success or the listener's reason.
      */
-    String transfer(MemoryRegion local, RegionDescriptor remote, TransferBatch batch, boolean toRemote)
+    @Nullable String transfer(MemoryRegion local, RegionDescriptor remote, TransferBatch batch, boolean toRemote)
         throws IOException {
       progress.busy();
       watchdog.watch(channel, progress, "tcp connection to " + endpoint);
@@ -428,7 +430,8 @@ public final class TcpTransport implements Transport {
               lane.startSend(local.address(), localOffsets, lengths, n);
               lane.finishSend(channel, progress);
             } else {
-              TcpWire.transferEntries(channel, localSlots, iov, localOffsets, lengths, n, false, progress);
+              TcpWire.transferEntries(channel, Objects.requireNonNull(localSlots), iov, localOffsets,
+                  lengths, n, false, progress);
             }
           } else {
             String refusal = TcpWire.readAck(channel, ack, progress);
@@ -439,7 +442,8 @@ public final class TcpTransport implements Transport {
             if (lane != null) {
               lane.receive(channel, local.address(), localOffsets, lengths, n, progress);
             } else {
-              TcpWire.transferEntries(channel, localSlots, iov, localOffsets, lengths, n, true, progress);
+              TcpWire.transferEntries(channel, Objects.requireNonNull(localSlots), iov, localOffsets,
+                  lengths, n, true, progress);
             }
           }
         }

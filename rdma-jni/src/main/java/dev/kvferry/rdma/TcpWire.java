@@ -5,6 +5,7 @@ import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.channels.SocketChannel;
 import java.nio.charset.StandardCharsets;
+import org.jspecify.annotations.Nullable;
 
 /**
  * The TCP data protocol, big-endian, shared by {@link TcpTransport} (client) and {@link
@@ -91,7 +92,7 @@ final class TcpWire {
   }
 
   /** Writes an ack into {@code buf} (cleared, then flipped for writing). */
-  static ByteBuffer ack(ByteBuffer buf, String error) {
+  static ByteBuffer ack(ByteBuffer buf, @Nullable String error) {
     buf.clear();
     if (error == null) {
       buf.put(ACK_OK).putShort((short) 0);
@@ -109,7 +110,8 @@ final class TcpWire {
    * @return null for ok, else the listener's reason
    * @throws IOException when the bytes are no ack
    */
-  static String readAck(SocketChannel ch, ByteBuffer buf, Progress progress) throws IOException {
+  static @Nullable String readAck(SocketChannel ch, ByteBuffer buf, Progress progress)
+      throws IOException {
     buf.clear().limit(ACK_HEADER_BYTES);
     readFully(ch, buf, progress, "ack");
     byte status = buf.get(0);

@@ -1,6 +1,7 @@
 package dev.kvferry.rdma;
 
 import java.util.concurrent.CompletableFuture;
+import org.jspecify.annotations.Nullable;
 
 /**
  * The asynchronous outcome of one {@link Transport} call: pending, then succeeded or failed with a
@@ -17,7 +18,7 @@ public final class TransferStatus {
 
   private final CompletableFuture<TransferStatus> completion = new CompletableFuture<>();
   private volatile State state = State.PENDING;
-  private volatile String failureMessage;
+  private volatile @Nullable String failureMessage;
   private volatile long bytesMoved;
 
   public static TransferStatus pending() {
@@ -75,7 +76,7 @@ public final class TransferStatus {
   }
 
   /** The failure reason, or null unless {@link #state()} is FAILED. */
-  public String failureMessage() {
+  public @Nullable String failureMessage() {
     return failureMessage;
   }
 

@@ -6,6 +6,7 @@ import com.sun.jna.Pointer;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
+import org.jspecify.annotations.Nullable;
 
 /**
  * kvferry's entry to CUDA: the availability probe, and checked wrappers over the runtime and driver
@@ -21,9 +22,9 @@ public final class Cuda {
   /** Bytes of a cudaIpcMemHandle_t. */
   public static final int IPC_HANDLE_BYTES = 64;
 
-  private static final String UNAVAILABLE;
+  private static final @Nullable String UNAVAILABLE;
   private static final int RUNTIME_VERSION;
-  private static final Function MEMCPY_BATCH_ASYNC;
+  private static final @Nullable Function MEMCPY_BATCH_ASYNC;
 
   static {
     String reason = null;
@@ -73,7 +74,7 @@ public final class Cuda {
   }
 
   /** Why CUDA is unavailable, or null when it is available. */
-  public static String unavailableReason() {
+  public static @Nullable String unavailableReason() {
     return UNAVAILABLE;
   }
 

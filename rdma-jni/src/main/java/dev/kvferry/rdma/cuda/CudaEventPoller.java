@@ -8,6 +8,7 @@ import java.util.Map;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.locks.LockSupport;
 import java.util.function.Consumer;
+import org.jspecify.annotations.Nullable;
 
 /**
  * One daemon thread that learns when CUDA events complete by polling {@code cudaEventQuery}, and
@@ -28,7 +29,7 @@ public final class CudaEventPoller implements AutoCloseable {
   private static final long PARK_NS = 20_000;
   private static final long UNORDERED = 0;
 
-  private static volatile CudaEventPoller common;
+  private static volatile @Nullable CudaEventPoller common;
 
   private record Watch(long order, long event, Runnable onComplete, Consumer<CudaException> onError) {}
 
