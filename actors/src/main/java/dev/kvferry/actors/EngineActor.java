@@ -12,7 +12,7 @@ import dev.kvferry.actors.plan.InvalidBlockIdsException;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.actors.plan.TensorParallelSplit;
 import dev.kvferry.actors.plan.TransferPlanner;
-import dev.kvferry.rdma.CudaTransport;
+import dev.kvferry.rdma.EventOrderedTransport;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionDescriptor;
 import dev.kvferry.rdma.TransferBatch;
@@ -278,6 +278,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   /** D, cuda transport: done words P's copy streams store into (null until first needed). */
   private DoneWordWatcher doneWords;
   private boolean doneWordsUnavailable;
+  /** Whether P's transport can store a done word behind its copies (resolved once). */
+  private final boolean peersCanStoreDoneWords;
   private final ActorRef<HandshakeActor.Result> readHandshakeAdapter;
   private final Map<String, ReadJob> reads = new HashMap<>();
   private final Map<String, List<ReqMeta>> readsAwaitingPeer = new HashMap<>();
@@ -327,6 +329,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   private EngineActor(ActorContext<Command> ctx, Setup setup) {
     super(ctx);
     this.setup = setup;
+    // The same transport kind on both sides: ours tells what P's can do.
+    this.peersCanStoreDoneWords = setup.transport() instanceof EventOrderedTransport;
     this.self = setup.identity();
     this.endedEarly =
         new dev.kvferry.actors.engine.TerminalIds(setup.settings().terminalIdCapacity());
@@ -534,7 +538,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
    * only) otherwise.
    */
   private DoneWordWatcher.Ticket doneWordTicket(String transferId) {
-    if (!(setup.transport() instanceof CudaTransport)) {
+    if (!peersCanStoreDoneWords) {
       return null;
     }
     if (doneWords == null && !doneWordsUnavailable) {

@@ -12,7 +12,7 @@ import dev.kvferry.actors.plan.InvalidBlockIdsException;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.actors.plan.TensorParallelSplit;
 import dev.kvferry.actors.plan.TransferPlanner;
-import dev.kvferry.rdma.CudaTransport;
+import dev.kvferry.rdma.EventOrderedTransport;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.TransferBatch;
 import dev.kvferry.rdma.TransferStatus;
@@ -28,6 +28,7 @@ import java.util.OptionalInt;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
 import org.apache.pekko.actor.typed.ActorRef;
+import org.jspecify.annotations.Nullable;
 import org.apache.pekko.actor.typed.Behavior;
 import org.apache.pekko.actor.typed.PostStop;
 import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
@@ -175,6 +176,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private final KvCacheGeometry geometry;
   private final List<MemoryRegion> layerRegions;
   private final Transport transport;
+  /** The transport's GPU ordering (copies behind CUDA events, done words), resolved once. */
+  private final @Nullable EventOrderedTransport eventOrdered;
   private final Executor io;
   private final ConnectorSettings settings;
   private final ActorRef<HandshakeActor.Command> handshake;
@@ -229,6 +232,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     this.geometry = geometry;
     this.layerRegions = List.copyOf(layerRegions);
     this.transport = transport;
+    this.eventOrdered = transport instanceof EventOrderedTransport e ? e : null;
     this.io = io;
     this.settings = settings;
     this.handshake = handshake;
@@ -300,7 +304,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     learnTargets(j);
     String id = r.transferId();
     int layer = m.layer();
-    if (m.event() instanceof CudaLayerEvent gpu && transport instanceof CudaTransport) {
+    if (m.event() instanceof CudaLayerEvent gpu && eventOrdered != null) {
       // The copy stream waits for the event (cudaStreamWaitEvent): ready now, as far as we care.
       j.gpuEvents.put(layer, gpu.event());
       j.firedLayers.add(layer);
@@ -335,7 +339,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       return this;
     }
     t.remoteBlockIds = b.blockIds();
-    if (b.hasDoneWord() && transport instanceof CudaTransport) {
+    if (b.hasDoneWord() && eventOrdered != null) {
       t.doneWord = b;
     }
     if (j.decodeEngineId == null) {
@@ -480,10 +484,13 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     }
     MemoryRegion local = layerRegions.get(0);
     var remote = t.peer.layers().get(0);
-    CudaTransport cuda = (CudaTransport) transport;
+    EventOrderedTransport ordered = eventOrdered;
+    if (ordered == null) {
+      return;
+    }
     String id = j.transferId;
     CompletableFuture.allOf(t.submitted.toArray(CompletableFuture[]::new))
-        .thenRunAsync(() -> cuda.signalWhenCopied(local, remote, words.deviceAddress(w.doneSlot()),
+        .thenRunAsync(() -> ordered.signalWhenCopied(local, remote, words.deviceAddress(w.doneSlot()),
             w.doneValue()), io)
         .whenComplete((ok, error) -> {
           if (error != null) {
@@ -519,6 +526,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     var remote = t.peer.layers().get(layer);
     TransferBatch plan = t.plan;
     CudaEvent after = j.gpuEvents.get(layer);
+    EventOrderedTransport ordered = eventOrdered;
     java.util.concurrent.atomic.AtomicBoolean cancelled = j.cancelled;
     CompletableFuture<TransferStatus> submission =
         CompletableFuture.supplyAsync(
@@ -526,8 +534,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
               if (cancelled.get()) {
                 return TransferStatus.failed("transfer abandoned before this layer was written");
               }
-              return after != null
-                  ? ((CudaTransport) transport).writeAfter(after, local, remote, plan)
+              return after != null && ordered != null
+                  ? ordered.writeAfter(after, local, remote, plan)
                   : transport.write(local, remote, plan);
             },
             io);

@@ -11,7 +11,6 @@ import dev.kvferry.rdma.cuda.ScatterPlan;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.ArrayDeque;
-import java.util.HexFormat;
 import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.Objects;
@@ -36,7 +35,7 @@ import org.jspecify.annotations.Nullable;
  * cudaIpcMemHandle_t} of the allocation holding the region, then the region's offset within that
  * allocation (8 bytes, little endian).
  */
-public final class CudaTransport implements Transport {
+public final class CudaTransport implements EventOrderedTransport {
 
   /** How a batch is moved; each takes one call per batch. */
   public enum CopyMethod {
@@ -65,7 +64,7 @@ public final class CudaTransport implements Transport {
   private final CopyMethod method;
   private final CudaEventPoller poller;
   /** Remote allocations opened through IPC, by local device and handle: base and real size. */
-  private final Map<String, Opened> openedAllocations = new ConcurrentHashMap<>();
+  private final Map<AllocationKey, Opened> openedAllocations = new ConcurrentHashMap<>();
   /**
    * Regions any cuda transport of this process described, by address, with their length: the only
    * memory a descriptor naming this process may reach without IPC. The pid, boot id and address
@@ -76,8 +75,22 @@ public final class CudaTransport implements Transport {
   private record Opened(long base, long bytes) {}
 
   /** Which opened allocations (keys of openedAllocations) belong to which peer process. */
-  private final Map<String, java.util.Set<String>> allocationsByPeer = new ConcurrentHashMap<>();
-  private final Map<String, Lane> lanes = new ConcurrentHashMap<>();
+  private final Map<PeerProcess, java.util.Set<AllocationKey>> allocationsByPeer =
+      new ConcurrentHashMap<>();
+
+  /** A peer process: its host's boot id and its pid. */
+  private record PeerProcess(String bootId, long pid) {
+    static PeerProcess of(RegionDescriptor remote) {
+      return new PeerProcess(remote.bootId(), remote.pid());
+    }
+  }
+
+  /** A copy lane: from our device to one device of one peer process. */
+  private record LaneKey(int device, PeerProcess peer, int remoteDevice) {}
+
+  /** An IPC-opened allocation: our device and the 64-byte handle (compared by content). */
+  private record AllocationKey(int device, ByteBuffer handle) {}
+  private final Map<LaneKey, Lane> lanes = new ConcurrentHashMap<>();
   private final Map<Long, byte[]> describedHandles = new ConcurrentHashMap<>();
   private volatile boolean closed;
 
@@ -116,28 +129,19 @@ public final class CudaTransport implements Transport {
     return start(null, local, remote, batch, false);
   }
 
-  /**
-   * Like {@link #write}, but the copies start on the GPU only once {@code after} (the layer's
-   * compute event) has fired; this call returns at once. The event's record at the time of this
-   * call counts.
-   */
+  @Override
   public TransferStatus writeAfter(
       CudaEvent after, MemoryRegion local, RegionDescriptor remote, TransferBatch batch) {
     return start(after, local, remote, batch, true);
   }
 
-  /** Like {@link #read}, ordered behind {@code after} on the GPU. */
+  @Override
   public TransferStatus readAfter(
       CudaEvent after, MemoryRegion local, RegionDescriptor remote, TransferBatch batch) {
     return start(after, local, remote, batch, false);
   }
 
-  /**
-   * Queues a store of {@code value} to {@code wordDeviceAddress} (a {@link
-   * dev.kvferry.rdma.cuda.SharedDoneWords} word of the peer) behind every copy queued so far
-   * between {@code local}'s device and {@code remote}'s owner: the peer sees the value only after
-   * those bytes have landed, with no message in between. Returns at once.
-   */
+  @Override
   public void signalWhenCopied(
       MemoryRegion local, RegionDescriptor remote, long wordDeviceAddress, long value) {
     int device = local.device();
@@ -325,7 +329,8 @@ public final class CudaTransport implements Transport {
     }
     byte[] h = remote.cudaIpcHandle();
     long offset = ByteBuffer.wrap(h, Cuda.IPC_HANDLE_BYTES, 8).order(ByteOrder.LITTLE_ENDIAN).getLong();
-    String key = device + ":" + HexFormat.of().formatHex(h, 0, Cuda.IPC_HANDLE_BYTES);
+    // A key by value, not a hex string built per batch.
+    AllocationKey key = new AllocationKey(device, ByteBuffer.wrap(h, 0, Cuda.IPC_HANDLE_BYTES));
     Opened opened =
         openedAllocations.computeIfAbsent(
             key,
@@ -333,7 +338,7 @@ public final class CudaTransport implements Transport {
               long base = Cuda.ipcOpenMemHandle(java.util.Arrays.copyOf(h, Cuda.IPC_HANDLE_BYTES));
               long[] range = Cuda.allocationRange(base); // the driver's size, not the peer's
               allocationsByPeer
-                  .computeIfAbsent(peerOf(remote), p -> ConcurrentHashMap.newKeySet())
+                  .computeIfAbsent(PeerProcess.of(remote), p -> ConcurrentHashMap.newKeySet())
                   .add(k);
               return new Opened(base, range[0] + range[1] - base);
             });
@@ -344,12 +349,8 @@ public final class CudaTransport implements Transport {
     return opened.base() + offset;
   }
 
-  private static String laneKey(int device, RegionDescriptor remote) {
-    return device + "->" + peerOf(remote) + "/" + remote.device();
-  }
-
-  private static String peerOf(RegionDescriptor remote) {
-    return remote.bootId() + "/" + remote.pid();
+  private static LaneKey laneKey(int device, RegionDescriptor remote) {
+    return new LaneKey(device, PeerProcess.of(remote), remote.device());
   }
 
   /**
@@ -361,21 +362,21 @@ public final class CudaTransport implements Transport {
     if (closed || !Cuda.available()) {
       return;
     }
-    String peer = "->" + peerOf(peerRegion) + "/";
-    for (String key : lanes.keySet()) {
-      if (key.contains(peer)) {
+    PeerProcess peer = PeerProcess.of(peerRegion);
+    for (LaneKey key : lanes.keySet()) {
+      if (key.peer().equals(peer)) {
         Lane lane = lanes.remove(key);
         if (lane != null) {
           lane.close();
         }
       }
     }
-    java.util.Set<String> opened = allocationsByPeer.remove(peerOf(peerRegion));
+    java.util.Set<AllocationKey> opened = allocationsByPeer.remove(peer);
     if (opened != null) {
-      for (String k : opened) {
+      for (AllocationKey k : opened) {
         Opened o = openedAllocations.remove(k);
         if (o != null) {
-          Cuda.setDevice(Integer.parseInt(k.substring(0, k.indexOf(':'))));
+          Cuda.setDevice(k.device());
           Cuda.ipcCloseMemHandle(o.base());
         }
       }
@@ -402,8 +403,8 @@ public final class CudaTransport implements Transport {
       lane.close();
     }
     lanes.clear();
-    for (Map.Entry<String, Opened> e : openedAllocations.entrySet()) {
-      Cuda.setDevice(Integer.parseInt(e.getKey().substring(0, e.getKey().indexOf(':'))));
+    for (Map.Entry<AllocationKey, Opened> e : openedAllocations.entrySet()) {
+      Cuda.setDevice(e.getKey().device());
       Cuda.ipcCloseMemHandle(e.getValue().base());
     }
     openedAllocations.clear();

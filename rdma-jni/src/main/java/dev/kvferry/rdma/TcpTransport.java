@@ -8,7 +8,6 @@ import java.net.StandardSocketOptions;
 import java.net.UnknownHostException;
 import java.nio.ByteBuffer;
 import java.nio.channels.SocketChannel;
-import java.util.Base64;
 import java.util.IdentityHashMap;
 import java.util.Map;
 import java.util.Set;
@@ -48,7 +47,26 @@ public final class TcpTransport implements Transport {
   private final String advertisedHost;
   private final TransferExecutor executor;
   private final PinnedStaging staging;
-  private final Map<String, ConcurrentLinkedDeque<Connection>> idle = new ConcurrentHashMap<>();
+  private final Map<PeerIncarnation, ConcurrentLinkedDeque<Connection>> idle =
+      new ConcurrentHashMap<>();
+
+  /**
+   * One peer incarnation: its data endpoint and the token its registry issued (new at every
+   * restart). The idle pool's key: records compare by value, the token's bytes by content.
+   */
+  private record PeerIncarnation(String host, int port, ByteBuffer token) {
+    static PeerIncarnation of(RegionDescriptor remote) {
+      return new PeerIncarnation(remote.tcpHost(), remote.tcpPort(), ByteBuffer.wrap(remote.token()));
+    }
+
+    String endpoint() {
+      return host + ":" + port;
+    }
+
+    boolean sameEndpoint(PeerIncarnation other) {
+      return port == other.port && host.equals(other.host);
+    }
+  }
   private final Set<Connection> open = ConcurrentHashMap.newKeySet();
   private volatile boolean closed;
 
@@ -201,20 +219,19 @@ public final class TcpTransport implements Transport {
   private void run(
       MemoryRegion local, RegionDescriptor remote, TransferBatch batch, boolean toRemote,
       TransferStatus status) {
-    String endpoint = remote.tcpHost() + ":" + remote.tcpPort();
-    String key = endpoint + "#" + Base64.getEncoder().encodeToString(remote.token());
+    PeerIncarnation key = PeerIncarnation.of(remote); // no string built per batch
     for (int attempt = 0; ; attempt++) {
-      Connection c = pool(key, endpoint).pollFirst();
+      Connection c = pool(key).pollFirst();
       boolean reused = c != null;
       try {
         if (c == null) {
-          c = connect(remote, endpoint);
+          c = connect(remote, key.endpoint());
         }
         String refusal = c.transfer(local, remote, batch, toRemote);
         if (refusal != null) {
           c.close(); // the listener closes after an error ack
           status.fail(
-              "tcp peer " + endpoint + " (" + owner(remote) + ") refused the "
+              "tcp peer " + key.endpoint() + " (" + owner(remote) + ") refused the "
                   + (toRemote ? "write" : "read") + ": " + refusal);
           return;
         }
@@ -230,7 +247,8 @@ public final class TcpTransport implements Transport {
         if (reused && attempt == 0 && !timedOut && !closed && !stagingFailed
             && !(e instanceof TokenRefusedException)) {
           // The peer restarted or dropped idle connections: the other pooled ones are stale too.
-          log.debug("tcp: pooled connection to {} failed ({}); retrying on a new one", endpoint, e.toString());
+          log.debug("tcp: pooled connection to {} failed ({}); retrying on a new one",
+              key.endpoint(), e.toString());
           ConcurrentLinkedDeque<Connection> stale = idle.get(key);
           for (Connection old; stale != null && (old = stale.pollFirst()) != null; ) {
             old.close();
@@ -249,7 +267,7 @@ public final class TcpTransport implements Transport {
           why = e.getMessage() == null ? e.getClass().getSimpleName() : e.getMessage();
         }
         status.fail(
-            "tcp " + (toRemote ? "write to " : "read from ") + endpoint + " (" + owner(remote)
+            "tcp " + (toRemote ? "write to " : "read from ") + key.endpoint() + " (" + owner(remote)
                 + ") failed: " + why);
         return;
       }
@@ -261,21 +279,20 @@ public final class TcpTransport implements Transport {
    * is a restarted peer: the old incarnation's connections are closed, not kept forever; and no
    * more than {@link #MAX_POOLED_PEERS} peers keep idle connections.
    */
-  private ConcurrentLinkedDeque<Connection> pool(String key, String endpoint) {
+  private ConcurrentLinkedDeque<Connection> pool(PeerIncarnation key) {
     ConcurrentLinkedDeque<Connection> pool = idle.get(key);
     if (pool != null) {
       return pool;
     }
-    String prefix = endpoint + "#";
-    for (String other : idle.keySet()) {
-      if (other.startsWith(prefix) || idle.size() >= MAX_POOLED_PEERS) {
+    for (PeerIncarnation other : idle.keySet()) {
+      if (other.sameEndpoint(key) || idle.size() >= MAX_POOLED_PEERS) {
         closeIdle(other);
       }
     }
     return idle.computeIfAbsent(key, k -> new ConcurrentLinkedDeque<>());
   }
 
-  private void closeIdle(String key) {
+  private void closeIdle(PeerIncarnation key) {
     ConcurrentLinkedDeque<Connection> gone = idle.remove(key);
     for (Connection old; gone != null && (old = gone.pollFirst()) != null; ) {
       old.close();
@@ -284,9 +301,7 @@ public final class TcpTransport implements Transport {
 
   @Override
   public void peerGone(RegionDescriptor peerRegion) {
-    String key = peerRegion.tcpHost() + ":" + peerRegion.tcpPort() + "#"
-        + Base64.getEncoder().encodeToString(peerRegion.token());
-    closeIdle(key); // connections in use are not pooled: their batches finish or fail
+    closeIdle(PeerIncarnation.of(peerRegion)); // connections in use are not pooled: their batches finish or fail
   }
 
   /** Peer incarnations with a pool of idle connections (tests). */
@@ -294,7 +309,7 @@ public final class TcpTransport implements Transport {
     return idle.size();
   }
 
-  private void release(String key, Connection c) {
+  private void release(PeerIncarnation key, Connection c) {
     ConcurrentLinkedDeque<Connection> pool = idle.get(key);
     if (closed || pool == null || pool.size() >= MAX_IDLE_PER_ENDPOINT) {
       c.close();
