@@ -397,19 +397,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         .onMessage(ReleaseOverdue.class, this::onReleaseOverdue)
         .onMessage(AbortReceive.class, this::onAbortReceive)
         .onMessage(PeerGone.class, m -> {
-          if (!m.metadata().layers().isEmpty()) {
-            // Blocking native calls (a copy stream waits for its queued copies): off this thread.
-            RegionDescriptor any = m.metadata().layers().get(0);
-            io.execute(() -> {
-              try {
-                setup.transport().peerGone(any);
-              } catch (RuntimeException e) {
-                org.slf4j.LoggerFactory.getLogger(EngineActor.class)
-                    .warn("releasing transport state of {}: {}", m.metadata().engineId(),
-                        e.toString());
-              }
-            });
-          }
+          // The writer owns what is mapped for a decode peer (its done words): it releases both.
+          writer.tell(new WriterActor.PeerGone(m.metadata()));
           return this;
         })
         .onMessage(SendToPeer.class, m -> {

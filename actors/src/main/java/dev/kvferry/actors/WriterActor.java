@@ -62,6 +62,13 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
 
   /**
+   * A peer worker incarnation left (from the handshake, through the worker): its transport state
+   * is released and, when it was a decode engine whose done words we mapped, those are unmapped
+   * after its copy streams have drained (a store into them may still be queued).
+   */
+  public record PeerGone(dev.kvferry.actors.engine.AgentMetadata metadata) implements Command {}
+
+  /**
    * The transfer will not happen (aborted on either side, or D gave up): no write starts any
    * more; once the writes in flight have landed, D is told (the confirmation it waits for before
    * freeing its blocks) and the request's blocks are freed if it was saved.
@@ -179,6 +186,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private final TransferPlanner planner = new TransferPlanner(); // not thread-safe: one per actor
   /** D's done-word files, mapped for our GPUs, by path (cuda transport only). */
   private final Map<String, SharedDoneWords> doneWords = new HashMap<>();
+  /** Which decode engine each mapped done-word file belongs to, to unmap it when it leaves. */
+  private final Map<String, String> doneWordsOwner = new HashMap<>();
   private final java.util.Set<String> unusableDoneWords = new java.util.HashSet<>();
 
   public static Behavior<Command> create(
@@ -241,6 +250,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
         .onMessage(DeferExpired.class, this::onDeferExpired)
         .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
         .onMessage(Abandon.class, this::onAbandon)
+        .onMessage(PeerGone.class, this::onPeerGone)
         .onSignal(PostStop.class, sig -> {
           // Submissions still queued on the io pool skip their copies: the transport may close.
           jobs.values().forEach(j -> j.cancelled.set(true));
@@ -492,6 +502,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       try {
         words = SharedDoneWords.openPeerWords(w.doneWords(), w.doneSlots());
         doneWords.put(w.doneWords(), words);
+        doneWordsOwner.put(w.doneWords(), w.decodeEngineId());
       } catch (RuntimeException e) {
         unusableDoneWords.add(w.doneWords());
         getContext().getLog().info("done words {} unusable here ({}); D learns from WriteDone",
@@ -700,6 +711,39 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
                 "transfer " + m.transferId() + " abandoned: " + m.reason(), self.tpRank()));
       }
     }
+    return this;
+  }
+
+  private Behavior<Command> onPeerGone(PeerGone m) {
+    if (m.metadata().layers().isEmpty()) {
+      return this;
+    }
+    var any = m.metadata().layers().get(0);
+    List<SharedDoneWords> unmap = new ArrayList<>();
+    if (!directory.contains(m.metadata().engineId())) {
+      // The engine itself is gone (not just one incarnation replaced): its words go too.
+      doneWordsOwner.entrySet().removeIf(e -> {
+        if (e.getValue().equals(m.metadata().engineId())) {
+          SharedDoneWords w = doneWords.remove(e.getKey());
+          if (w != null) {
+            unmap.add(w);
+          }
+          return true;
+        }
+        return false;
+      });
+    }
+    String engine = m.metadata().engineId();
+    // Blocking native calls (a copy stream waits for its queued copies): off the actor thread,
+    // and in this order: streams drained, then the words their stores target unmapped.
+    io.execute(() -> {
+      try {
+        transport.peerGone(any);
+      } catch (RuntimeException e) {
+        log.warn("releasing transport state of {}: {}", engine, e.toString());
+      }
+      unmap.forEach(SharedDoneWords::close);
+    });
     return this;
   }
 
