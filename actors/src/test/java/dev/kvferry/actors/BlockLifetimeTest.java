@@ -320,4 +320,69 @@ class BlockLifetimeTest {
       }
     });
   }
+
+  private void twoPrefillWorkersListed() {
+    for (int rank = 0; rank < 2; rank++) {
+      fx.startPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, rank, 2, TransferMode.WRITE),
+          fx::peerMetadata);
+    }
+    fx.awaitListed(Role.PREFILL, "prefill-0");
+  }
+
+  @Test
+  void aReceiveFromTwoPrefillWorkersIsReportedOnlyOnceBothHaveWritten() {
+    twoPrefillWorkersListed();
+    ConnectorWorker d =
+        fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0", ConnectorSettings.DEFAULTS);
+    d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
+        new ReqMeta("r11", "tx11", new int[] {1, 2}, null, "prefill-0", 0)));
+    fishPeer(EngineActor.RemoteBlocks.class);
+    fishPeer(EngineActor.RemoteBlocks.class);
+    d.engineRef().tell(new EngineActor.WriteDone("tx11", "prefill-0", 0));
+    assertNothingFinishedFor(d, QUIET);
+    d.engineRef().tell(new EngineActor.WriteDone("tx11", "prefill-0", 1));
+    assertEquals(Set.of("r11"), fx.awaitFinished(d, x -> !x.doneReceiving().isEmpty()).doneReceiving());
+  }
+
+  @Test
+  void aTimeoutAfterOneOfTwoPrefillWorkersWroteAsksOnlyTheOtherAndWaitsForIt() {
+    twoPrefillWorkersListed();
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0",
+        ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(400)));
+    d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
+        new ReqMeta("r12", "tx12", new int[] {1, 2}, null, "prefill-0", 0)));
+    fishPeer(EngineActor.RemoteBlocks.class);
+    fishPeer(EngineActor.RemoteBlocks.class);
+    d.engineRef().tell(new EngineActor.WriteDone("tx12", "prefill-0", 0));
+
+    assertEquals("tx12", fishPeer(EngineActor.TransferFailed.class).transferId());
+    fx.peerInbox.expectNoMessage(QUIET); // worker 0 is done: only worker 1 is asked
+    assertNothingFinishedFor(d, Duration.ZERO);
+    d.engineRef().tell(new EngineActor.TransferFailed("tx12", "prefill-0", "abandoned", 1));
+    Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r12"));
+    assertEquals(Set.of(1, 2), f.blockIdsWithLoadErrors());
+  }
+
+  @Test
+  void aRequestAbortedAfterItsTransferEndedLeavesNothingInTheWorkersTracking() {
+    listedPrefillPeer(prefill);
+    ConnectorWorker d =
+        fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0", ConnectorSettings.DEFAULTS);
+    ConnectorScheduler sched = new ConnectorScheduler(Role.DECODE, TransferMode.WRITE, "decode-0",
+        0, PeerFixture.BLOCK, List.of(d.engineRef()), ConnectorSettings.DEFAULTS,
+        Clock.systemUTC());
+    ConnectorRequest req =
+        new ConnectorRequest("r13", 8, KvTransferParams.forDecode("tx13", "prefill-0", 0));
+    sched.updateStateAfterAlloc(req, new int[] {3, 4}, 8);
+    fishPeer(EngineActor.RemoteBlocks.class);
+    d.engineRef().tell(new EngineActor.WriteDone("tx13", "prefill-0", 0));
+    fx.awaitFinished(d, x -> x.doneReceiving().contains("r13"));
+
+    // Aborted while decoding: the free was delayed, so the request is reported once more.
+    req.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
+    assertTrue(sched.requestFinished(req, new int[] {3, 4}).delayFreeBlocks());
+    assertTrue(fx.awaitFinished(d, x -> x.failed().containsKey("r13")).failed().get("r13")
+        .contains("aborted on decode engine"));
+    TrackedTransfers.assertNone(fx, d);
+  }
 }
