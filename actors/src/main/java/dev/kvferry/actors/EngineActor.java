@@ -1016,6 +1016,35 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   }
 
   private final Set<String> reportedDuplicates = new HashSet<>();
+  /** The reachable worker with our engine id and TP rank that every node routes to instead. */
+  private ActorRef<Command> displacedBy;
+
+  /**
+   * Refuses this worker while another reachable worker holds its engine id and TP rank and every
+   * node routes to that one (see {@link EngineDirectory#of}): it leaves the listing, so no
+   * transfer reaches it, and says so naming both. It takes over once that worker is gone (a
+   * restarted engine whose old incarnation had not been removed yet).
+   */
+  private void refuseOrResume(Set<ActorRef<Command>> reachable, EngineDirectory ownRole) {
+    ActorRef<Receptionist.Command> receptionist = getContext().getSystem().receptionist();
+    if (displacedBy != null) {
+      if (!reachable.contains(displacedBy)) {
+        getContext().getLog().info("{}: the worker {} that displaced it is gone; serving again",
+            self.label(), displacedBy.path());
+        displacedBy = null;
+        receptionist.tell(Receptionist.register(serviceKey(self.role()), getContext().getSelf()));
+      }
+      return;
+    }
+    for (EngineDirectory.Duplicate d : ownRole.duplicates()) {
+      if (d.refused().equals(getContext().getSelf()) && reachable.contains(d.kept())) {
+        getContext().getLog().error("{}: refused: {}", self.label(), d.message());
+        displacedBy = d.kept();
+        receptionist.tell(Receptionist.deregister(serviceKey(self.role()), getContext().getSelf()));
+        return;
+      }
+    }
+  }
 
   private Behavior<Command> onListingChanged(ListingChanged m) {
     EngineDirectory before = directory;
@@ -1036,6 +1065,10 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     writer.tell(new WriterActor.DirectoryChanged(merged));
     tracker.tell(new RequestTrackerActor.DirectoryChanged(merged));
     refuseIfDuplicate(merged);
+    if (m.listing().isForKey(serviceKey(self.role()))) {
+      refuseOrResume(m.listing().getServiceInstances(serviceKey(self.role())),
+          listings.get(self.role()));
+    }
     endTransfersWithPeersGone(before, merged);
     List<AwaitingTpSize> needTp = new ArrayList<>(awaitingTpSize);
     awaitingTpSize.clear();
