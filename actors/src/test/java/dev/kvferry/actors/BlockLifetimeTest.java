@@ -385,4 +385,27 @@ class BlockLifetimeTest {
         .contains("aborted on decode engine"));
     TrackedTransfers.assertNone(fx, d);
   }
+
+  @Test
+  void readWorkHeldForAnUnlistedPrefillIsBoundedDroppingTheOldest() {
+    GatedTransport gated = new GatedTransport(fx.transport);
+    gated.open(); // copies land at once
+    ConnectorSettings capacityTwo = new ConnectorSettings(Duration.ofSeconds(3), 4,
+        Duration.ofMillis(200), Duration.ofSeconds(60), Duration.ofMinutes(10),
+        Duration.ofSeconds(120), 2);
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0", capacityTwo, gated,
+        fx.localLayers);
+    d.startLoadKv(new ConnectorMetadata(List.of(), List.of(
+        new ReqMeta("ra", "tx-a", new int[] {1}, new int[] {1}, "prefill-9", 0),
+        new ReqMeta("rb", "tx-b", new int[] {2}, new int[] {2}, "prefill-9", 0),
+        new ReqMeta("rc", "tx-c", new int[] {3}, new int[] {3}, "prefill-9", 0)), List.of()));
+    TrackedTransfers.assertCount(fx, d, 3); // the worker has taken the step's loads
+
+    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-9", 0, 1, 0, 1, TransferMode.READ));
+    Finished f = fx.awaitFinished(d, x -> x.doneReceiving().containsAll(Set.of("rb", "rc")));
+    fx.kit.createTestProbe().expectNoMessage(QUIET);
+    assertTrue(!d.getFinished().doneReceiving().contains("ra") && !f.doneReceiving().contains("ra"),
+        "the oldest held load was kept beyond the bound");
+    assertEquals(2 * PeerFixture.LAYERS, gated.submitted());
+  }
 }
