@@ -8,6 +8,7 @@ import dev.kvferry.actors.engine.AgentMetadata;
 import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineDirectory;
 import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.actors.engine.TerminalIds;
 import dev.kvferry.actors.plan.InvalidBlockIdsException;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.actors.plan.TensorParallelSplit;
@@ -30,11 +31,12 @@ import java.util.OptionalInt;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.function.IntConsumer;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
-import org.apache.pekko.actor.typed.PostStop;
 import org.apache.pekko.actor.typed.DispatcherSelector;
+import org.apache.pekko.actor.typed.PostStop;
 import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
 import org.apache.pekko.actor.typed.javadsl.ActorContext;
 import org.apache.pekko.actor.typed.javadsl.Behaviors;
@@ -253,8 +255,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     /** Why it is ending; non-null: no read starts, the ending waits for inFlight == 0. */
     String failure;
     /** Seen by reads still queued on the io pool: they skip their copies. */
-    final java.util.concurrent.atomic.AtomicBoolean cancelled =
-        new java.util.concurrent.atomic.AtomicBoolean();
+    final AtomicBoolean cancelled =
+        new AtomicBoolean();
 
     ReadJob(ReqMeta request, int[] sources, int layers) {
       this.request = request;
@@ -313,7 +315,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
 
   private final Map<String, Incoming> incoming = new HashMap<>();
   /** D: transfers a P worker ended before this worker began them; they never begin. */
-  private final dev.kvferry.actors.engine.TerminalIds endedEarly;
+  private final TerminalIds endedEarly;
   /** P, READ, D with another TP size: the D workers that released so far, by transfer id. */
   private final Map<String, Set<Integer>> releasesSeen;
 
@@ -326,7 +328,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     this.setup = setup;
     this.self = setup.identity();
     this.endedEarly =
-        new dev.kvferry.actors.engine.TerminalIds(setup.settings().terminalIdCapacity());
+        new TerminalIds(setup.settings().terminalIdCapacity());
     this.releasesSeen = bounded(setup.settings().terminalIdCapacity());
     // Transports make blocking native calls: keep them off the actors' dispatcher.
     this.io = ctx.getSystem().dispatchers().lookup(DispatcherSelector.blocking());
@@ -861,7 +863,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
       MemoryRegion local = regions.get(layer);
       RegionDescriptor remote = peer.layers().get(layer);
       int l = layer;
-      java.util.concurrent.atomic.AtomicBoolean cancelled = job.cancelled;
+      AtomicBoolean cancelled = job.cancelled;
       job.inFlight++;
       CompletableFuture<TransferStatus> done =
           CompletableFuture.supplyAsync(

@@ -21,12 +21,15 @@ import dev.kvferry.rdma.cuda.CudaEvent;
 import dev.kvferry.rdma.cuda.SharedDoneWords;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
 import java.util.OptionalInt;
+import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
+import java.util.concurrent.atomic.AtomicBoolean;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
 import org.apache.pekko.actor.typed.PostStop;
@@ -138,8 +141,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     /** Why the job is ending; non-null: no write starts, the ending waits for inFlight == 0. */
     String failure;
     /** Seen by submissions still queued on the io pool: they skip their copies. */
-    final java.util.concurrent.atomic.AtomicBoolean cancelled =
-        new java.util.concurrent.atomic.AtomicBoolean();
+    final AtomicBoolean cancelled =
+        new AtomicBoolean();
 
     WriteJob(String transferId) {
       this.transferId = transferId;
@@ -188,7 +191,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private final Map<String, SharedDoneWords> doneWords = new HashMap<>();
   /** Which decode engine each mapped done-word file belongs to, to unmap it when it leaves. */
   private final Map<String, String> doneWordsOwner = new HashMap<>();
-  private final java.util.Set<String> unusableDoneWords = new java.util.HashSet<>();
+  private final Set<String> unusableDoneWords = new HashSet<>();
 
   public static Behavior<Command> create(
       EngineIdentity self,
@@ -519,7 +522,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     var remote = t.peer.layers().get(layer);
     TransferBatch plan = t.plan;
     CudaEvent after = j.gpuEvents.get(layer);
-    java.util.concurrent.atomic.AtomicBoolean cancelled = j.cancelled;
+    AtomicBoolean cancelled = j.cancelled;
     CompletableFuture<TransferStatus> submission =
         CompletableFuture.supplyAsync(
             () -> {
