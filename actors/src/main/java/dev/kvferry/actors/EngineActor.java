@@ -8,6 +8,7 @@ import dev.kvferry.actors.engine.AgentMetadata;
 import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineDirectory;
 import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.actors.engine.TerminalIds;
 import dev.kvferry.actors.plan.InvalidBlockIdsException;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.actors.plan.TensorParallelSplit;
@@ -30,11 +31,12 @@ import java.util.OptionalInt;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.function.IntConsumer;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
-import org.apache.pekko.actor.typed.PostStop;
 import org.apache.pekko.actor.typed.DispatcherSelector;
+import org.apache.pekko.actor.typed.PostStop;
 import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
 import org.apache.pekko.actor.typed.javadsl.ActorContext;
 import org.apache.pekko.actor.typed.javadsl.Behaviors;
@@ -256,8 +258,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     /** Why it is ending; non-null: no read starts, the ending waits for inFlight == 0. */
     String failure;
     /** Seen by reads still queued on the io pool: they skip their copies. */
-    final java.util.concurrent.atomic.AtomicBoolean cancelled =
-        new java.util.concurrent.atomic.AtomicBoolean();
+    final AtomicBoolean cancelled =
+        new AtomicBoolean();
 
     ReadJob(ReqMeta request, int[] sources, int layers) {
       this.request = request;
@@ -318,7 +320,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
 
   private final Map<String, Incoming> incoming = new HashMap<>();
   /** D: transfers a P worker ended before this worker began them; they never begin. */
-  private final dev.kvferry.actors.engine.TerminalIds endedEarly;
+  private final TerminalIds endedEarly;
   /** P, READ, D with another TP size: the D workers that released so far, by transfer id. */
   private final Map<String, Set<Integer>> releasesSeen;
 
@@ -333,7 +335,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     this.peersCanStoreDoneWords = setup.transport() instanceof EventOrderedTransport;
     this.self = setup.identity();
     this.endedEarly =
-        new dev.kvferry.actors.engine.TerminalIds(setup.settings().terminalIdCapacity());
+        new TerminalIds(setup.settings().terminalIdCapacity());
     this.releasesSeen = bounded(setup.settings().terminalIdCapacity());
     // Transports make blocking native calls: keep them off the actors' dispatcher.
     this.io = ctx.getSystem().dispatchers().lookup(DispatcherSelector.blocking());
@@ -404,19 +406,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         .onMessage(ReleaseOverdue.class, this::onReleaseOverdue)
         .onMessage(AbortReceive.class, this::onAbortReceive)
         .onMessage(PeerGone.class, m -> {
-          if (!m.metadata().layers().isEmpty()) {
-            // Blocking native calls (a copy stream waits for its queued copies): off this thread.
-            RegionDescriptor any = m.metadata().layers().get(0);
-            io.execute(() -> {
-              try {
-                setup.transport().peerGone(any);
-              } catch (RuntimeException e) {
-                org.slf4j.LoggerFactory.getLogger(EngineActor.class)
-                    .warn("releasing transport state of {}: {}", m.metadata().engineId(),
-                        e.toString());
-              }
-            });
-          }
+          // The writer owns what is mapped for a decode peer (its done words): it releases both.
+          writer.tell(new WriterActor.PeerGone(m.metadata()));
           return this;
         })
         .onMessage(SendToPeer.class, m -> {
@@ -880,7 +871,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
       MemoryRegion local = regions.get(layer);
       RegionDescriptor remote = peer.layers().get(layer);
       int l = layer;
-      java.util.concurrent.atomic.AtomicBoolean cancelled = job.cancelled;
+      AtomicBoolean cancelled = job.cancelled;
       job.inFlight++;
       CompletableFuture<TransferStatus> done =
           CompletableFuture.supplyAsync(
@@ -1035,6 +1026,35 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   }
 
   private final Set<String> reportedDuplicates = new HashSet<>();
+  /** The reachable worker with our engine id and TP rank that every node routes to instead. */
+  private ActorRef<Command> displacedBy;
+
+  /**
+   * Refuses this worker while another reachable worker holds its engine id and TP rank and every
+   * node routes to that one (see {@link EngineDirectory#of}): it leaves the listing, so no
+   * transfer reaches it, and says so naming both. It takes over once that worker is gone (a
+   * restarted engine whose old incarnation had not been removed yet).
+   */
+  private void refuseOrResume(Set<ActorRef<Command>> reachable, EngineDirectory ownRole) {
+    ActorRef<Receptionist.Command> receptionist = getContext().getSystem().receptionist();
+    if (displacedBy != null) {
+      if (!reachable.contains(displacedBy)) {
+        getContext().getLog().info("{}: the worker {} that displaced it is gone; serving again",
+            self.label(), displacedBy.path());
+        displacedBy = null;
+        receptionist.tell(Receptionist.register(serviceKey(self.role()), getContext().getSelf()));
+      }
+      return;
+    }
+    for (EngineDirectory.Duplicate d : ownRole.duplicates()) {
+      if (d.refused().equals(getContext().getSelf()) && reachable.contains(d.kept())) {
+        getContext().getLog().error("{}: refused: {}", self.label(), d.message());
+        displacedBy = d.kept();
+        receptionist.tell(Receptionist.deregister(serviceKey(self.role()), getContext().getSelf()));
+        return;
+      }
+    }
+  }
 
   private Behavior<Command> onListingChanged(ListingChanged m) {
     EngineDirectory before = directory;
@@ -1055,6 +1075,10 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     writer.tell(new WriterActor.DirectoryChanged(merged));
     tracker.tell(new RequestTrackerActor.DirectoryChanged(merged));
     refuseIfDuplicate(merged);
+    if (m.listing().isForKey(serviceKey(self.role()))) {
+      refuseOrResume(m.listing().getServiceInstances(serviceKey(self.role())),
+          listings.get(self.role()));
+    }
     endTransfersWithPeersGone(before, merged);
     List<AwaitingTpSize> needTp = new ArrayList<>(awaitingTpSize);
     awaitingTpSize.clear();

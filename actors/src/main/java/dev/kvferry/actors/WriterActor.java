@@ -21,12 +21,15 @@ import dev.kvferry.rdma.cuda.CudaEvent;
 import dev.kvferry.rdma.cuda.SharedDoneWords;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
 import java.util.OptionalInt;
+import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
+import java.util.concurrent.atomic.AtomicBoolean;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.jspecify.annotations.Nullable;
 import org.apache.pekko.actor.typed.Behavior;
@@ -61,6 +64,13 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   public record RemoteBlocksArrived(EngineActor.RemoteBlocks blocks) implements Command {}
 
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
+
+  /**
+   * A peer worker incarnation left (from the handshake, through the worker): its transport state
+   * is released and, when it was a decode engine whose done words we mapped, those are unmapped
+   * after its copy streams have drained (a store into them may still be queued).
+   */
+  public record PeerGone(dev.kvferry.actors.engine.AgentMetadata metadata) implements Command {}
 
   /**
    * The transfer will not happen (aborted on either side, or D gave up): no write starts any
@@ -142,8 +152,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     /** Why the job is ending; non-null: no write starts, the ending waits for inFlight == 0. */
     String failure;
     /** Seen by submissions still queued on the io pool: they skip their copies. */
-    final java.util.concurrent.atomic.AtomicBoolean cancelled =
-        new java.util.concurrent.atomic.AtomicBoolean();
+    final AtomicBoolean cancelled =
+        new AtomicBoolean();
 
     WriteJob(String transferId) {
       this.transferId = transferId;
@@ -192,7 +202,9 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private final TransferPlanner planner = new TransferPlanner(); // not thread-safe: one per actor
   /** D's done-word files, mapped for our GPUs, by path (cuda transport only). */
   private final Map<String, SharedDoneWords> doneWords = new HashMap<>();
-  private final java.util.Set<String> unusableDoneWords = new java.util.HashSet<>();
+  /** Which decode engine each mapped done-word file belongs to, to unmap it when it leaves. */
+  private final Map<String, String> doneWordsOwner = new HashMap<>();
+  private final Set<String> unusableDoneWords = new HashSet<>();
 
   public static Behavior<Command> create(
       EngineIdentity self,
@@ -256,6 +268,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
         .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
         .onMessage(Abandon.class, this::onAbandon)
         .onMessage(ListWrites.class, this::onListWrites)
+        .onMessage(PeerGone.class, this::onPeerGone)
         .onSignal(PostStop.class, sig -> {
           // Submissions still queued on the io pool skip their copies: the transport may close.
           jobs.values().forEach(j -> j.cancelled.set(true));
@@ -510,6 +523,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       try {
         words = SharedDoneWords.openPeerWords(w.doneWords(), w.doneSlots());
         doneWords.put(w.doneWords(), words);
+        doneWordsOwner.put(w.doneWords(), w.decodeEngineId());
       } catch (RuntimeException e) {
         unusableDoneWords.add(w.doneWords());
         getContext().getLog().info("done words {} unusable here ({}); D learns from WriteDone",
@@ -527,7 +541,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     TransferBatch plan = t.plan;
     CudaEvent after = j.gpuEvents.get(layer);
     EventOrderedTransport ordered = eventOrdered;
-    java.util.concurrent.atomic.AtomicBoolean cancelled = j.cancelled;
+    AtomicBoolean cancelled = j.cancelled;
     CompletableFuture<TransferStatus> submission =
         CompletableFuture.supplyAsync(
             () -> {
@@ -734,6 +748,39 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
                 "transfer " + m.transferId() + " abandoned: " + m.reason(), self.tpRank()));
       }
     }
+    return this;
+  }
+
+  private Behavior<Command> onPeerGone(PeerGone m) {
+    if (m.metadata().layers().isEmpty()) {
+      return this;
+    }
+    var any = m.metadata().layers().get(0);
+    List<SharedDoneWords> unmap = new ArrayList<>();
+    if (!directory.contains(m.metadata().engineId())) {
+      // The engine itself is gone (not just one incarnation replaced): its words go too.
+      doneWordsOwner.entrySet().removeIf(e -> {
+        if (e.getValue().equals(m.metadata().engineId())) {
+          SharedDoneWords w = doneWords.remove(e.getKey());
+          if (w != null) {
+            unmap.add(w);
+          }
+          return true;
+        }
+        return false;
+      });
+    }
+    String engine = m.metadata().engineId();
+    // Blocking native calls (a copy stream waits for its queued copies): off the actor thread,
+    // and in this order: streams drained, then the words their stores target unmapped.
+    io.execute(() -> {
+      try {
+        transport.peerGone(any);
+      } catch (RuntimeException e) {
+        log.warn("releasing transport state of {}: {}", engine, e.toString());
+      }
+      unmap.forEach(SharedDoneWords::close);
+    });
     return this;
   }
 

@@ -320,4 +320,92 @@ class BlockLifetimeTest {
       }
     });
   }
+
+  private void twoPrefillWorkersListed() {
+    for (int rank = 0; rank < 2; rank++) {
+      fx.startPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, rank, 2, TransferMode.WRITE),
+          fx::peerMetadata);
+    }
+    fx.awaitListed(Role.PREFILL, "prefill-0");
+  }
+
+  @Test
+  void aReceiveFromTwoPrefillWorkersIsReportedOnlyOnceBothHaveWritten() {
+    twoPrefillWorkersListed();
+    ConnectorWorker d =
+        fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0", ConnectorSettings.DEFAULTS);
+    d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
+        new ReqMeta("r11", "tx11", new int[] {1, 2}, null, "prefill-0", 0)));
+    fishPeer(EngineActor.RemoteBlocks.class);
+    fishPeer(EngineActor.RemoteBlocks.class);
+    d.engineRef().tell(new EngineActor.WriteDone("tx11", "prefill-0", 0));
+    assertNothingFinishedFor(d, QUIET);
+    d.engineRef().tell(new EngineActor.WriteDone("tx11", "prefill-0", 1));
+    assertEquals(Set.of("r11"), fx.awaitFinished(d, x -> !x.doneReceiving().isEmpty()).doneReceiving());
+  }
+
+  @Test
+  void aTimeoutAfterOneOfTwoPrefillWorkersWroteAsksOnlyTheOtherAndWaitsForIt() {
+    twoPrefillWorkersListed();
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0",
+        ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(400)));
+    d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
+        new ReqMeta("r12", "tx12", new int[] {1, 2}, null, "prefill-0", 0)));
+    fishPeer(EngineActor.RemoteBlocks.class);
+    fishPeer(EngineActor.RemoteBlocks.class);
+    d.engineRef().tell(new EngineActor.WriteDone("tx12", "prefill-0", 0));
+
+    assertEquals("tx12", fishPeer(EngineActor.TransferFailed.class).transferId());
+    fx.peerInbox.expectNoMessage(QUIET); // worker 0 is done: only worker 1 is asked
+    assertNothingFinishedFor(d, Duration.ZERO);
+    d.engineRef().tell(new EngineActor.TransferFailed("tx12", "prefill-0", "abandoned", 1));
+    Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r12"));
+    assertEquals(Set.of(1, 2), f.blockIdsWithLoadErrors());
+  }
+
+  @Test
+  void aRequestAbortedAfterItsTransferEndedLeavesNothingInTheWorkersTracking() {
+    listedPrefillPeer(prefill);
+    ConnectorWorker d =
+        fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0", ConnectorSettings.DEFAULTS);
+    ConnectorScheduler sched = new ConnectorScheduler(Role.DECODE, TransferMode.WRITE, "decode-0",
+        0, PeerFixture.BLOCK, List.of(d.engineRef()), ConnectorSettings.DEFAULTS,
+        Clock.systemUTC());
+    ConnectorRequest req =
+        new ConnectorRequest("r13", 8, KvTransferParams.forDecode("tx13", "prefill-0", 0));
+    sched.updateStateAfterAlloc(req, new int[] {3, 4}, 8);
+    fishPeer(EngineActor.RemoteBlocks.class);
+    d.engineRef().tell(new EngineActor.WriteDone("tx13", "prefill-0", 0));
+    fx.awaitFinished(d, x -> x.doneReceiving().contains("r13"));
+
+    // Aborted while decoding: the free was delayed, so the request is reported once more.
+    req.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
+    assertTrue(sched.requestFinished(req, new int[] {3, 4}).delayFreeBlocks());
+    assertTrue(fx.awaitFinished(d, x -> x.failed().containsKey("r13")).failed().get("r13")
+        .contains("aborted on decode engine"));
+    TrackedTransfers.assertNone(fx, d);
+  }
+
+  @Test
+  void readWorkHeldForAnUnlistedPrefillIsBoundedDroppingTheOldest() {
+    GatedTransport gated = new GatedTransport(fx.transport);
+    gated.open(); // copies land at once
+    ConnectorSettings capacityTwo = new ConnectorSettings(Duration.ofSeconds(3), 4,
+        Duration.ofMillis(200), Duration.ofSeconds(60), Duration.ofMinutes(10),
+        Duration.ofSeconds(120), 2);
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0", capacityTwo, gated,
+        fx.localLayers);
+    d.startLoadKv(new ConnectorMetadata(List.of(), List.of(
+        new ReqMeta("ra", "tx-a", new int[] {1}, new int[] {1}, "prefill-9", 0),
+        new ReqMeta("rb", "tx-b", new int[] {2}, new int[] {2}, "prefill-9", 0),
+        new ReqMeta("rc", "tx-c", new int[] {3}, new int[] {3}, "prefill-9", 0)), List.of()));
+    TrackedTransfers.assertCount(fx, d, 3); // the worker has taken the step's loads
+
+    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-9", 0, 1, 0, 1, TransferMode.READ));
+    Finished f = fx.awaitFinished(d, x -> x.doneReceiving().containsAll(Set.of("rb", "rc")));
+    fx.kit.createTestProbe().expectNoMessage(QUIET);
+    assertTrue(!d.getFinished().doneReceiving().contains("ra") && !f.doneReceiving().contains("ra"),
+        "the oldest held load was kept beyond the bound");
+    assertEquals(2 * PeerFixture.LAYERS, gated.submitted());
+  }
 }

@@ -8,10 +8,15 @@ import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.Transport;
+import java.util.HashSet;
 import java.util.List;
+import java.util.Set;
+import java.util.concurrent.CompletableFuture;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.ActorSystem;
 import org.apache.pekko.actor.typed.Props;
+import org.apache.pekko.actor.typed.Terminated;
+import org.apache.pekko.actor.typed.javadsl.Behaviors;
 
 /**
  * Worker side of the connector, one per TP rank of one DP engine: what the engine's model runner
@@ -28,7 +33,7 @@ public final class ConnectorWorker implements AutoCloseable {
   private volatile ActorRef<EngineActor.Command> engine;
   private ConnectorMetadata lastSaved;
   /** D, READ: the transfers this step loads, which {@link #waitForLayerLoad} waits for. */
-  private java.util.Set<String> loadsThisStep = java.util.Set.of();
+  private Set<String> loadsThisStep = Set.of();
   private int layersSavedThisStep;
 
   public ConnectorWorker(
@@ -66,7 +71,7 @@ public final class ConnectorWorker implements AutoCloseable {
   /** Starts this step's loads (D, READ) and records the blocks P keeps for D (P, READ). */
   public void startLoadKv(ConnectorMetadata metadata) {
     requireRegistered();
-    java.util.Set<String> loads = new java.util.HashSet<>();
+    Set<String> loads = new HashSet<>();
     for (ReqMeta r : metadata.reqsToRecv()) {
       if (r.localBlockIds().length > 0) {
         loads.add(r.transferId());
@@ -74,7 +79,7 @@ public final class ConnectorWorker implements AutoCloseable {
       }
     }
     sink.layerLoads().forget(loadsThisStep);
-    loadsThisStep = java.util.Set.copyOf(loads);
+    loadsThisStep = Set.copyOf(loads);
     if (!metadata.reqsToRecv().isEmpty() || !metadata.reqsToSend().isEmpty()) {
       engine.tell(new EngineActor.StartLoad(metadata));
     }
@@ -155,9 +160,9 @@ public final class ConnectorWorker implements AutoCloseable {
    * Stops the worker and its children; completes once its actor has terminated, so a shared
    * transport can be closed after it (copies queued but not started are skipped as it stops).
    */
-  public java.util.concurrent.CompletableFuture<Void> stop() {
-    java.util.concurrent.CompletableFuture<Void> stopped =
-        new java.util.concurrent.CompletableFuture<>();
+  public CompletableFuture<Void> stop() {
+    CompletableFuture<Void> stopped =
+        new CompletableFuture<>();
     ActorRef<EngineActor.Command> ref = engine;
     if (ref == null) {
       stopped.complete(null);
@@ -166,15 +171,15 @@ public final class ConnectorWorker implements AutoCloseable {
     engine = null;
     try {
       system.systemActorOf(
-          org.apache.pekko.actor.typed.javadsl.Behaviors.<Void>setup(
+          Behaviors.<Void>setup(
               ctx -> {
                 ctx.watch(ref);
-                return org.apache.pekko.actor.typed.javadsl.Behaviors.<Void>receive(Void.class)
+                return Behaviors.<Void>receive(Void.class)
                     .onSignal(
-                        org.apache.pekko.actor.typed.Terminated.class,
+                        Terminated.class,
                         sig -> {
                           stopped.complete(null);
-                          return org.apache.pekko.actor.typed.javadsl.Behaviors.stopped();
+                          return Behaviors.stopped();
                         })
                     .build();
               }),
