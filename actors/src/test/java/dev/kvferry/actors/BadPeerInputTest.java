@@ -176,6 +176,18 @@ class BadPeerInputTest {
   }
 
   /** P tells {@code decode} (listed or not) that transfer {@code tx} failed. */
+  /**
+   * An abort's notice to D goes through P's writer and back to its worker: a transfer listing,
+   * which takes the same way, returns only once every notice asked for before it is with the
+   * worker (held, or sent), so the peer listed next cannot overtake them.
+   */
+  private void awaitNoticesQueued(ConnectorWorker p) {
+    org.apache.pekko.actor.testkit.typed.javadsl.TestProbe<RequestTrackerActor.Snapshot> listing =
+        fx.kit.createTestProbe();
+    p.engineRef().tell(new EngineActor.GetTransfers(listing.ref()));
+    listing.receiveMessage(WITHIN);
+  }
+
   private static void abort(ConnectorWorker p, String tx, String decode) {
     p.engineRef().tell(new EngineActor.AbortTransfer("r-" + tx, tx, decode, "test abort " + tx));
   }
@@ -211,6 +223,7 @@ class BadPeerInputTest {
     ConnectorWorker p = fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0",
         holding(Duration.ofNanos(1), 64));
     abort(p, "tx-stale", "late-decode");
+    awaitNoticesQueued(p);
     fx.startPeer(LATE_DECODE, fx::peerMetadata);
     fx.awaitListed(Role.DECODE, "late-decode");
     String[] first = new String[1];
@@ -232,6 +245,7 @@ class BadPeerInputTest {
     for (int i = 0; i < 10; i++) {
       abort(p, "tx-" + i, "late-decode");
     }
+    awaitNoticesQueued(p);
     fx.startPeer(LATE_DECODE, fx::peerMetadata);
     assertEquals(List.of("tx-6", "tx-7", "tx-8", "tx-9"), nextFailureNotices(4));
     abort(p, "tx-after", "late-decode");
