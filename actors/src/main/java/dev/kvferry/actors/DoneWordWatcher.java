@@ -11,6 +11,7 @@ import java.util.concurrent.locks.LockSupport;
 import java.util.function.Consumer;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
+import org.jspecify.annotations.Nullable;
 
 /**
  * D, WRITE mode over the cuda transport: learns that P's copies of a transfer have landed from a
@@ -56,7 +57,7 @@ final class DoneWordWatcher implements AutoCloseable {
   }
 
   /** A watcher with fresh words under /dev/shm, or null where there is none (then: messages). */
-  static DoneWordWatcher tryCreate(String label, Consumer<String> onDone) {
+  static @Nullable DoneWordWatcher tryCreate(String label, Consumer<String> onDone) {
     Path dir = SharedDoneWords.PEER_DIR;
     if (!Files.isDirectory(dir) || !Files.isWritable(dir)) {
       return null;

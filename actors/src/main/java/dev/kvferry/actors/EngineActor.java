@@ -43,6 +43,7 @@ import org.apache.pekko.actor.typed.javadsl.Behaviors;
 import org.apache.pekko.actor.typed.javadsl.Receive;
 import org.apache.pekko.actor.typed.receptionist.Receptionist;
 import org.apache.pekko.actor.typed.receptionist.ServiceKey;
+import org.jspecify.annotations.Nullable;
 
 /**
  * One engine worker (one TP rank of one DP engine): owns its registered layer regions and its
@@ -219,7 +220,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
 
   private record ListingChanged(Receptionist.Listing listing) implements Command, LocalOnly {}
 
-  private record ReadPeerReady(ReqMeta request, HandshakeActor.Result result) implements Command, LocalOnly {}
+  private record ReadPeerReady(@Nullable ReqMeta request, HandshakeActor.Result result) implements Command, LocalOnly {}
 
   private record LayerRead(String transferId, int prefillTpRank, int layer, TransferStatus status)
       implements Command, LocalOnly {}
@@ -256,7 +257,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     /** Layer reads handed to the transport and not finished. */
     int inFlight;
     /** Why it is ending; non-null: no read starts, the ending waits for inFlight == 0. */
-    String failure;
+    @Nullable String failure;
     /** Seen by reads still queued on the io pool: they skip their copies. */
     final AtomicBoolean cancelled =
         new AtomicBoolean();
@@ -278,7 +279,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   private final ActorRef<RequestTrackerActor.Command> tracker;
   private final ClusterMessageLimit messageLimit;
   /** D, cuda transport: done words P's copy streams store into (null until first needed). */
-  private DoneWordWatcher doneWords;
+  private @Nullable DoneWordWatcher doneWords;
   private boolean doneWordsUnavailable;
   /** Whether P's transport can store a done word behind its copies (resolved once). */
   private final boolean peersCanStoreDoneWords;
@@ -309,9 +310,9 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   private static final class Incoming {
     final ReqMeta request;
     /** P workers told our blocks that have not finished; null until P's TP size is known. */
-    Set<Integer> mayWrite;
+    @Nullable Set<Integer> mayWrite;
     /** Why it is ending; non-null: P was asked to abandon and we wait for mayWrite to empty. */
-    String failure;
+    @Nullable String failure;
 
     Incoming(ReqMeta request) {
       this.request = request;
@@ -528,7 +529,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
    * A done word for a transfer written by one P worker over the cuda transport; null (messages
    * only) otherwise.
    */
-  private DoneWordWatcher.Ticket doneWordTicket(String transferId) {
+  private DoneWordWatcher.@Nullable Ticket doneWordTicket(String transferId) {
     if (!peersCanStoreDoneWords) {
       return null;
     }
@@ -671,7 +672,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
    * Drops work held for a transfer that ended: actions waiting for a peer's TP size, and our
    * blocks announced to P workers not listed yet (those P workers can then never write).
    */
-  private void dropHeldWork(String transferId, Incoming in) {
+  private void dropHeldWork(String transferId, @Nullable Incoming in) {
     awaitingTpSize.removeIf(a -> transferId.equals(a.transferId()));
     awaitingPeer.removeIf(o -> {
       if (o.message() instanceof RemoteBlocks b && b.transferId().equals(transferId)) {
@@ -999,10 +1000,11 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
       }
     }
     for (String transferId : ending) {
+      Incoming in = incoming.get(transferId);
+      ReadJob read = reads.get(transferId);
       String peer =
-          incoming.containsKey(transferId)
-              ? incoming.get(transferId).request.remoteEngineId()
-              : reads.get(transferId).request.remoteEngineId();
+          in != null ? in.request.remoteEngineId()
+              : read != null ? read.request.remoteEngineId() : "?";
       endTransfer(transferId,
           "prefill engine " + peer + " left the cluster during transfer " + transferId);
     }
@@ -1027,7 +1029,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
 
   private final Set<String> reportedDuplicates = new HashSet<>();
   /** The reachable worker with our engine id and TP rank that every node routes to instead. */
-  private ActorRef<Command> displacedBy;
+  private @Nullable ActorRef<Command> displacedBy;
 
   /**
    * Refuses this worker while another reachable worker holds its engine id and TP rank and every
@@ -1035,7 +1037,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
    * transfer reaches it, and says so naming both. It takes over once that worker is gone (a
    * restarted engine whose old incarnation had not been removed yet).
    */
-  private void refuseOrResume(Set<ActorRef<Command>> reachable, EngineDirectory ownRole) {
+  private void refuseOrResume(
+      Set<ActorRef<Command>> reachable, @Nullable EngineDirectory ownRole) {
     ActorRef<Receptionist.Command> receptionist = getContext().getSystem().receptionist();
     if (displacedBy != null) {
       if (!reachable.contains(displacedBy)) {
@@ -1044,6 +1047,9 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         displacedBy = null;
         receptionist.tell(Receptionist.register(serviceKey(self.role()), getContext().getSelf()));
       }
+      return;
+    }
+    if (ownRole == null) {
       return;
     }
     for (EngineDirectory.Duplicate d : ownRole.duplicates()) {

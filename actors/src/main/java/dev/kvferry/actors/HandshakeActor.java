@@ -21,6 +21,7 @@ import org.apache.pekko.actor.typed.javadsl.TimerScheduler;
 import org.apache.pekko.cluster.Member;
 import org.apache.pekko.cluster.MemberStatus;
 import org.apache.pekko.cluster.typed.Cluster;
+import org.jspecify.annotations.Nullable;
 
 /**
  * Serves this worker's metadata and fetches remote workers' metadata. One fetch is in flight per
@@ -69,7 +70,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   }
 
   private final AgentMetadata local;
-  private final ActorRef<EngineActor.Command> owner;
+  private final @Nullable ActorRef<EngineActor.Command> owner;
   private final byte[] localBlob;
   /** Whether this system has cluster membership to check askers against. */
   private final boolean clustered;
@@ -96,7 +97,8 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
    *     that left, so its transport can release what it keeps for it; null: nobody
    */
   public static Behavior<Command> create(
-      AgentMetadata local, ConnectorSettings settings, ActorRef<EngineActor.Command> owner) {
+      AgentMetadata local, ConnectorSettings settings,
+      @Nullable ActorRef<EngineActor.Command> owner) {
     return Behaviors.setup(
         ctx ->
             Behaviors.withTimers(
@@ -108,7 +110,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
       TimerScheduler<Command> timers,
       AgentMetadata local,
       ConnectorSettings settings,
-      ActorRef<EngineActor.Command> owner) {
+      @Nullable ActorRef<EngineActor.Command> owner) {
     super(ctx);
     this.owner = owner;
     this.timers = timers;

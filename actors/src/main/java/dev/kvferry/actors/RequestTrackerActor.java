@@ -17,6 +17,7 @@ import org.apache.pekko.actor.typed.javadsl.ActorContext;
 import org.apache.pekko.actor.typed.javadsl.Behaviors;
 import org.apache.pekko.actor.typed.javadsl.Receive;
 import org.apache.pekko.actor.typed.javadsl.TimerScheduler;
+import org.jspecify.annotations.Nullable;
 
 /**
  * Per-request transfer state of one worker, on both sides: on P the sends that wait for a release
@@ -93,7 +94,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
    */
   public record TransferView(
       String requestId, String transferId, String state, String peerEngineId, long ageMs,
-      WriteProgress progress) {}
+      @Nullable WriteProgress progress) {}
 
   /**
    * How far P's writes of one transfer got, so an observer can tell a transfer whose bytes are
@@ -395,7 +396,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     sink.observer().transferEnded(outcome, bytes, System.nanoTime() - t.startedNanos);
   }
 
-  private Tracked take(String transferId, String why) {
+  private @Nullable Tracked take(String transferId, String why) {
     Tracked t = active.remove(transferId);
     if (t == null) {
       if (!terminal.contains(transferId)) {

@@ -108,15 +108,15 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   /** One D worker this P worker writes a request's KV into. */
   private static final class Target {
     final int tpRank;
-    int[] remoteBlockIds;
-    AgentMetadata peer;
-    ActorRef<EngineActor.Command> decodeRef;
-    TransferBatch plan;
+    int @Nullable [] remoteBlockIds;
+    @Nullable AgentMetadata peer;
+    @Nullable ActorRef<EngineActor.Command> decodeRef;
+    @Nullable TransferBatch plan;
     /** How many of the job's fired layers have been issued to this target. */
     int issued;
     boolean handshakeRequested;
     /** D's done word for this target (cuda transport), from its RemoteBlocks; null: none. */
-    EngineActor.RemoteBlocks doneWord;
+    EngineActor.@Nullable RemoteBlocks doneWord;
     /** With a done word: each issued layer's submission (copies queued, not yet done). */
     final List<CompletableFuture<?>> submitted = new ArrayList<>();
     boolean doneWordQueued;
@@ -130,14 +130,14 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private static final class WriteJob {
     final String transferId;
     final long startedMs = System.currentTimeMillis();
-    String requestId;
-    String decodeEngineId;
-    int[] localBlockIds;
+    @Nullable String requestId;
+    @Nullable String decodeEngineId;
+    int @Nullable [] localBlockIds;
     /**
      * D's workers to write into, once D's TP size is known: with equal TP sizes the worker of our
      * rank; otherwise those whose heads overlap ours (MLA: maybe none).
      */
-    int[] targetRanks;
+    int @Nullable [] targetRanks;
     /** By D TP rank; remote blocks may come before the targets are known. */
     final Map<Integer, Target> targets = new HashMap<>();
     /** Layers whose compute event fired, in firing order; each target issues them in turn. */
@@ -150,7 +150,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     long bytes;
     boolean probeRequested;
     /** Why the job is ending; non-null: no write starts, the ending waits for inFlight == 0. */
-    String failure;
+    @Nullable String failure;
     /** Seen by submissions still queued on the io pool: they skip their copies. */
     final AtomicBoolean cancelled =
         new AtomicBoolean();
@@ -514,7 +514,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   }
 
   /** D's done words, mapped for this process's GPUs once per file; null if they cannot be. */
-  private SharedDoneWords doneWordsOf(EngineActor.RemoteBlocks w) {
+  private @Nullable SharedDoneWords doneWordsOf(EngineActor.RemoteBlocks w) {
     if (unusableDoneWords.contains(w.doneWords())) {
       return null;
     }

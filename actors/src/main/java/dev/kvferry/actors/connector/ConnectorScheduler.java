@@ -103,7 +103,7 @@ public final class ConnectorScheduler {
       } else {
         ReqMeta meta =
             new ReqMeta(
-                request.requestId(), p.transferId(), blockIds.clone(), null, p.remoteEngineId(),
+                request.requestId(), p.transferId(), blockIds.clone(), new int[0], p.remoteEngineId(),
                 p.remoteDpRank());
         for (ActorRef<EngineActor.Command> w : localWorkers) {
           w.tell(new EngineActor.AnnounceRemoteBlocks(meta));
@@ -186,7 +186,8 @@ public final class ConnectorScheduler {
 
   private static ReqMeta toSaveMeta(ConnectorRequest r, int[] blocks) {
     KvTransferParams p = r.params();
-    return new ReqMeta(r.requestId(), p.transferId(), blocks, null, p.remoteEngineId(), p.remoteDpRank());
+    return new ReqMeta(
+        r.requestId(), p.transferId(), blocks, new int[0], p.remoteEngineId(), p.remoteDpRank());
   }
 
   /**

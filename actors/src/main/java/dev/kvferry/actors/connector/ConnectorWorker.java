@@ -17,6 +17,7 @@ import org.apache.pekko.actor.typed.ActorSystem;
 import org.apache.pekko.actor.typed.Props;
 import org.apache.pekko.actor.typed.Terminated;
 import org.apache.pekko.actor.typed.javadsl.Behaviors;
+import org.jspecify.annotations.Nullable;
 
 /**
  * Worker side of the connector, one per TP rank of one DP engine: what the engine's model runner
@@ -30,8 +31,8 @@ public final class ConnectorWorker implements AutoCloseable {
   private final Transport transport;
   private final ConnectorSettings settings;
   private final FinishedSink sink;
-  private volatile ActorRef<EngineActor.Command> engine;
-  private ConnectorMetadata lastSaved;
+  private volatile @Nullable ActorRef<EngineActor.Command> engine;
+  private @Nullable ConnectorMetadata lastSaved;
   /** D, READ: the transfers this step loads, which {@link #waitForLayerLoad} waits for. */
   private Set<String> loadsThisStep = Set.of();
   private int layersSavedThisStep;
@@ -70,7 +71,7 @@ public final class ConnectorWorker implements AutoCloseable {
 
   /** Starts this step's loads (D, READ) and records the blocks P keeps for D (P, READ). */
   public void startLoadKv(ConnectorMetadata metadata) {
-    requireRegistered();
+    ActorRef<EngineActor.Command> engine = requireRegistered();
     Set<String> loads = new HashSet<>();
     for (ReqMeta r : metadata.reqsToRecv()) {
       if (r.localBlockIds().length > 0) {
@@ -102,7 +103,7 @@ public final class ConnectorWorker implements AutoCloseable {
 
   /** P: layer {@code layer} is being computed; its KV is complete when {@code event} fires. */
   public void saveKvLayer(ConnectorMetadata metadata, int layer, LayerEvent event) {
-    requireRegistered();
+    ActorRef<EngineActor.Command> engine = requireRegistered();
     if (identity.role() != Role.PREFILL
         || identity.mode() != TransferMode.WRITE
         || metadata.reqsToSave().isEmpty()) {
@@ -118,8 +119,10 @@ public final class ConnectorWorker implements AutoCloseable {
 
   /** End of the forward pass: seals the expected write count of the requests saved this step. */
   public void waitForSave() {
-    if (lastSaved != null && layersSavedThisStep > 0) {
-      engine.tell(new EngineActor.SealWrites(lastSaved.reqsToSave(), layersSavedThisStep));
+    ConnectorMetadata saved = lastSaved;
+    ActorRef<EngineActor.Command> e = engine;
+    if (saved != null && e != null && layersSavedThisStep > 0) {
+      e.tell(new EngineActor.SealWrites(saved.reqsToSave(), layersSavedThisStep));
     }
     lastSaved = null;
     layersSavedThisStep = 0;
@@ -136,8 +139,7 @@ public final class ConnectorWorker implements AutoCloseable {
 
   /** The worker's actor, for the scheduler side and for management endpoints. */
   public ActorRef<EngineActor.Command> engineRef() {
-    requireRegistered();
-    return engine;
+    return requireRegistered();
   }
 
   public FinishedSink sink() {
@@ -197,10 +199,13 @@ public final class ConnectorWorker implements AutoCloseable {
     shutdown();
   }
 
-  private void requireRegistered() {
-    if (engine == null) {
+  /** The worker's actor; read once per call, since a stop may clear it concurrently. */
+  private ActorRef<EngineActor.Command> requireRegistered() {
+    ActorRef<EngineActor.Command> e = engine;
+    if (e == null) {
       throw new IllegalStateException(
           "registerKvCaches must be called before using worker " + identity.label());
     }
+    return e;
   }
 }

@@ -4,6 +4,7 @@ import java.util.Arrays;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import org.jspecify.annotations.Nullable;
 
 /**
  * The kv_transfer_params a request carries between P and D, as in the seed, with kvferry's
@@ -38,12 +39,12 @@ public record KvTransferParams(
 
   /** Params for a request that D receives from P (the router hands these to D). */
   public static KvTransferParams forDecode(String transferId, String prefillEngineId, int prefillDp) {
-    return new KvTransferParams(true, false, transferId, prefillEngineId, prefillDp, null, "", 0, 1);
+    return new KvTransferParams(true, false, transferId, prefillEngineId, prefillDp, new int[0], "", 0, 1);
   }
 
   /** Params for a request that P prefills for D (the router hands these to P). */
   public static KvTransferParams forPrefill(String transferId, String decodeEngineId, int decodeDp) {
-    return new KvTransferParams(false, true, transferId, decodeEngineId, decodeDp, null, "", 0, 1);
+    return new KvTransferParams(false, true, transferId, decodeEngineId, decodeDp, new int[0], "", 0, 1);
   }
 
   public KvTransferParams withDoRemotePrefill(boolean value) {
@@ -144,7 +145,7 @@ public record KvTransferParams(
         "kv_transfer_params." + key + " must be an integer, got " + describe(v));
   }
 
-  private static int[] blockIds(Object v) throws InvalidTransferParamsException {
+  private static int[] blockIds(@Nullable Object v) throws InvalidTransferParamsException {
     if (v == null) {
       return new int[0];
     }

@@ -1,5 +1,6 @@
 package dev.kvferry.actors.connector;
 
+
 /**
  * One request's transfer, as the scheduler hands it to the workers in a step's metadata.
  *

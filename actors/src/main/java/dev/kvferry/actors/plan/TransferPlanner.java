@@ -5,6 +5,7 @@ import java.util.Arrays;
 import java.util.HashMap;
 import java.util.Map;
 import java.util.Objects;
+import org.jspecify.annotations.Nullable;
 
 /**
  * Turns the block ids of a request into the copies that move its KV cache: one entry per run of
@@ -155,7 +156,7 @@ public final class TransferPlanner {
   public TransferBatch planTokenRanges(
       KvCacheGeometry local,
       KvCacheGeometry remote,
-      HeadSlice heads,
+      @Nullable HeadSlice heads,
       int[] localBlockIds,
       int[] remoteBlockIds)
       throws InvalidBlockIdsException {
@@ -185,9 +186,12 @@ public final class TransferPlanner {
     long tokenBytesL = local.blockBytes() / bl;
     long tokenBytesR = remote.blockBytes() / br;
     long headBytes = mla ? 0 : (long) local.headDim() * local.elementBytes();
-    long innerL = mla ? 0 : heads.localFirst() * headBytes;
-    long innerR = mla ? 0 : heads.remoteFirst() * headBytes;
-    long slice = mla ? tokenBytesL : heads.count() * headBytes;
+    if (!mla) {
+      Objects.requireNonNull(heads, "heads of a standard layout");
+    }
+    long innerL = mla || heads == null ? 0 : heads.localFirst() * headBytes;
+    long innerR = mla || heads == null ? 0 : heads.remoteFirst() * headBytes;
+    long slice = mla || heads == null ? tokenBytesL : heads.count() * headBytes;
     int regions = local.regionsPerLayer();
     int max = (int) Math.min(Integer.MAX_VALUE - 8, tokens * regions);
     long[] lo = new long[Math.min(max, 1024)];
@@ -225,7 +229,7 @@ public final class TransferPlanner {
   }
 
   private static void requireSameTokenShape(
-      KvCacheGeometry local, KvCacheGeometry remote, HeadSlice heads) {
+      KvCacheGeometry local, KvCacheGeometry remote, @Nullable HeadSlice heads) {
     if (local.layout() != remote.layout()
         || local.headDim() != remote.headDim()
         || local.latent() != remote.latent()
@@ -259,8 +263,8 @@ public final class TransferPlanner {
         seen.set(id);
         continue;
       }
-      throw new InvalidBlockIdsException(
-          problem(side, id, i, numBlocks, owner, firstPositions(ids, i)));
+      throw new InvalidBlockIdsException(Objects.requireNonNull(
+          problem(side, id, i, numBlocks, owner, firstPositions(ids, i))));
     }
   }
 
@@ -285,9 +289,9 @@ public final class TransferPlanner {
       long localNumBlocks,
       long remoteNumBlocks,
       long blockBytes,
-      long[] localOffsets,
-      long[] remoteOffsets,
-      long[] sizes) {
+      long @Nullable [] localOffsets,
+      long @Nullable [] remoteOffsets,
+      long @Nullable [] sizes) {
     int count = 0;
     long startL = ls[0];
     long startR = rs[0];
@@ -300,7 +304,7 @@ public final class TransferPlanner {
         long l = baseL + ls[i];
         long r = baseR + rs[i];
         if (l != prevL + 1 || r != prevR + 1) {
-          if (sizes != null) {
+          if (sizes != null && localOffsets != null && remoteOffsets != null) {
             localOffsets[count] = startL * blockBytes;
             remoteOffsets[count] = startR * blockBytes;
             sizes[count] = (prevL + 1 - startL) * blockBytes;
@@ -313,7 +317,7 @@ public final class TransferPlanner {
         prevR = r;
       }
     }
-    if (sizes != null) {
+    if (sizes != null && localOffsets != null && remoteOffsets != null) {
       localOffsets[count] = startL * blockBytes;
       remoteOffsets[count] = startR * blockBytes;
       sizes[count] = (prevL + 1 - startL) * blockBytes;
@@ -486,7 +490,7 @@ public final class TransferPlanner {
     throw new IllegalStateException("planner flagged block ids but found nothing wrong: a bug");
   }
 
-  private static String problem(
+  private static @Nullable String problem(
       String side, int id, int position, int numBlocks, String owner, Map<Integer, Integer> seen) {
     String prefix = side + " block id " + id + " at position " + position;
     if (id < 0) {
