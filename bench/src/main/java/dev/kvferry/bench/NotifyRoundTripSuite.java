@@ -24,7 +24,7 @@ import org.apache.pekko.actor.typed.receptionist.Receptionist;
  * {@link EngineActor.RemoteBlocks} with 64 block ids to the prefill side ({@link NotifyEcho}, a
  * child JVM), which answers with {@link EngineActor.WriteDone}; both are Jackson CBOR over Artery
  * TCP on loopback, actor to actor. One round trip at a time, like the seed script, which does the
- * same with pyzmq DEALER/ROUTER sockets and msgpack (shared/peers/seed_notify_rtt.py). The time is
+ * same with pyzmq DEALER/ROUTER sockets and msgpack (kvferry's peer seed_notify_rtt.py). The time is
  * taken in the sending actor, from the tell to the reply's handling.
  */
 public final class NotifyRoundTripSuite {

@@ -17,7 +17,7 @@ import java.util.List;
 import java.util.Random;
 
 /**
- * The transfer planner against the seed's numpy planner (shared/peers/seed_planner.py --bench) on
+ * The transfer planner against the seed's numpy planner (kvferry's peer seed_planner.py --bench) on
  * the same request: {@code n} scattered block ids on both sides out of a cache of {@code 2n}
  * blocks (an allocator in use hands out scattered ids), Llama-3-8B geometry. The seed reports the
  * median of its 5 rounds (in its own process); kvferry's planner runs in this JVM after a 2 s

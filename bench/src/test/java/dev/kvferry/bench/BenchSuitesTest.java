@@ -118,14 +118,8 @@ class BenchSuitesTest {
     }
   }
 
-  /** shared/peers in the checkout or a folder above it (as {@code kvferry bench} finds it). */
-  private static Path sharedPeers() {
-    for (Path dir = Path.of("").toAbsolutePath(); dir != null; dir = dir.getParent()) {
-      Path peers = dir.resolve("shared/peers");
-      if (Files.isDirectory(peers)) {
-        return peers;
-      }
-    }
-    return Path.of("no-shared-peers-folder");
+  /** kvferry's own peers, as {@code kvferry bench} uses them without {@code --peers}. */
+  private static Path sharedPeers() throws java.io.IOException {
+    return PeerTools.locatePeers(null, Files.createTempDirectory("bench-peers-"));
   }
 }

@@ -14,7 +14,7 @@ import java.util.Set;
 
 /**
  * One request for {@code kvferry plan}, read from the JSON schema of the seed's planner script
- * ({@code shared/peers/seed_planner.py}): layout, num_blocks, remote_num_blocks (defaults to
+ * (the bench peer {@code seed_planner.py}): layout, num_blocks, remote_num_blocks (defaults to
  * num_blocks), block_size, kv_heads and head_dim (standard), latent (mla), elem_size,
  * local_block_ids, remote_block_ids. Fields the layout does not use are ignored, as the script
  * does; unknown fields are refused, so a misspelt optional field cannot fall back to its default.

@@ -19,7 +19,7 @@ import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
 /**
- * Runs {@code kvferry plan} and the seed's planner ({@code shared/peers/seed_planner.py}) on the
+ * Runs {@code kvferry plan} and the seed's planner (the bench's peer {@code seed_planner.py}) on the
  * same random valid requests and expects the same bytes out. Skipped where python3 with numpy or
  * the script is missing; {@code -Dkvferry.seedPlanner=PATH} points at another copy of the script.
  */
@@ -53,14 +53,17 @@ class PlanCommandMatchesSeedTest {
 
   @BeforeAll
   static void findSeedPlanner() {
-    // Module directory -> project root -> its parent, where shared/ lives.
-    Path moduleDir = Path.of(System.getProperty("basedir", System.getProperty("user.dir")));
+    // kvferry's own copy of the seed's planner (the bench's peer), or another one named here.
     String override = System.getProperty("kvferry.seedPlanner");
-    script =
-        override != null
-            ? Path.of(override)
-            : moduleDir.toAbsolutePath().getParent().getParent().resolve(
-                "shared/peers/seed_planner.py");
+    try {
+      script =
+          override != null
+              ? Path.of(override)
+              : dev.kvferry.bench.PeerTools.locatePeers(null, Files.createTempDirectory("seed-"))
+                  .resolve("seed_planner.py");
+    } catch (java.io.IOException e) {
+      throw new java.io.UncheckedIOException(e);
+    }
     if (!Files.isRegularFile(script)) {
       skipReason = "seed planner not found at " + script;
     } else if (!pythonWithNumpy()) {
