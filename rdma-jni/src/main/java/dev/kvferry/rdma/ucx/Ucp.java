@@ -16,7 +16,7 @@ import com.sun.jna.Pointer;
  */
 final class Ucp {
   static {
-    Native.register(Ucp.class, "ucp");
+    Native.register(Ucp.class, UcxLibraries.load("ucp", "libucp.so.0"));
   }
 
   private Ucp() {}

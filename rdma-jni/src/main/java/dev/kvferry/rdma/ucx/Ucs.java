@@ -10,7 +10,7 @@ import com.sun.jna.Native;
  */
 final class Ucs {
   static {
-    Native.register(Ucs.class, "ucs");
+    Native.register(Ucs.class, UcxLibraries.load("ucs", "libucs.so.0"));
   }
 
   private Ucs() {}
@@ -18,6 +18,8 @@ final class Ucs {
   static native String ucs_status_string(int status);
 
   static native int ucs_global_opts_set_value(String name, String value);
+
+  static native int ucs_global_opts_get_value(String name, byte[] value, long maxBytes);
 
   /** Gives the error signals (SEGV, BUS, ILL, FPE) back to their previous handlers. */
   static native void ucs_debug_disable_signals();

@@ -75,6 +75,22 @@ public final class Ucx {
     }
   }
 
+  /**
+   * Runs {@code call} with UCX's log quiet (fatal only): for an attempt whose failure kvferry
+   * handles itself, so UCX's own ERROR line (which it writes to stdout) would only mislead.
+   */
+  static int quietly(java.util.function.IntSupplier call) {
+    byte[] saved = new byte[64];
+    boolean known = Ucs.ucs_global_opts_get_value("LOG_LEVEL", saved, saved.length) == Ucp.UCS_OK;
+    Ucs.ucs_global_opts_set_value("LOG_LEVEL", "fatal");
+    try {
+      return call.getAsInt();
+    } finally {
+      String level = known ? com.sun.jna.Native.toString(saved) : "warn";
+      Ucs.ucs_global_opts_set_value("LOG_LEVEL", level.isEmpty() ? "warn" : level);
+    }
+  }
+
   /** The library's text for a status, e.g. {@code Connection reset by remote peer}. */
   public static String statusText(int status) {
     String s = Ucs.ucs_status_string(status);

@@ -449,7 +449,8 @@ public final class UcxWorker implements AutoCloseable {
     p.setPointer(24, CallbackReference.getFunctionPointer(errorHandler));
     p.setLong(32, id);
     long[] ep = new long[1];
-    int status = Ucp.ucp_ep_create(worker, Pointer.nativeValue(p), ep);
+    // Quiet: UCX logs an ERROR when the peer's transports cannot report failures (handled below).
+    int status = Ucx.quietly(() -> Ucp.ucp_ep_create(worker, Pointer.nativeValue(p), ep));
     boolean errorHandling = true;
     if (status == Ucp.UCS_ERR_UNREACHABLE) {
       // UCX 1.13's shared-memory transports cannot report a peer's failure, and UCX refuses
@@ -489,7 +490,9 @@ public final class UcxWorker implements AutoCloseable {
   /** Closes the endpoints that failed: their batches in flight complete with an error. */
   private void dropFailedPeers() {
     for (Peer peer : failedPeers) {
-      log.warn("ucx endpoint {} of worker {} failed: {}; closing it", peer.id, name, peer.failure);
+      if (!closing.get()) {
+        log.warn("ucx endpoint {} of worker {} failed: {}; closing it", peer.id, name, peer.failure);
+      }
       peers.remove(peer.key);
       peersById.remove(peer.id);
       peer.close();
