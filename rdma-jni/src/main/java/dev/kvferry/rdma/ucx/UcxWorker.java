@@ -17,6 +17,7 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicInteger;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -58,6 +59,11 @@ public final class UcxWorker implements AutoCloseable {
   private final Thread thread;
   private final ConcurrentLinkedQueue<Runnable> commands = new ConcurrentLinkedQueue<>();
   private final AtomicBoolean closing = new AtomicBoolean();
+  /**
+   * Threads between their check of {@link #closing} and their {@code ucp_worker_signal}: the
+   * progress thread destroys the worker only once none is left, so no signal reaches freed memory.
+   */
+  private final AtomicInteger signalling = new AtomicInteger();
 
   // Owned by the progress thread.
   private final Map<ByteBuffer, Peer> peers = new HashMap<>();
@@ -210,13 +216,18 @@ public final class UcxWorker implements AutoCloseable {
       Runnable release) {
     Batch b = new Batch(put, peerAddress, packedRkey, localAddress, remoteAddress, localOffsets,
         remoteOffsets, sizes, peerName, peerPid, status, release);
-    if (closing.get()) {
-      b.finish("ucx transport is closed");
-      return;
-    }
     Runnable command = () -> start(b);
-    commands.add(command);
-    wake();
+    signalling.incrementAndGet();
+    try {
+      if (closing.get()) {
+        b.finish("ucx transport is closed");
+        return;
+      }
+      commands.add(command);
+      wake();
+    } finally {
+      signalling.decrementAndGet();
+    }
     if (closing.get() && commands.remove(command)) {
       // The progress thread may be gone: nobody else will run it.
       b.finish("ucx transport is closed");
@@ -226,10 +237,15 @@ public final class UcxWorker implements AutoCloseable {
   /** Stops the progress thread: batches in flight fail, endpoints close, the worker and context go. */
   @Override
   public void close() {
-    if (!closing.compareAndSet(false, true)) {
-      return;
+    signalling.incrementAndGet();
+    try {
+      if (!closing.compareAndSet(false, true)) {
+        return;
+      }
+      wake();
+    } finally {
+      signalling.decrementAndGet();
     }
-    wake();
     try {
       thread.join(TimeUnit.SECONDS.toMillis(CALL_TIMEOUT_SECONDS));
     } catch (InterruptedException e) {
@@ -251,19 +267,24 @@ public final class UcxWorker implements AutoCloseable {
 
   /** Runs {@code work} on the progress thread and waits for its result. */
   private <T> T call(Call<T> work, String what) {
-    if (closing.get()) {
-      throw new IllegalStateException("ucx worker " + name + " is closed");
-    }
     CompletableFuture<T> result = new CompletableFuture<>();
-    commands.add(
-        () -> {
-          try {
-            result.complete(work.run());
-          } catch (RuntimeException e) {
-            result.completeExceptionally(e);
-          }
-        });
-    wake();
+    signalling.incrementAndGet();
+    try {
+      if (closing.get()) {
+        throw new IllegalStateException("ucx worker " + name + " is closed");
+      }
+      commands.add(
+          () -> {
+            try {
+              result.complete(work.run());
+            } catch (RuntimeException e) {
+              result.completeExceptionally(e);
+            }
+          });
+      wake();
+    } finally {
+      signalling.decrementAndGet();
+    }
     try {
       return result.get(CALL_TIMEOUT_SECONDS, TimeUnit.SECONDS);
     } catch (ExecutionException e) {
@@ -519,6 +540,12 @@ public final class UcxWorker implements AutoCloseable {
       b.status.fail("ucx transport closed with the " + b.verb() + " " + b.peerName + " in flight");
     }
     inFlight.clear();
+    while (signalling.get() != 0) {
+      Thread.onSpinWait(); // a signaller is between its check and ucp_worker_signal: microseconds
+    }
+    for (Runnable command; (command = commands.poll()) != null; ) {
+      command.run(); // queued after the first drain: batches fail, mapping calls get their answer
+    }
     Ucp.ucp_worker_destroy(worker);
     Ucp.ucp_cleanup(context);
   }
