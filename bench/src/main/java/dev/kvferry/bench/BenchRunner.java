@@ -15,7 +15,7 @@ import java.util.stream.Stream;
 public final class BenchRunner {
 
   /** Suite names, in the order they run. */
-  public static final List<String> SUITES = List.of("cma", "tcp", "planner", "notify", "e2e");
+  public static final List<String> SUITES = List.of("cma", "tcp", "ucx", "planner", "notify", "e2e");
 
   /**
    * What to run and how long.
@@ -60,6 +60,10 @@ public final class BenchRunner {
       if (options.suites().contains("tcp")) {
         progress.println("host transfer, tcp vs iperf3");
         rows.addAll(host.tcp());
+      }
+      if (options.suites().contains("ucx")) {
+        progress.println("host transfer, ucx put vs ucx_perftest ucp_put_bw");
+        rows.addAll(new UcxSuite(options.rounds(), options.repeats(), progress).run());
       }
       if (options.suites().contains("planner")) {
         progress.println("planner vs seed_planner.py");

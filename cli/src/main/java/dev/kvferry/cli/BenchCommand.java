@@ -29,7 +29,8 @@ import picocli.CommandLine.Spec;
     description = {
       "Measures kvferry and its peers in one run on this machine and prints a table: name, unit,"
           + " kvferry's figure, the peer's, the ratio (higher is better for kvferry) and the goal.",
-      "Suites: cma (host transfer vs memcpy_ceiling.c, built with gcc), tcp (vs iperf3), planner"
+      "Suites: cma (host transfer vs memcpy_ceiling.c, built with gcc), tcp (vs iperf3), ucx (put"
+          + " bandwidth vs ucx_perftest -t ucp_put_bw, same UCX_TLS and sizes), planner"
           + " (vs seed_planner.py), notify (round trip vs seed_notify_rtt.py), e2e (simulated"
           + " engines). Installs nothing: a missing peer tool is named with its Debian package.",
       "Progress goes to stderr. Exit code 0 even when a goal is missed; 1 when a row failed"
@@ -45,7 +46,7 @@ public final class BenchCommand implements Callable<Integer> {
   boolean json;
 
   @Option(names = "--only", split = ",", paramLabel = "SUITE",
-      description = "Run only these suites (comma-separated): cma, tcp, planner, notify, e2e.")
+      description = "Run only these suites (comma-separated): cma, tcp, ucx, planner, notify, e2e.")
   List<String> only;
 
   @Option(names = "--peers", paramLabel = "DIR",

@@ -29,8 +29,8 @@ public final class DemoCommand implements Callable<Integer> {
   private static final DemoOptions D = DemoOptions.defaults();
 
   @Option(names = "--transport",
-      description = "cma or tcp for host memory, cuda or tcp for GPUs (default: cma; cuda with "
-          + "--p-gpu).")
+      description = "cma, tcp or ucx for host memory, cuda or tcp for GPUs (default: cma; cuda "
+          + "with --p-gpu). ucx uses UCX_TLS from the environment when set.")
   @Nullable String transport;
 
   @Option(names = "--p-gpu", paramLabel = "N",

@@ -41,7 +41,8 @@ public final class NodeCommand implements Callable<Integer> {
   String mode;
 
   @Option(names = "--transport",
-      description = "cma, tcp, local or cuda (default: cma; cuda with --gpu).")
+      description = "cma, tcp, ucx, local or cuda (default: cma; cuda with --gpu). ucx: UCX's "
+          + "transports from kvferry.node.ucx.transports or UCX_TLS.")
   @Nullable String transport;
 
   @Option(names = "--gpu", paramLabel = "N",

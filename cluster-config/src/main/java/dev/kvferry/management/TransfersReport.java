@@ -4,6 +4,7 @@ import dev.kvferry.actors.EngineActor;
 import dev.kvferry.actors.RequestTrackerActor;
 import dev.kvferry.actors.connector.ConnectorWorker;
 import dev.kvferry.node.NodeRuntime;
+import org.jspecify.annotations.Nullable;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Comparator;
@@ -39,7 +40,7 @@ public record TransfersReport(
       String peerEngineId,
       long ageMs,
       String engine,
-      RequestTrackerActor.WriteProgress progress) {}
+      RequestTrackerActor.@Nullable WriteProgress progress) {}
 
   public TransfersReport {
     counts = Map.copyOf(counts);
@@ -77,7 +78,8 @@ public record TransfersReport(
   }
 
   private record WorkerAnswer(
-      String engine, RequestTrackerActor.Snapshot snapshot, Throwable error, Duration timeout) {
+      String engine, RequestTrackerActor.@Nullable Snapshot snapshot, @Nullable Throwable error,
+      Duration timeout) {
 
     void addTo(Map<String, Integer> counts, List<TransferLine> lines, List<String> unanswered) {
       if (snapshot == null) {

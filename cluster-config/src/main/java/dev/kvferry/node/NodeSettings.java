@@ -57,7 +57,8 @@ public record NodeSettings(
             .withTcpBind(tcp.getString("bind-host"), tcp.getInt("port"))
             .withTcpAdvertisedHost(tcp.getString("advertised-host"))
             .withTcpStaging(tcp.getInt("staging-buffers"),
-                (int) Math.min(Integer.MAX_VALUE, tcp.getBytes("staging-buffer-bytes")));
+                (int) Math.min(Integer.MAX_VALUE, tcp.getBytes("staging-buffer-bytes")))
+            .withUcxTransports(n.getString("ucx.transports"));
     return new NodeSettings(
         role,
         engineId,

@@ -25,6 +25,8 @@ import org.msgpack.core.MessageUnpacker;
  * @param tcpPort port of the owner's TCP data listener, or 0
  * @param token secret a TCP connection must present before any byte is accepted
  * @param cudaIpcHandle CUDA IPC memory handle (64 bytes) for CUDA regions, else empty
+ * @param ucxWorkerAddress the owner's UCX worker address (ucp_worker_get_address), else empty
+ * @param ucxRkey the region's packed UCX remote key (ucp_rkey_pack), else empty
  */
 public record RegionDescriptor(
     int regionId,
@@ -38,12 +40,17 @@ public record RegionDescriptor(
     String tcpHost,
     int tcpPort,
     byte[] token,
-    byte[] cudaIpcHandle) {
+    byte[] cudaIpcHandle,
+    byte[] ucxWorkerAddress,
+    byte[] ucxRkey) {
 
   /** Upper bound on a packed descriptor; anything larger is refused unread. */
   public static final int MAX_PACKED_BYTES = 4096;
 
   private static final int MAX_SECRET_BYTES = 256;
+
+  /** Bound of each UCX field: a worker address grows with the devices it lists. */
+  public static final int MAX_UCX_BYTES = 2048;
 
   public RegionDescriptor {
     Objects.requireNonNull(kind, "kind");
@@ -52,23 +59,50 @@ public record RegionDescriptor(
     tcpHost = tcpHost == null ? "" : tcpHost;
     token = token == null ? new byte[0] : token;
     cudaIpcHandle = cudaIpcHandle == null ? new byte[0] : cudaIpcHandle;
+    ucxWorkerAddress = ucxWorkerAddress == null ? new byte[0] : ucxWorkerAddress;
+    ucxRkey = ucxRkey == null ? new byte[0] : ucxRkey;
     if (lengthBytes < 0) {
       throw new IllegalArgumentException("region " + regionId + ": negative length " + lengthBytes);
     }
+  }
+
+  /** A descriptor without UCX fields (the form before the ucx transport). */
+  public RegionDescriptor(
+      int regionId,
+      long lengthBytes,
+      RegionKind kind,
+      int device,
+      String owner,
+      long pid,
+      long baseAddress,
+      String bootId,
+      String tcpHost,
+      int tcpPort,
+      byte[] token,
+      byte[] cudaIpcHandle) {
+    this(regionId, lengthBytes, kind, device, owner, pid, baseAddress, bootId, tcpHost, tcpPort,
+        token, cudaIpcHandle, new byte[0], new byte[0]);
   }
 
   /** Same descriptor with the TCP endpoint and token filled in. */
   public RegionDescriptor withTcp(String host, int port, byte[] newToken) {
     return new RegionDescriptor(
         regionId, lengthBytes, kind, device, owner, pid, baseAddress, bootId, host, port, newToken,
-        cudaIpcHandle);
+        cudaIpcHandle, ucxWorkerAddress, ucxRkey);
   }
 
   /** Same descriptor with a CUDA IPC handle. */
   public RegionDescriptor withCudaIpcHandle(byte[] handle) {
     return new RegionDescriptor(
         regionId, lengthBytes, kind, device, owner, pid, baseAddress, bootId, tcpHost, tcpPort,
-        token, handle);
+        token, handle, ucxWorkerAddress, ucxRkey);
+  }
+
+  /** Same descriptor with the owner's UCX worker address and the region's packed remote key. */
+  public RegionDescriptor withUcx(byte[] workerAddress, byte[] rkey) {
+    return new RegionDescriptor(
+        regionId, lengthBytes, kind, device, owner, pid, baseAddress, bootId, tcpHost, tcpPort,
+        token, cudaIpcHandle, workerAddress, rkey);
   }
 
   /**
@@ -84,7 +118,9 @@ public record RegionDescriptor(
    * Packs this descriptor for the control plane. Strings travel as UTF-8.
    *
    * @throws IllegalArgumentException when the result would exceed {@link #MAX_PACKED_BYTES} or a
-   *     token or handle exceeds the 256 bytes {@link #unpack} accepts
+   *     token or handle exceeds the 256 bytes {@link #unpack} accepts, or a UCX field the {@link
+   *     #MAX_UCX_BYTES}. The UCX fields are packed only when set, so descriptors of the other
+   *     transports keep the form older peers read.
    */
   public byte[] pack() {
     if (token.length > MAX_SECRET_BYTES || cudaIpcHandle.length > MAX_SECRET_BYTES) {
@@ -92,8 +128,14 @@ public record RegionDescriptor(
           "descriptor of region " + regionId + ": token or CUDA IPC handle over "
               + MAX_SECRET_BYTES + " bytes");
     }
+    if (ucxWorkerAddress.length > MAX_UCX_BYTES || ucxRkey.length > MAX_UCX_BYTES) {
+      throw new IllegalArgumentException(
+          "descriptor of region " + regionId + ": UCX worker address or remote key over "
+              + MAX_UCX_BYTES + " bytes");
+    }
+    boolean ucx = ucxWorkerAddress.length > 0 || ucxRkey.length > 0;
     try (MessageBufferPacker p = MessagePack.newDefaultBufferPacker()) {
-      p.packMapHeader(12);
+      p.packMapHeader(ucx ? 14 : 12);
       p.packString("region_id").packInt(regionId);
       p.packString("length").packLong(lengthBytes);
       p.packString("kind").packString(kind.name());
@@ -108,6 +150,12 @@ public record RegionDescriptor(
       p.packString("cuda_ipc_handle")
           .packBinaryHeader(cudaIpcHandle.length)
           .writePayload(cudaIpcHandle);
+      if (ucx) {
+        p.packString("ucx_worker_address")
+            .packBinaryHeader(ucxWorkerAddress.length)
+            .writePayload(ucxWorkerAddress);
+        p.packString("ucx_rkey").packBinaryHeader(ucxRkey.length).writePayload(ucxRkey);
+      }
       byte[] packed = p.toByteArray();
       if (packed.length > MAX_PACKED_BYTES) {
         // A peer would refuse it unread; fail here, where the oversized field is known.
@@ -147,6 +195,8 @@ public record RegionDescriptor(
     int tcpPort = 0;
     byte[] token = new byte[0];
     byte[] ipc = new byte[0];
+    byte[] ucxAddress = new byte[0];
+    byte[] ucxRkey = new byte[0];
     try (MessageUnpacker u = MessagePack.newDefaultUnpacker(packed)) {
       int fields = u.unpackMapHeader();
       if (fields > 64) {
@@ -167,6 +217,8 @@ public record RegionDescriptor(
           case "tcp_port" -> tcpPort = u.unpackInt();
           case "token" -> token = readBinary(u, MAX_SECRET_BYTES, "token");
           case "cuda_ipc_handle" -> ipc = readBinary(u, MAX_SECRET_BYTES, "cuda_ipc_handle");
+          case "ucx_worker_address" -> ucxAddress = readBinary(u, MAX_UCX_BYTES, "ucx_worker_address");
+          case "ucx_rkey" -> ucxRkey = readBinary(u, MAX_UCX_BYTES, "ucx_rkey");
           default -> u.skipValue(); // newer peers may add fields
         }
       }
@@ -187,7 +239,8 @@ public record RegionDescriptor(
           "region descriptor has out-of-range values: length=" + length + " tcp_port=" + tcpPort);
     }
     return new RegionDescriptor(
-        regionId, length, kind, device, owner, pid, base, bootId, tcpHost, tcpPort, token, ipc);
+        regionId, length, kind, device, owner, pid, base, bootId, tcpHost, tcpPort, token, ipc,
+        ucxAddress, ucxRkey);
   }
 
   private static RegionKind parseKind(String s) throws MalformedDescriptorException {
@@ -221,7 +274,9 @@ public record RegionDescriptor(
         && tcpHost.equals(d.tcpHost)
         && tcpPort == d.tcpPort
         && Arrays.equals(token, d.token)
-        && Arrays.equals(cudaIpcHandle, d.cudaIpcHandle);
+        && Arrays.equals(cudaIpcHandle, d.cudaIpcHandle)
+        && Arrays.equals(ucxWorkerAddress, d.ucxWorkerAddress)
+        && Arrays.equals(ucxRkey, d.ucxRkey);
   }
 
   @Override
@@ -245,6 +300,7 @@ public record RegionDescriptor(
         + ", base=0x"
         + HexFormat.of().toHexDigits(baseAddress)
         + (tcpPort > 0 ? ", tcp=" + tcpHost + ":" + tcpPort : "")
+        + (ucxWorkerAddress.length > 0 ? ", ucx worker address of " + ucxWorkerAddress.length + " bytes" : "")
         + "]";
   }
 }

@@ -21,6 +21,7 @@ public final class TransportOptions {
   private final long cmaInlineMaxBytes;
   private final int tcpStagingBuffers;
   private final int tcpStagingBufferBytes;
+  private final String ucxTransports;
 
   /** Bounds of the staging knobs: a few buffers, each a page to 1 GiB (one tcp entry). */
   private static final int MAX_STAGING_BUFFERS = 16;
@@ -38,7 +39,8 @@ public final class TransportOptions {
       int ioThreads,
       long cmaInlineMaxBytes,
       int tcpStagingBuffers,
-      int tcpStagingBufferBytes) {
+      int tcpStagingBufferBytes,
+      String ucxTransports) {
     if (tcpPort < 0 || tcpPort > 65535) {
       throw new IllegalArgumentException("tcp port must be in [0, 65535], got " + tcpPort);
     }
@@ -68,6 +70,7 @@ public final class TransportOptions {
     this.cmaInlineMaxBytes = cmaInlineMaxBytes;
     this.tcpStagingBuffers = tcpStagingBuffers;
     this.tcpStagingBufferBytes = tcpStagingBufferBytes;
+    this.ucxTransports = Objects.requireNonNull(ucxTransports, "ucxTransports");
   }
 
   /**
@@ -77,28 +80,28 @@ public final class TransportOptions {
    */
   public static TransportOptions defaults() {
     return new TransportOptions(
-        "127.0.0.1", 0, "", true, 0, Duration.ofSeconds(30), 64, 2, 1 << 20, 2, 4 << 20);
+        "127.0.0.1", 0, "", true, 0, Duration.ofSeconds(30), 64, 2, 1 << 20, 2, 4 << 20, "");
   }
 
   /** Where the TCP listener binds; port 0 picks a free port. */
   public TransportOptions withTcpBind(String host, int port) {
     return new TransportOptions(
         host, port, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout, maxConnections,
-        ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes);
+        ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports);
   }
 
   /** The host peers should connect to, when it differs from the bind host (0.0.0.0, NAT). */
   public TransportOptions withTcpAdvertisedHost(String host) {
     return new TransportOptions(
         tcpBindHost, tcpPort, host, tcpListen, tcpSocketBufferBytes, ioTimeout, maxConnections,
-        ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes);
+        ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports);
   }
 
   /** Whether the TCP transport serves its registry's regions (false: client only). */
   public TransportOptions withTcpListener(boolean listen) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, listen, tcpSocketBufferBytes, ioTimeout,
-        maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes);
+        maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports);
   }
 
   /**
@@ -109,35 +112,35 @@ public final class TransportOptions {
   public TransportOptions withTcpSocketBufferBytes(int bytes) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, bytes, ioTimeout, maxConnections,
-        ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes);
+        ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports);
   }
 
   /** A transfer (or a handshake) that makes no progress for this long fails. */
   public TransportOptions withIoTimeout(Duration timeout) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, timeout,
-        maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes);
+        maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports);
   }
 
   /** Most connections the TCP listener serves at once; more are closed on accept. */
   public TransportOptions withMaxConnections(int connections) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
-        connections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes);
+        connections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports);
   }
 
   /** Threads that run transfers in the background (TCP batches, large CMA batches). */
   public TransportOptions withIoThreads(int threads) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
-        maxConnections, threads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes);
+        maxConnections, threads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports);
   }
 
   /** CMA batches up to this many bytes are copied in the caller's thread; larger ones in the background. */
   public TransportOptions withCmaInlineMaxBytes(long bytes) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
-        maxConnections, ioThreads, bytes, tcpStagingBuffers, tcpStagingBufferBytes);
+        maxConnections, ioThreads, bytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports);
   }
 
   /**
@@ -148,7 +151,24 @@ public final class TransportOptions {
   public TransportOptions withTcpStaging(int buffers, int bufferBytes) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
-        maxConnections, ioThreads, cmaInlineMaxBytes, buffers, bufferBytes);
+        maxConnections, ioThreads, cmaInlineMaxBytes, buffers, bufferBytes, ucxTransports);
+  }
+
+  /**
+   * The UCX transports the ucx transport may use, as UCX_TLS takes them ({@code tcp}, {@code sm},
+   * {@code rc,sm,self}, ...); "" (the default) leaves UCX's choice: the environment's UCX_TLS,
+   * else every transport UCX finds, verbs included where there is an RDMA device.
+   */
+  public TransportOptions withUcxTransports(String transports) {
+    return new TransportOptions(
+        tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
+        maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes,
+        transports);
+  }
+
+  /** UCX_TLS for the ucx transport, or "" for UCX's own choice. */
+  public String ucxTransports() {
+    return ucxTransports;
   }
 
   public String tcpBindHost() {
@@ -203,6 +223,7 @@ public final class TransportOptions {
         + (tcpListen ? "" : " (no listener)") + ", socketBuffer=" + tcpSocketBufferBytes
         + ", ioTimeout=" + ioTimeout + ", maxConnections=" + maxConnections + ", ioThreads="
         + ioThreads + ", cmaInlineMaxBytes=" + cmaInlineMaxBytes + ", tcpStaging="
-        + tcpStagingBuffers + "x" + tcpStagingBufferBytes + "]";
+        + tcpStagingBuffers + "x" + tcpStagingBufferBytes
+        + (ucxTransports.isEmpty() ? "" : ", ucxTransports=" + ucxTransports) + "]";
   }
 }

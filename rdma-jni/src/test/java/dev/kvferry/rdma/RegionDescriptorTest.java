@@ -122,6 +122,33 @@ class RegionDescriptorTest {
     assertTrue(!d.toString().contains("sekrit"), d.toString());
   }
 
+  @Example
+  void ucxFieldsRoundTripAndDescriptorsWithoutThemKeepTheirOldForm() throws Exception {
+    RegionDescriptor plain =
+        new RegionDescriptor(3, 4096, RegionKind.HOST, -1, "D0", 42, 0x1000, "b", "h", 7, null, null);
+    byte[] oldForm = plain.pack();
+    // Without UCX fields the map keeps its 12 entries: peers from before the ucx transport read it.
+    assertEquals((byte) 0x8c, oldForm[0]);
+    RegionDescriptor fromOld = RegionDescriptor.unpack(oldForm);
+    assertEquals(0, fromOld.ucxWorkerAddress().length);
+    assertEquals(0, fromOld.ucxRkey().length);
+
+    byte[] address = new byte[900];
+    byte[] rkey = new byte[40];
+    java.util.Arrays.fill(address, (byte) 7);
+    java.util.Arrays.fill(rkey, (byte) 9);
+    RegionDescriptor ucx = plain.withUcx(address, rkey);
+    RegionDescriptor back = RegionDescriptor.unpack(ucx.pack());
+    assertEquals(ucx, back);
+    assertArrayEquals(address, back.ucxWorkerAddress());
+    assertArrayEquals(rkey, back.ucxRkey());
+    assertTrue(ucx.toString().contains("ucx worker address of 900 bytes"), ucx.toString());
+
+    RegionDescriptor oversized = plain.withUcx(new byte[RegionDescriptor.MAX_UCX_BYTES + 1], rkey);
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class, oversized::pack);
+    assertTrue(e.getMessage().contains("UCX worker address or remote key over"), e.getMessage());
+  }
+
   private static void unpackOrMalformed(byte[] bytes) {
     try {
       RegionDescriptor.unpack(bytes);

@@ -16,6 +16,9 @@ class TransportsTest {
         if (name.equals("cuda") && !dev.kvferry.rdma.cuda.Cuda.available()) {
           continue; // needs a GPU; CudaTransportTest covers the refusal without one
         }
+        if (name.equals("ucx") && !dev.kvferry.rdma.ucx.Ucx.available()) {
+          continue; // needs libucp; UcxTransportTest says why it skips
+        }
         try (Transport t = Transports.open(name, registry, TransportOptions.defaults())) {
           assertEquals(name, t.name());
         }
@@ -30,7 +33,7 @@ class TransportsTest {
           assertThrows(
               IllegalArgumentException.class,
               () -> Transports.open("rdma", registry, TransportOptions.defaults()));
-      assertEquals("unknown transport 'rdma'; valid: local, cma, tcp, cuda", e.getMessage());
+      assertEquals("unknown transport 'rdma'; valid: local, cma, tcp, cuda, ucx", e.getMessage());
     }
   }
 

@@ -11,6 +11,7 @@ import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import java.util.Optional;
 import java.util.concurrent.BlockingQueue;
 import java.util.concurrent.LinkedBlockingQueue;
@@ -46,6 +47,17 @@ public final class ChildJvm implements AutoCloseable {
    */
   public static ChildJvm start(String mainClass, List<String> jvmOptions, List<String> args)
       throws IOException {
+    return start(mainClass, jvmOptions, args, Map.of());
+  }
+
+  /**
+   * As {@link #start(String, List, List)}, with {@code environment} added to (or replacing in)
+   * this JVM's environment: how a test gives the child settings a native library reads from its
+   * environment, such as UCX_TLS.
+   */
+  public static ChildJvm start(
+      String mainClass, List<String> jvmOptions, List<String> args, Map<String, String> environment)
+      throws IOException {
     String java =
         ProcessHandle.current()
             .info()
@@ -59,11 +71,12 @@ public final class ChildJvm implements AutoCloseable {
     command.add(mainClass);
     command.addAll(args);
     Path stderr = Files.createTempFile("kvferry-child-", ".stderr");
-    Process process =
+    ProcessBuilder builder =
         new ProcessBuilder(command)
             .redirectError(stderr.toFile())
-            .redirectInput(ProcessBuilder.Redirect.PIPE)
-            .start();
+            .redirectInput(ProcessBuilder.Redirect.PIPE);
+    builder.environment().putAll(environment);
+    Process process = builder.start();
     return new ChildJvm(process, stderr, mainClass);
   }
 
