@@ -25,9 +25,9 @@ import java.util.Map;
 public final class HostTransferSuite {
 
   /** Goals from DESIGN section 7. */
-  public static final double CMA_CONTIGUOUS_GOAL = 0.9;
-  public static final double CMA_SCATTERED_GOAL = 0.7;
-  public static final double TCP_GOAL = 0.9;
+  public static final double CMA_CONTIGUOUS_GOAL = 0.95;
+  public static final double CMA_SCATTERED_GOAL = 0.9;
+  public static final double TCP_GOAL = 1.0;
 
   /** What a scattered row moves, for its note. */
   static final String SCATTERED_NOTE =

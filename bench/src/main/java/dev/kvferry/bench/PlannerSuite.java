@@ -27,7 +27,7 @@ import java.util.Random;
 public final class PlannerSuite {
 
   public static final int[] BLOCK_COUNTS = {128, 1024, 8192};
-  public static final double GOAL = 20.0;
+  public static final double GOAL = 30.0;
   private static final int ROUNDS = 5;
 
   @SuppressWarnings("unused")

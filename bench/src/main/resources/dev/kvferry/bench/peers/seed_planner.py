@@ -54,7 +54,7 @@ def fuse_adjacent(local, remote, sizes):
     return out_l, out_r, out_s
 
 
-def plan_layer(shape, local_ids, remote_ids):
+def compute_block_transfer_offsets(shape, local_ids, remote_ids):
     """One triple per block (MLA) or per K and V block (standard), then fused (the seed's offsets)."""
     elem = shape["elem_size"]
     mla = shape["layout"] == "mla"
@@ -85,7 +85,7 @@ def plan_layer(shape, local_ids, remote_ids):
 def main():
     shape = json.load(sys.stdin)
     local_ids, remote_ids = shape["local_block_ids"], shape["remote_block_ids"]
-    lo, ro, sz = plan_layer(shape, local_ids, remote_ids)
+    lo, ro, sz = compute_block_transfer_offsets(shape, local_ids, remote_ids)
     out = {"local_offsets": lo, "remote_offsets": ro, "sizes": sz}
     if len(sys.argv) == 3 and sys.argv[1] == "--bench":
         calls = int(sys.argv[2])
@@ -93,7 +93,7 @@ def main():
         for _ in range(5):
             start = time.perf_counter()
             for _ in range(calls):
-                plan_layer(shape, local_ids, remote_ids)
+                compute_block_transfer_offsets(shape, local_ids, remote_ids)
             per_call.append((time.perf_counter() - start) / calls)
         out["seconds_per_call"] = sorted(per_call)[2]
     json.dump(out, sys.stdout)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One published `kvferry bench` run: its raw stdout under docs/results/ with the date, commit,
+# machine and load around it (progress beside it), ready for scripts/bench_table.py.
+#
+# usage: scripts/bench-run.sh NAME [kvferry bench flags]   e.g. scripts/bench-run.sh host-bench \
+#          --only cma,tcp,planner,notify --json --chart docs/performance.png
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+[ $# -ge 1 ] || { echo "usage: $0 NAME [bench flags]" >&2; exit 2; }
+name=$1
+shift
+out=docs/results/$(date -u +%F)-$name.txt
+progress=docs/results/$(date -u +%F)-$name.progress.txt
+dirty=$(git status --porcelain --untracked-files=no | wc -l)
+{
+  echo "# kvferry bench: raw stdout of one run (progress on stderr: $(basename "$progress"))"
+  echo "# started: $(date -u '+%F %T') UTC"
+  echo "# commit: $(git rev-parse HEAD) (branch $(git rev-parse --abbrev-ref HEAD)); uncommitted changes: $dirty"
+  echo "# machine: nproc $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(free -g | awk '/Mem:/ {print $2}') GiB RAM; kernel $(uname -r)"
+  echo "# java: $(java -version 2>&1 | head -1); gcc: $(gcc --version | head -1); iperf3: $(iperf3 --version 2>/dev/null | head -1)"
+  echo "# load average before: $(cat /proc/loadavg)"
+  echo "# command: ./kvferry bench $*"
+} > "$out"
+start=$(date +%s)
+set +e
+./kvferry bench "$@" >> "$out" 2> "$progress"
+rc=$?
+set -e
+{
+  echo "# exit code: $rc; wall time $(( $(date +%s) - start )) s; finished: $(date -u '+%F %T') UTC"
+  echo "# load average after: $(cat /proc/loadavg)"
+} >> "$out"
+echo "$out"
+exit $rc
