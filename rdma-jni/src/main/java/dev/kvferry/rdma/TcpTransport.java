@@ -68,6 +68,8 @@ public final class TcpTransport implements Transport {
     }
   }
   private final Set<Connection> open = ConcurrentHashMap.newKeySet();
+  /** Peer incarnations that left: batches queued for them fail instead of connecting. */
+  private final Set<PeerIncarnation> gone = ConcurrentHashMap.newKeySet();
   private volatile boolean closed;
 
   /**
@@ -220,12 +222,18 @@ public final class TcpTransport implements Transport {
       MemoryRegion local, RegionDescriptor remote, TransferBatch batch, boolean toRemote,
       TransferStatus status) {
     PeerIncarnation key = PeerIncarnation.of(remote); // no string built per batch
+    if (gone.contains(key)) {
+      // Queued behind a batch to a peer since removed: connecting would wait out the I/O timeout.
+      status.fail("tcp " + (toRemote ? "write to " : "read from ") + key.endpoint() + " ("
+          + owner(remote) + ") not started: that peer left the cluster");
+      return;
+    }
     for (int attempt = 0; ; attempt++) {
       Connection c = pool(key).pollFirst();
       boolean reused = c != null;
       try {
         if (c == null) {
-          c = connect(remote, key.endpoint());
+          c = connect(remote, key);
         }
         String refusal = c.transfer(local, remote, batch, toRemote);
         if (refusal != null) {
@@ -301,7 +309,19 @@ public final class TcpTransport implements Transport {
 
   @Override
   public void peerGone(RegionDescriptor peerRegion) {
-    closeIdle(PeerIncarnation.of(peerRegion)); // connections in use are not pooled: their batches finish or fail
+    PeerIncarnation left = PeerIncarnation.of(peerRegion);
+    if (gone.size() >= MAX_POOLED_PEERS) {
+      gone.clear(); // a bound, not a history: a peer this old has no batches queued any more
+    }
+    gone.add(left);
+    closeIdle(left);
+    // Batches still moving to or from it would otherwise wait out the I/O timeout on a dead link
+    // while their blocks stay lent: closing the socket fails them now, and nothing more is sent.
+    for (Connection c : open) {
+      if (c.peer.equals(left)) {
+        c.close();
+      }
+    }
   }
 
   /** Peer incarnations with a pool of idle connections (tests). */
@@ -318,9 +338,10 @@ public final class TcpTransport implements Transport {
     }
   }
 
-  private Connection connect(RegionDescriptor remote, String endpoint) throws IOException {
+  private Connection connect(RegionDescriptor remote, PeerIncarnation peer) throws IOException {
+    String endpoint = peer.endpoint();
     SocketChannel channel = SocketChannel.open();
-    Connection c = new Connection(channel, endpoint);
+    Connection c = new Connection(channel, peer);
     open.add(c);
     try {
       channel.setOption(StandardSocketOptions.TCP_NODELAY, true);
@@ -362,6 +383,7 @@ public final class TcpTransport implements Transport {
   /** One client connection; used by one batch at a time (taken from and returned to the pool). */
   private final class Connection {
     final SocketChannel channel;
+    final PeerIncarnation peer;
     final String endpoint;
     final TcpWire.Progress progress = new TcpWire.Progress();
     final ByteBuffer frame =
@@ -375,9 +397,10 @@ public final class TcpTransport implements Transport {
     final ByteBuffer[] iov = new ByteBuffer[RegionSlots.SLOTS];
     final Map<MemoryRegion, RegionSlots> slots = new IdentityHashMap<>();
 
-    Connection(SocketChannel channel, String endpoint) {
+    Connection(SocketChannel channel, PeerIncarnation peer) {
       this.channel = channel;
-      this.endpoint = endpoint;
+      this.peer = peer;
+      this.endpoint = peer.endpoint();
     }
 
     /** Presents the token; returns null when accepted, else the listener's reason. */

@@ -141,6 +141,33 @@ class TcpTransportTest {
   }
 
   @Test
+  void aBatchMovingToAPeerThatLeftFailsAtOnceInsteadOfWaitingOutTheIoTimeout() throws IOException {
+    // A peer that accepts and then says nothing: the batch waits for its hello's answer.
+    try (java.nio.channels.ServerSocketChannel silent = java.nio.channels.ServerSocketChannel.open();
+        TcpTransport patient = new TcpTransport(ours,
+            TransportOptions.defaults().withTcpListener(false).withIoTimeout(Duration.ofMinutes(10)))) {
+      silent.bind(new java.net.InetSocketAddress("127.0.0.1", 0));
+      MemoryRegion src = ours.allocateHost(4096);
+      RegionDescriptor gone = server.describe(peer.allocateHost(4096))
+          .withTcp("127.0.0.1", ((java.net.InetSocketAddress) silent.getLocalAddress()).getPort(),
+              new byte[] {1, 2, 3});
+      TransferStatus s = patient.write(src, gone, single(0, 0, 4096));
+      try (java.nio.channels.SocketChannel accepted = silent.accept()) {
+        assertTrue(accepted.isConnected());
+        assertFalse(s.isDone(), "the silent peer answered nothing, so the batch is still moving");
+        patient.peerGone(gone);
+        TransferStatus ended = Patterns.await(s); // within 60 s, not the 10 min I/O timeout
+        assertFalse(ended.succeeded(), ended::toString);
+        // A batch queued for it afterwards does not try to connect at all.
+        TransferStatus later = Patterns.await(patient.write(src, gone, single(0, 0, 4096)));
+        assertTrue(later.failureMessage() != null
+            && later.failureMessage().contains("not started: that peer left the cluster"),
+            later::toString);
+      }
+    }
+  }
+
+  @Test
   void failsWithTheReceiversReasonWhenItsRegionWasClosed() {
     for (int length : new int[] {4096, 8 << 20}) {
       MemoryRegion src = ours.allocateHost(length);

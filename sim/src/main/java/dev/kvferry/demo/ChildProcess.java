@@ -16,11 +16,13 @@ public final class ChildProcess implements AutoCloseable {
   private final Process process;
   private final Path log;
   private volatile boolean stoppedByUs;
+  private volatile long exitedAtNanos;
 
   private ChildProcess(String name, Process process, Path log) {
     this.name = name;
     this.process = process;
     this.log = log;
+    process.onExit().thenRun(() -> exitedAtNanos = System.nanoTime());
   }
 
   /** Starts {@code kvferry <args>} in a new JVM; stdout and stderr go to {@code logDir/name.log}. */
@@ -91,6 +93,19 @@ public final class ChildProcess implements AutoCloseable {
   public void kill() throws InterruptedException {
     stoppedByUs = true;
     process.destroyForcibly().waitFor();
+  }
+
+  /**
+   * From now on the caller expects this process to end by itself (a node its cluster is about to
+   * down): waits for other processes then do not fail when it exits.
+   */
+  public void expectExit() {
+    stoppedByUs = true;
+  }
+
+  /** {@link System#nanoTime()} when the process was seen to end, or 0 while it runs. */
+  public long exitedAtNanos() {
+    return exitedAtNanos;
   }
 
   /**

