@@ -22,7 +22,7 @@ import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.ValueSource;
 
 /**
- * The ucx transport between real processes: a child JVM ({@link UcxRegionHolder}) holds a region
+ * The ucx transport between real processes: a child JVM ({@link ChildRegionHolder}) holds a region
  * and runs UCX with UCX_TLS from its environment; this JVM runs UCX with the same transports
  * through {@link TransportOptions#withUcxTransports}. Each test runs over UCX's TCP transport and
  * over its shared-memory transports (sm: cma, posix, sysv). Bytes are compared at the
@@ -68,7 +68,7 @@ class UcxTransportTest {
     Peer p = peers.get(tls);
     if (p == null) {
       ChildJvm child =
-          ChildJvm.start(UcxRegionHolder.class.getName(), CHILD_JVM, List.of(String.valueOf(REGION)),
+          ChildJvm.start(ChildRegionHolder.class.getName(), CHILD_JVM, List.of(String.valueOf(REGION), "ucx"),
               Map.of("UCX_TLS", tls));
       RegionDescriptor region = descriptor(child.awaitLine("DESCRIPTOR ucx ", REPLY));
       UcxTransport transport = new UcxTransport(TransportOptions.defaults().withUcxTransports(tls));
@@ -164,7 +164,8 @@ class UcxTransportTest {
         UcxTransport transport = new UcxTransport(TransportOptions.defaults().withUcxTransports(tls))) {
       MemoryRegion big = own.allocateHost(bigRegion);
       ChildJvm doomed =
-          ChildJvm.start(UcxRegionHolder.class.getName(), CHILD_JVM, List.of(String.valueOf(bigRegion)),
+          ChildJvm.start(ChildRegionHolder.class.getName(), CHILD_JVM,
+          List.of(String.valueOf(bigRegion), "ucx"),
               Map.of("UCX_TLS", tls));
       RegionDescriptor remote;
       try {
