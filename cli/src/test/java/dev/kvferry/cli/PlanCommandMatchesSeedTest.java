@@ -128,12 +128,12 @@ class PlanCommandMatchesSeedTest {
     int[] remote;
     switch (random.nextInt(4)) {
       case 0 -> { // runs, in order
-        local = runs(random, n, numBlocks);
-        remote = runs(random, n, remoteNumBlocks);
+        local = BlockIdSamples.runs(random, n, numBlocks, 5);
+        remote = BlockIdSamples.runs(random, n, remoteNumBlocks, 5);
       }
       case 1 -> { // runs, shuffled
-        local = runs(random, n, numBlocks);
-        remote = runs(random, n, remoteNumBlocks);
+        local = BlockIdSamples.runs(random, n, numBlocks, 5);
+        remote = BlockIdSamples.runs(random, n, remoteNumBlocks, 5);
         BlockIdSamples.shuffleTogether(random, local, remote);
       }
       case 2 -> { // the last block of each side, then block 0: K's end meets V's start
@@ -166,21 +166,6 @@ class PlanCommandMatchesSeedTest {
     return json.append('}').toString();
   }
 
-  private static int[] runs(Random random, int n, int limit) {
-    int spare = limit - n;
-    int[] ids = new int[n];
-    int next = spare == 0 ? 0 : random.nextInt(Math.min(spare, 4) + 1);
-    spare -= next;
-    for (int i = 0; i < n; i++) {
-      if (i > 0 && spare > 0 && random.nextInt(5) == 0) {
-        int gap = 1 + random.nextInt(Math.min(spare, 3));
-        next += gap;
-        spare -= gap;
-      }
-      ids[i] = next++;
-    }
-    return ids;
-  }
 
 
 

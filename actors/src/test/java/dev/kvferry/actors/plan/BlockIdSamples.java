@@ -26,6 +26,26 @@ public final class BlockIdSamples {
     return Arrays.copyOf(all, n);
   }
 
+  /**
+   * {@code n} distinct ids below {@code limit}, ascending, cut into runs: after each id a gap of 1
+   * to 3 starts with chance 1 in {@code gapOneIn}, while spare ids remain.
+   */
+  public static int[] runs(Random random, int n, int limit, int gapOneIn) {
+    int spare = limit - n;
+    int[] ids = new int[n];
+    int next = spare == 0 ? 0 : random.nextInt(Math.min(spare, 4) + 1);
+    spare -= next;
+    for (int i = 0; i < n; i++) {
+      if (i > 0 && spare > 0 && random.nextInt(gapOneIn) == 0) {
+        int gap = 1 + random.nextInt(Math.min(spare, 3));
+        next += gap;
+        spare -= gap;
+      }
+      ids[i] = next++;
+    }
+    return ids;
+  }
+
   /** Shuffles two equally long lists by the same permutation (pairs stay pairs). */
   public static void shuffleTogether(Random random, int[] a, int[] b) {
     for (int i = a.length - 1; i > 0; i--) {

@@ -138,8 +138,8 @@ class TransferPlannerPropertiesTest {
     int[] remote;
     switch (shape) {
       case RUNS, SHUFFLED_RUNS -> {
-        local = runs(random, n, g.numBlocks());
-        remote = runs(random, n, remoteNumBlocks);
+        local = BlockIdSamples.runs(random, n, g.numBlocks(), 4);
+        remote = BlockIdSamples.runs(random, n, remoteNumBlocks, 4);
         if (shape == Shape.SHUFFLED_RUNS) {
           BlockIdSamples.shuffleTogether(random, local, remote);
         }
@@ -173,22 +173,6 @@ class TransferPlannerPropertiesTest {
     return new PlanCase(g, remoteNumBlocks, local, remote);
   }
 
-  /** {@code n} distinct ids below {@code limit}, ascending, cut into runs with random gaps. */
-  private static int[] runs(Random random, int n, int limit) {
-    int spare = limit - n;
-    int[] ids = new int[n];
-    int next = spare == 0 ? 0 : random.nextInt(Math.min(spare, 4) + 1);
-    spare -= next;
-    for (int i = 0; i < n; i++) {
-      if (i > 0 && spare > 0 && random.nextInt(4) == 0) {
-        int gap = 1 + random.nextInt(Math.min(spare, 3));
-        next += gap;
-        spare -= gap;
-      }
-      ids[i] = next++;
-    }
-    return ids;
-  }
 
 
 
