@@ -109,7 +109,7 @@ extern "C" __global__ void kvferry_verify_pattern(const char* base,
   if (bad) atomicAdd(mismatches, bad);
 }
 
-// ---- The simulated engine's KV cache (cluster-config, dev.kvferry.sim) ----------------------
+// ---- The simulated engine's KV cache (module sim, dev.kvferry.sim) ----------------------
 // These write and check EXACTLY the bytes KvPattern (Java) writes: the same 64-bit function of
 // (request key, token position, layer, K|V, word index), the word index counting from the
 // token's first word of global KV head 0, each head's words numbered from wordsPerHead x head.
