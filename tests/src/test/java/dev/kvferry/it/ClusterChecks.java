@@ -75,8 +75,9 @@ final class ClusterChecks {
 
   /**
    * Polls the prefill {@code nodes}' /kvferry/transfers until one shows a write to {@code
-   * peerEngineId} that is mid-way: at least one layer written and fewer than {@code layers}
-   * computed, so it cannot finish before the next layer's compute time.
+   * peerEngineId} that is mid-way: at least one layer written and at least two layers not yet
+   * computed, so it cannot finish within one layer's compute time of being seen (one layer left
+   * was too little on a loaded host: the poll and the kill came after the last layer had landed).
    */
   WriteMidway awaitWriteMidway(String peerEngineId, int layers, String... nodes) {
     WriteMidway[] seen = new WriteMidway[1];
@@ -87,7 +88,7 @@ final class ClusterChecks {
           if (t.path("state").asText().equals("writing")
               && t.path("peerEngineId").asText().equals(peerEngineId)
               && p.path("layerWritesDone").asInt() >= 1
-              && p.path("layersFired").asInt() < layers) {
+              && p.path("layersFired").asInt() <= layers - 2) {
             seen[0] = new WriteMidway(node, t.path("requestId").asText(),
                 t.path("transferId").asText(), peerEngineId, p.path("layersFired").asInt(),
                 p.path("layerWritesDone").asInt(), layers);
