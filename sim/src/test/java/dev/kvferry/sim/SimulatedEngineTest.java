@@ -134,8 +134,14 @@ class SimulatedEngineTest {
 
   private record Pair(SimulatedEngine prefill, SimulatedEngine decode) {}
 
+  /**
+   * A fresh P and D. Each pair gets engine ids of its own: a test that starts two pairs in one
+   * actor system would otherwise let D's handshake find the first pair's P (both alive until
+   * {@link #stop}) and read regions this pair's transport cannot reach.
+   */
   private Pair start(TransferMode mode, KvCacheGeometry pGeometry, KvCacheGeometry dGeometry,
       boolean corrupt) {
+    String suffix = engines.isEmpty() ? "" : "-" + engines.size() / 2;
     RegionRegistry pRegistry = new RegionRegistry("prefill");
     RegionRegistry dRegistry = new RegionRegistry("decode");
     closeables.add(pRegistry);
@@ -143,8 +149,10 @@ class SimulatedEngineTest {
     Transport between = transport(pRegistry, dRegistry);
     closeables.add(between);
     Transport pTransport = corrupt ? new CorruptingTransport(between, dRegistry) : between;
-    SimulatedEngine p = tpEngine(Role.PREFILL, mode, "prefill", pGeometry, 1, pRegistry, pTransport);
-    SimulatedEngine d = tpEngine(Role.DECODE, mode, "decode", dGeometry, 1, dRegistry, between);
+    SimulatedEngine p =
+        tpEngine(Role.PREFILL, mode, "prefill" + suffix, pGeometry, 1, pRegistry, pTransport);
+    SimulatedEngine d =
+        tpEngine(Role.DECODE, mode, "decode" + suffix, dGeometry, 1, dRegistry, between);
     return new Pair(p, d);
   }
 
