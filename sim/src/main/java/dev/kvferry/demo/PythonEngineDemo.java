@@ -77,8 +77,14 @@ public final class PythonEngineDemo implements AutoCloseable {
     try {
       Path code = Path.of(PythonEngineDemo.class.getProtectionDomain().getCodeSource()
           .getLocation().toURI());
-      // cli/target/kvferry.jar or sim/target/classes: the checkout is two folders up.
-      candidates.add(code.getParent().getParent().getParent().resolve("python"));
+      // cli/target/kvferry.jar or sim/target/classes: the checkout is three names up.
+      Path checkout = code.toAbsolutePath().normalize();
+      for (int i = 0; i < 3 && checkout != null; i++) {
+        checkout = checkout.getParent();
+      }
+      if (checkout != null) {
+        candidates.add(checkout.resolve("python"));
+      }
     } catch (Exception e) {
       // no code source: only the environment can say
     }
