@@ -60,6 +60,7 @@ class EngineHTTPServer(ThreadingHTTPServer):
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: EngineHTTPServer
+    _next_check = 0.0
 
     def log_message(self, fmt: str, *args: Any) -> None:  # quiet: the tests start many
         pass
@@ -142,12 +143,18 @@ class Handler(BaseHTTPRequestHandler):
         """The request's next event; None if the client went away (the request is aborted)."""
         while True:
             try:
-                return r.events.get(timeout=0.05)
+                ev = r.events.get(timeout=0.05)
+                if ev.kind != "token" or time.monotonic() < self._next_check:
+                    return ev
             except queue.Empty:
-                if self._client_gone():
-                    self.server.engine.abort(r.request_id)
-                    self.close_connection = True
-                    return None
+                ev = None
+            self._next_check = time.monotonic() + 0.05
+            if self._client_gone():
+                self.server.engine.abort(r.request_id)
+                self.close_connection = True
+                return None
+            if ev is not None:
+                return ev
 
     def _base(self, r: Request) -> dict[str, Any]:
         return {"id": r.request_id, "created": int(time.time()), "model": self.server.model}
