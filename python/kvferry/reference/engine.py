@@ -620,6 +620,8 @@ class ReferenceEngine:
             "delayed_free": len(self.delayed_free),
             "role": self.role,
             "mode": self.mode,
+            "engine_id": (self.connector.node_info or {}).get("engine_id", self.engine_id)
+            if self.connector is not None else self.engine_id,
             "tp_size": self.geometry.tp_size,
             "connector": self.connector is not None,
             "node_down": self.node_down,
