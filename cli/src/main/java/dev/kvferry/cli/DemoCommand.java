@@ -1,6 +1,7 @@
 package dev.kvferry.cli;
 
 import dev.kvferry.demo.Demo;
+import dev.kvferry.demo.PythonEngineDemo;
 import dev.kvferry.demo.DemoOptions;
 import dev.kvferry.demo.ModeReport;
 import dev.kvferry.rdma.cuda.Cuda;
@@ -83,11 +84,29 @@ public final class DemoCommand implements Callable<Integer> {
 
   @Option(names = "--json", description = "Print one JSON object as the last line.") boolean json;
 
+  @Option(names = "--engine", paramLabel = "KIND",
+      description = "sim (the simulated engine inside the nodes, default) or python (kvferry's"
+          + " reference engine in Python processes, each driving its node through the engine"
+          + " port; D's tokens are compared with the same engine run without kvferry).")
+  String engine = "sim";
+
+  @Option(names = "--python", paramLabel = "PATH",
+      description = "With --engine python: the interpreter (default: /usr/bin/python3, where"
+          + " Debian's python3-msgpack and python3-numpy install).")
+  String python = "/usr/bin/python3";
+
   @Spec CommandSpec spec;
 
   @Override
   public Integer call() throws Exception {
     PrintWriter err = spec.commandLine().getErr();
+    if (engine.equals("python")) {
+      return pythonDemo(err);
+    }
+    if (!engine.equals("sim")) {
+      err.println("kvferry demo: --engine must be sim or python, got " + engine);
+      return 2;
+    }
     String[] range = promptTokens.split(":");
     if (range.length != 2) {
       err.println("kvferry demo: --prompt-tokens must be MIN:MAX, got " + promptTokens);
@@ -142,6 +161,39 @@ public final class DemoCommand implements Callable<Integer> {
           : "\nFAILED: see the problems above and the logs in " + demo.logDir());
       if (json) {
         System.out.println(Demo.toJson(reports));
+      }
+      return ok ? 0 : 1;
+    }
+  }
+
+  /** {@code --engine python}: see {@link PythonEngineDemo}. */
+  private int pythonDemo(PrintWriter err) throws Exception {
+    java.util.Optional<java.nio.file.Path> pkg = PythonEngineDemo.locatePackage();
+    if (pkg.isEmpty()) {
+      err.println("kvferry demo: the kvferry Python package (python/ of the checkout) was not"
+          + " found; set KVFERRY_PYTHON_PATH to the folder holding kvferry/");
+      return 2;
+    }
+    Process check = new ProcessBuilder(python, "-c", "import msgpack")
+        .redirectErrorStream(true).start();
+    if (check.waitFor() != 0) {
+      err.println("kvferry demo: " + python + " cannot import msgpack; install Debian's"
+          + " python3-msgpack (apt-get install -y python3-msgpack python3-numpy) or pass --python");
+      return 2;
+    }
+    System.out.printf("kvferry demo: reference engines in Python (%s), P TP %d, D TP %d, modes %s%n",
+        pkg.get(), tpP, tpD, String.join(",", modes));
+    try (PythonEngineDemo demo = new PythonEngineDemo(
+        java.nio.file.Path.of(python), pkg.get(), tpP, tpD)) {
+      System.out.println("process logs: " + demo.logDir());
+      List<PythonEngineDemo.Report> reports = demo.run(modes, System.out);
+      PythonEngineDemo.printTable(reports, System.out);
+      boolean ok = PythonEngineDemo.passed(reports);
+      System.out.println(ok
+          ? "\nOK: D's tokens equal the undisaggregated run's, every byte verified, no block leaked."
+          : "\nFAILED: see the table above and the logs in " + demo.logDir());
+      if (json) {
+        System.out.println(PythonEngineDemo.toJson(reports));
       }
       return ok ? 0 : 1;
     }

@@ -53,9 +53,15 @@ public final class NodeCommand implements Callable<Integer> {
   @Mixin GeometryOptions geometry = new GeometryOptions();
 
   @Option(names = "--engine", paramLabel = "KIND",
-      description = "What drives the node's connector: sim (the simulated engine, default) or none"
-          + " (a KV cache nothing drives).")
+      description = "What drives the node's connector: sim (the simulated engine, default), none"
+          + " (a KV cache nothing drives) or port (an engine process through --engine-socket;"
+          + " docs/engine-port.md).")
   @Nullable String engine;
+
+  @Option(names = "--engine-socket", paramLabel = "PATH",
+      description = "With --engine port: the Unix domain socket the engine process connects to"
+          + " (created mode 0600).")
+  @Nullable String engineSocket;
 
   @Option(names = "--no-simulated-engine", description = "The same as --engine none.")
   boolean noSimulator;
@@ -91,6 +97,16 @@ public final class NodeCommand implements Callable<Integer> {
           + engine);
       return 2;
     }
+    if (engineSocket != null) {
+      if (engine == null) {
+        engine = "port"; // a socket only means something to the port
+      } else if (!engine.equals("port")) {
+        spec.commandLine().getErr().println("kvferry node: --engine-socket needs --engine port, not "
+            + engine);
+        return 2;
+      }
+      m.put("kvferry.node.engine-port.socket", engineSocket);
+    }
     if (noSimulator) {
       m.put("kvferry.node.engine", "none");
     } else if (engine != null) {
@@ -98,6 +114,9 @@ public final class NodeCommand implements Callable<Integer> {
     }
     EngineNode node = EngineNode.start(cluster.toConfig(List.of(role), m));
     java.net.URI management = dev.kvferry.management.ManagementServer.start(node.system());
+    node.engineSocket().ifPresent(socket -> System.out.println("kvferry node: engine port at "
+        + socket + " (" + role + ", " + mode + ", " + transport + ") up at " + cluster.host + ":"
+        + cluster.port + ", management " + management));
     for (EngineNode.Engine e : node.engines()) {
       System.out.println("kvferry node: engine " + e.engineId() + " (" + role + ", "
           + e.mode().configName() + ", " + transport + (gpu != null ? ", KV cache on GPU " + gpu : "")

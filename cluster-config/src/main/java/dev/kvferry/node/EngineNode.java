@@ -4,8 +4,13 @@ import com.typesafe.config.Config;
 import dev.kvferry.actors.EngineActor;
 import dev.kvferry.actors.connector.ConnectorScheduler;
 import dev.kvferry.actors.connector.ConnectorWorker;
+import dev.kvferry.actors.connector.Role;
 import dev.kvferry.actors.connector.TransferMode;
+import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.engine.port.EnginePortServer;
+import dev.kvferry.engine.port.PortHost;
+import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionRegistry;
 import dev.kvferry.rdma.Transport;
 import dev.kvferry.rdma.Transports;
@@ -15,11 +20,13 @@ import dev.kvferry.engine.EngineKinds;
 import dev.kvferry.engine.EngineSetup;
 import dev.kvferry.rdma.cuda.Cuda;
 import java.io.IOException;
+import java.nio.file.Path;
 import java.time.Clock;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.IdentityHashMap;
 import java.util.List;
+import java.util.Optional;
 import java.util.Set;
 import java.util.concurrent.TimeUnit;
 import org.apache.pekko.actor.typed.ActorRef;
@@ -36,7 +43,7 @@ import org.jspecify.annotations.Nullable;
  * ({@code kvferry.node.engine}: {@link EngineKinds}). The KV caches are in host memory, or with
  * {@code kvferry.node.gpu} on that GPU.
  */
-public final class EngineNode implements NodeRuntime, AutoCloseable {
+public final class EngineNode implements NodeRuntime, PortHost, AutoCloseable {
 
   private static final Logger log = LoggerFactory.getLogger(EngineNode.class);
 
@@ -52,12 +59,14 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
   private final NodeSettings settings;
   private final NodeMetrics metrics = new NodeMetrics();
   private final List<RegionRegistry> registries = new ArrayList<>();
-  private final EngineKind engineKind;
+  private final @Nullable EngineKind engineKind;
+  /** With {@code kvferry.node.engine = "port"}: the socket an engine process drives us through. */
+  private @Nullable EnginePortServer port;
   /** {@code kvferry.node}: engine kinds read their own settings from it. */
   private final Config nodeConfig;
   /** With the cuda transport, the one every worker of the node uses (see openTransport). */
   private @Nullable Transport cudaTransport;
-  private final List<Engine> engines = new ArrayList<>();
+  private final List<Engine> engines = new java.util.concurrent.CopyOnWriteArrayList<>();
   /** Drivers of engines whose workers failed to start: their KV caches go back at close too. */
   private final List<EngineDriver> failedDrivers = new ArrayList<>();
   private volatile boolean ready;
@@ -69,12 +78,19 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
     if (settings.onGpu()) {
       Cuda.requireDevice(settings.gpu());
     }
-    this.engineKind = EngineKinds.named(settings.engine());
+    boolean served = settings.engine().equals(EngineKinds.PORT);
+    this.engineKind = served ? null : EngineKinds.named(settings.engine());
+    Path socket = served ? portSocket(nodeConfig) : null;
     this.system = ActorSystem.create(Behaviors.empty(), "kvferry", config);
     NodeRuntime.register(this);
     try {
-      for (TransferMode mode : settings.modes()) {
-        startEngine(mode);
+      if (socket != null) {
+        port = EnginePortServer.start(this, socket,
+            nodeConfig.getDuration("engine-port.workers-timeout"));
+      } else {
+        for (TransferMode mode : settings.modes()) {
+          startEngine(mode);
+        }
       }
       ready = true;
     } catch (IOException | RuntimeException e) {
@@ -85,7 +101,25 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
     }
   }
 
+  private static Path portSocket(Config node) {
+    String socket = node.getString("engine-port.socket");
+    if (socket.isBlank()) {
+      throw new IllegalArgumentException(
+          "kvferry.node.engine = \"port\" needs kvferry.node.engine-port.socket (--engine-socket)");
+    }
+    if (settingsGpu(node) >= 0) {
+      throw new IllegalArgumentException("the engine port serves host memory only for now; "
+          + "drop kvferry.node.gpu (--gpu): the engine owns its KV cache");
+    }
+    return Path.of(socket).toAbsolutePath();
+  }
+
+  private static int settingsGpu(Config node) {
+    return node.getInt("gpu");
+  }
+
   private void startEngine(TransferMode mode) throws IOException {
+    EngineKind engineKind = java.util.Objects.requireNonNull(this.engineKind);
     String engineId = settings.engineIdFor(mode);
     List<ConnectorWorker> workers = new ArrayList<>();
     List<ActorRef<EngineActor.Command>> refs = new ArrayList<>();
@@ -189,8 +223,99 @@ public final class EngineNode implements NodeRuntime, AutoCloseable {
     return metrics;
   }
 
+  /** The engine port's socket, when this node serves an engine process. */
+  public Optional<Path> engineSocket() {
+    EnginePortServer p = port;
+    return p == null ? Optional.empty() : Optional.of(p.socketPath());
+  }
+
+  // --- PortHost: what the engine port needs from this node ---
+
+  @Override
+  public String nodeName() {
+    return settings.role().clusterRole() + "@" + system.address();
+  }
+
+  @Override
+  public Role role() {
+    return settings.role();
+  }
+
+  @Override
+  public String engineId(TransferMode mode) {
+    return settings.engineIdFor(mode);
+  }
+
+  @Override
+  public int dpRank() {
+    return settings.dpRank();
+  }
+
+  @Override
+  public int dpSize() {
+    return settings.dpSize();
+  }
+
+  @Override
+  public int tpSize() {
+    return settings.tpSize();
+  }
+
+  @Override
+  public List<TransferMode> modes() {
+    return settings.modes();
+  }
+
+  @Override
+  public String transportName() {
+    return settings.transport();
+  }
+
+  @Override
+  public ConnectorSettings connector() {
+    return settings.connector();
+  }
+
+  @Override
+  public ConnectorWorker newWorker(EngineIdentity id, RegionRegistry registry) throws IOException {
+    return new ConnectorWorker(system, id, openTransport(registry), settings.connector(), metrics);
+  }
+
+  @Override
+  public void engineAttached(String engineId, TransferMode mode, List<ConnectorWorker> workers,
+      ConnectorScheduler scheduler) {
+    engines.add(new Engine(engineId, mode, List.copyOf(workers), scheduler, PORT_DRIVER));
+  }
+
+  @Override
+  public void engineDetached(String engineId) {
+    engines.removeIf(e -> e.engineId().equals(engineId) && e.driver() == PORT_DRIVER);
+  }
+
+  /** The driver an engine served through the port is listed with: the engine process drives. */
+  private static final EngineDriver PORT_DRIVER = new EngineDriver() {
+    @Override
+    public List<MemoryRegion> layerRegions(int rank) {
+      return List.of();
+    }
+
+    @Override
+    public void start(ActorSystem<?> system, ConnectorScheduler scheduler,
+        List<ConnectorWorker> workers) {}
+
+    @Override
+    public void stop() {}
+
+    @Override
+    public void close() {}
+  };
+
   @Override
   public void close() {
+    EnginePortServer p = port;
+    if (p != null) {
+      p.close(); // detaches the engine process's engine: its workers stop, its memory unmaps
+    }
     List<java.util.concurrent.CompletableFuture<Void>> stopped = new ArrayList<>();
     for (Engine e : engines) {
       e.driver().stop();

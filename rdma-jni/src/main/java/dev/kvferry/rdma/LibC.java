@@ -25,7 +25,10 @@ final class LibC {
 
   static final int PROT_READ = 0x1;
   static final int PROT_WRITE = 0x2;
+  static final int MAP_SHARED = 0x01;
   static final int MAP_PRIVATE = 0x02;
+  static final int O_RDWR = 0x2;
+  static final int O_CLOEXEC = 0x80000;
   static final int MAP_ANONYMOUS = 0x20;
   static final int MADV_HUGEPAGE = 14;
 
@@ -38,6 +41,10 @@ final class LibC {
       throws LastErrorException;
 
   static native int munmap(long addr, long length) throws LastErrorException;
+
+  static native int open(String path, int flags) throws LastErrorException;
+
+  static native int close(int fd) throws LastErrorException;
 
   static native int madvise(long addr, long length, int advice) throws LastErrorException;
 

@@ -4,6 +4,9 @@ import com.sun.jna.LastErrorException;
 import java.security.SecureRandom;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.util.concurrent.atomic.AtomicInteger;
 import org.jspecify.annotations.Nullable;
 
@@ -77,6 +80,46 @@ public final class RegionRegistry implements AutoCloseable {
     }
     LibC.memset(aligned, 0, lengthBytes);
     return add(aligned, lengthBytes, RegionKind.HOST, -1, () -> LibC.munmap(raw, mappedBytes));
+  }
+
+  /**
+   * Maps {@code length} bytes at {@code offset} of a file another process shares with this one (an
+   * engine's KV cache under /dev/shm) and registers them as host memory. The mapping is shared, so
+   * bytes the engine writes are the bytes transports move, and it is unmapped once the region is
+   * closed and no transfer uses it. The file is never truncated or deleted.
+   *
+   * @throws IOException naming the file when it cannot be opened or mapped, or is too short
+   */
+  public MemoryRegion mapSharedFile(Path path, long offset, long length) throws IOException {
+    if (offset < 0 || length <= 0) {
+      throw new IllegalArgumentException(
+          path + ": offset must be >= 0 and length > 0, got " + offset + " and " + length);
+    }
+    long size = Files.size(path);
+    if (offset + length > size) {
+      throw new IOException(path + " holds " + size + " bytes; bytes " + offset + ".."
+          + (offset + length) + " were asked for");
+    }
+    int fd;
+    try {
+      fd = LibC.open(path.toString(), LibC.O_RDWR | LibC.O_CLOEXEC);
+    } catch (LastErrorException e) {
+      throw new IOException("cannot open " + path + ": " + LibC.errnoName(e.getErrorCode()), e);
+    }
+    try {
+      // mmap wants a page-aligned file offset: map from the page holding `offset`.
+      long pageStart = offset & ~(PAGE_BYTES - 1);
+      long slack = offset - pageStart;
+      long mapped = length + slack;
+      long base =
+          LibC.mmap(0, mapped, LibC.PROT_READ | LibC.PROT_WRITE, LibC.MAP_SHARED, fd, pageStart);
+      return add(base + slack, length, RegionKind.HOST, -1, () -> LibC.munmap(base, mapped));
+    } catch (LastErrorException e) {
+      throw new IOException("cannot map " + length + " bytes of " + path + " at " + offset + ": "
+          + LibC.errnoName(e.getErrorCode()), e);
+    } finally {
+      LibC.close(fd); // the mapping stays valid without the descriptor
+    }
   }
 
   /**

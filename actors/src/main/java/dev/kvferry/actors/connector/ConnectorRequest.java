@@ -1,5 +1,7 @@
 package dev.kvferry.actors.connector;
 
+import org.jspecify.annotations.Nullable;
+
 /**
  * What the connector needs to know of an engine's request. The params are replaced (not mutated)
  * when the connector clears {@code do_remote_prefill} after the first transfer, as the seed does.
@@ -17,10 +19,10 @@ public final class ConnectorRequest {
 
   private final String requestId;
   private final int numPromptTokens;
-  private volatile KvTransferParams params;
+  private volatile @Nullable KvTransferParams params;
   private volatile Status status = Status.RUNNING;
 
-  public ConnectorRequest(String requestId, int numPromptTokens, KvTransferParams params) {
+  public ConnectorRequest(String requestId, int numPromptTokens, @Nullable KvTransferParams params) {
     if (numPromptTokens < 0) {
       throw new IllegalArgumentException("request " + requestId + ": negative prompt length");
     }
@@ -38,11 +40,11 @@ public final class ConnectorRequest {
   }
 
   /** The kv_transfer_params, or null for a request that uses no remote KV. */
-  public KvTransferParams params() {
+  public @Nullable KvTransferParams params() {
     return params;
   }
 
-  public void setParams(KvTransferParams params) {
+  public void setParams(@Nullable KvTransferParams params) {
     this.params = params;
   }
 

@@ -9,6 +9,7 @@ import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Objects;
 import org.apache.pekko.actor.typed.ActorRef;
 
 /**
@@ -138,7 +139,8 @@ public final class ConnectorScheduler {
       }
     }
     for (Pending pr : reqsNeedRecv.values()) {
-      KvTransferParams p = pr.request().params();
+      // Queued only for requests with params, which are replaced, never cleared.
+      KvTransferParams p = Objects.requireNonNull(pr.request().params());
       if (pr.blockIds().length > 0) {
         lentToTransfer.add(pr.request().requestId()); // the workers read into these from now on
       }
@@ -185,7 +187,7 @@ public final class ConnectorScheduler {
   }
 
   private static ReqMeta toSaveMeta(ConnectorRequest r, int[] blocks) {
-    KvTransferParams p = r.params();
+    KvTransferParams p = Objects.requireNonNull(r.params()); // saved only with params
     return new ReqMeta(
         r.requestId(), p.transferId(), blocks, new int[0], p.remoteEngineId(), p.remoteDpRank());
   }

@@ -1,0 +1,308 @@
+package dev.kvferry.engine.port;
+
+import dev.kvferry.actors.connector.ConnectorMetadata;
+import dev.kvferry.actors.connector.ConnectorRequest;
+import dev.kvferry.actors.connector.ConnectorScheduler;
+import dev.kvferry.actors.connector.ConnectorWorker;
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.TransferMode;
+import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.rdma.MemoryRegion;
+import dev.kvferry.rdma.RegionRegistry;
+import java.io.IOException;
+import java.nio.file.Path;
+import java.time.Clock;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+import org.jspecify.annotations.Nullable;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * One engine attached through the port: its scheduler connection, one worker per TP rank with the
+ * engine's memory mapped, the requests the scheduler named and the metadata of recent steps. It
+ * lives from the first hello until any of its connections closes; then its workers stop (their
+ * transfers fail at the peers, which free their blocks) and the engine's memory is unmapped once
+ * no copy uses it.
+ */
+final class PortEngine {
+
+  private static final Logger log = LoggerFactory.getLogger(PortEngine.class);
+  /** Steps whose metadata a late worker can still bind. */
+  static final int KEPT_STEPS = 1024;
+
+  /** One TP rank's worker with the memory it registered. */
+  private record Slot(
+      PortSession session, ConnectorWorker worker, RegionRegistry registry,
+      List<MemoryRegion> layers, KvCacheGeometry geometry) {}
+
+  /** One layer's bytes in a file the engine shares (docs/engine-port.md, hello.memory). */
+  record LayerMemory(Path path, long offset, long length) {}
+
+  private final PortHost host;
+  private final EnginePortServer server;
+  private final int incarnation;
+  private final Role role;
+  private final String engineId;
+  private final TransferMode mode;
+  private final int tpSize;
+  private final Slot[] slots;
+  private @Nullable PortSession schedulerSession;
+  private @Nullable ConnectorScheduler scheduler;
+  private boolean detaching;
+  /** The scheduler's requests by id, from get_num_new_matched_tokens to request_finished. */
+  private final Map<String, ConnectorRequest> requests = new HashMap<>();
+  private final Map<Long, ConnectorMetadata> steps =
+      new LinkedHashMap<>(16, 0.75f, false) {
+        private static final long serialVersionUID = 1L;
+
+        @Override
+        protected boolean removeEldestEntry(Map.Entry<Long, ConnectorMetadata> eldest) {
+          return size() > KEPT_STEPS;
+        }
+      };
+  private long nextStep;
+
+  PortEngine(PortHost host, EnginePortServer server, int incarnation, TransferMode mode) {
+    this.host = host;
+    this.server = server;
+    this.incarnation = incarnation;
+    this.role = host.role();
+    this.mode = mode;
+    this.engineId = host.engineId(mode);
+    this.tpSize = host.tpSize();
+    this.slots = new Slot[tpSize];
+  }
+
+  String engineId() {
+    return engineId;
+  }
+
+  TransferMode mode() {
+    return mode;
+  }
+
+  Role role() {
+    return role;
+  }
+
+  int tpSize() {
+    return tpSize;
+  }
+
+  synchronized boolean detaching() {
+    return detaching;
+  }
+
+  synchronized void joinScheduler(PortSession session) throws PortException {
+    checkOpen();
+    if (schedulerSession != null) {
+      throw new PortException(PortError.ENGINE_BUSY,
+          "engine " + engineId + " already has a scheduler connection");
+    }
+    schedulerSession = session;
+  }
+
+  /** Maps the worker's memory, registers it with a new worker and lists the worker. */
+  void joinWorker(PortSession session, int rank, KvCacheGeometry geometry,
+      List<LayerMemory> memory) throws PortException {
+    synchronized (this) {
+      checkOpen();
+      if (slots[rank] != null) {
+        throw new PortException(PortError.ENGINE_BUSY,
+            "engine " + engineId + " already has a worker for TP rank " + rank);
+      }
+      for (Slot s : slots) {
+        if (s != null && s.layers().size() != memory.size()) {
+          throw PortException.badArgs("worker TP rank " + rank + " has " + memory.size()
+              + " layers; TP rank " + s.worker().identity().tpRank() + " has " + s.layers().size());
+        }
+      }
+    }
+    EngineIdentity id = new EngineIdentity(
+        role, engineId, host.dpRank(), host.dpSize(), rank, tpSize, mode);
+    RegionRegistry registry = new RegionRegistry(id.label());
+    List<MemoryRegion> layers = new ArrayList<>();
+    ConnectorWorker worker = null;
+    try {
+      for (LayerMemory m : memory) {
+        layers.add(registry.mapSharedFile(m.path(), m.offset(), m.length()));
+      }
+      synchronized (this) {
+        checkOpen();
+        if (slots[rank] != null) {
+          throw new PortException(PortError.ENGINE_BUSY,
+              "engine " + engineId + " already has a worker for TP rank " + rank);
+        }
+        worker = host.newWorker(id, registry);
+        worker.registerKvCaches(geometry, layers);
+        slots[rank] = new Slot(session, worker, registry, List.copyOf(layers), geometry);
+        if (allWorkersIn()) {
+          List<ConnectorWorker> workers = workers();
+          scheduler = new ConnectorScheduler(role, mode, engineId, host.dpRank(),
+              geometry.blockSize(), workers.stream().map(ConnectorWorker::engineRef).toList(),
+              host.connector(), Clock.systemUTC());
+          host.engineAttached(engineId, mode, workers, scheduler);
+          notifyAll();
+        }
+      }
+    } catch (IOException e) {
+      registry.close();
+      throw new PortException(PortError.BAD_MEMORY, String.valueOf(e.getMessage()));
+    } catch (PortException | RuntimeException e) {
+      if (worker != null) {
+        worker.shutdown();
+      }
+      registry.close();
+      throw e;
+    }
+  }
+
+  private boolean allWorkersIn() {
+    for (Slot s : slots) {
+      if (s == null) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  private List<ConnectorWorker> workers() {
+    List<ConnectorWorker> out = new ArrayList<>();
+    for (Slot s : slots) {
+      if (s != null) {
+        out.add(s.worker());
+      }
+    }
+    return out;
+  }
+
+  synchronized ConnectorWorker worker(int rank) throws PortException {
+    checkOpen();
+    Slot s = slots[rank];
+    if (s == null) {
+      throw new PortException(PortError.INTERNAL, "no worker for TP rank " + rank);
+    }
+    return s.worker();
+  }
+
+  synchronized int layers(int rank) {
+    Slot s = slots[rank];
+    return s == null ? 0 : s.layers().size();
+  }
+
+  /** The scheduler once every TP rank's worker said hello, waiting up to {@code timeout}. */
+  synchronized ConnectorScheduler awaitScheduler(Duration timeout) throws PortException {
+    long deadline = System.nanoTime() + timeout.toNanos();
+    while (scheduler == null) {
+      checkOpen();
+      long left = deadline - System.nanoTime();
+      if (left <= 0) {
+        throw new PortException(PortError.WORKERS_MISSING, "engine " + engineId + ": "
+            + workers().size() + " of " + tpSize + " TP workers said hello within " + timeout);
+      }
+      try {
+        TimeUnit.NANOSECONDS.timedWait(this, left);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new PortException(PortError.NODE_STOPPING, "interrupted");
+      }
+    }
+    checkOpen();
+    return scheduler;
+  }
+
+  /** Scheduler connection only: its thread alone touches the request map. */
+  Map<String, ConnectorRequest> requests() {
+    return requests;
+  }
+
+  /** Keeps this step's metadata for the workers; returns the opaque bytes that name it. */
+  synchronized byte[] putStep(ConnectorMetadata metadata) {
+    long step = nextStep++;
+    steps.put(step, metadata);
+    try {
+      return PortFrames.encode(Map.of("engine", incarnation, "step", step));
+    } catch (IOException e) {
+      throw new IllegalStateException("msgpack of two ints failed", e);
+    }
+  }
+
+  synchronized ConnectorMetadata step(byte[] handle) throws PortException {
+    Map<String, Object> m;
+    try {
+      m = PortFrames.decodeMap(handle);
+    } catch (PortException e) {
+      throw new PortException(PortError.UNKNOWN_METADATA, "metadata bytes are not kvferry's");
+    }
+    if (!(m.get("engine") instanceof Long e) || !(m.get("step") instanceof Long s)) {
+      throw new PortException(PortError.UNKNOWN_METADATA, "metadata bytes are not kvferry's");
+    }
+    if (e != incarnation) {
+      throw new PortException(PortError.UNKNOWN_METADATA,
+          "metadata of an earlier attachment of engine " + engineId);
+    }
+    ConnectorMetadata meta = steps.get(s);
+    if (meta == null) {
+      throw new PortException(PortError.UNKNOWN_METADATA, "step " + s + " of engine " + engineId
+          + " is unknown or older than the last " + KEPT_STEPS + " steps");
+    }
+    return meta;
+  }
+
+  private void checkOpen() throws PortException {
+    if (detaching) {
+      throw new PortException(PortError.NODE_STOPPING, "engine " + engineId + " is detaching");
+    }
+  }
+
+  /**
+   * Ends the engine: closes its other connections, stops its workers (the peers see them leave
+   * and end their transfers), then closes transports and unmaps its memory once no copy uses it.
+   * Idempotent; blocks until done.
+   */
+  void detach(String why) {
+    List<Slot> taken = new ArrayList<>();
+    List<PortSession> sessions = new ArrayList<>();
+    synchronized (this) {
+      if (detaching) {
+        return;
+      }
+      detaching = true;
+      notifyAll();
+      for (Slot s : slots) {
+        if (s != null) {
+          taken.add(s);
+          sessions.add(s.session());
+        }
+      }
+      if (schedulerSession != null) {
+        sessions.add(schedulerSession);
+      }
+    }
+    log.info("engine {} ({}) detaches: {}", engineId, mode.configName(), why);
+    sessions.forEach(PortSession::closeQuietly);
+    List<CompletableFuture<Void>> stopped = new ArrayList<>();
+    taken.forEach(s -> stopped.add(s.worker().stop()));
+    try {
+      CompletableFuture.allOf(stopped.toArray(CompletableFuture[]::new)).get(30, TimeUnit.SECONDS);
+    } catch (Exception e) {
+      log.warn("engine {}: workers did not stop within 30 s; closing anyway", engineId, e);
+    }
+    for (Slot s : taken) {
+      s.worker().transport().close();
+      // Unmapped only when the last copy using a region lets go of it (MemoryRegion pins).
+      s.layers().forEach(MemoryRegion::close);
+      s.registry().close();
+    }
+    host.engineDetached(engineId);
+    server.engineGone(this);
+  }
+}

@@ -1,0 +1,454 @@
+package dev.kvferry.engine.port;
+
+import dev.kvferry.actors.connector.ConnectorMetadata;
+import dev.kvferry.actors.connector.ConnectorRequest;
+import dev.kvferry.actors.connector.ConnectorScheduler;
+import dev.kvferry.actors.connector.ConnectorWorker;
+import dev.kvferry.actors.connector.FinishDecision;
+import dev.kvferry.actors.connector.Finished;
+import dev.kvferry.actors.connector.HostLayerEvent;
+import dev.kvferry.actors.connector.InvalidTransferParamsException;
+import dev.kvferry.actors.connector.KvTransferParams;
+import dev.kvferry.actors.connector.MatchedTokens;
+import dev.kvferry.actors.connector.SchedulerOutput;
+import dev.kvferry.actors.plan.KvCacheGeometry;
+import java.io.IOException;
+import java.nio.channels.SocketChannel;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeSet;
+import org.jspecify.annotations.Nullable;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * One connection of the engine port: the engine's scheduler or one TP rank's worker. Runs on its
+ * own thread, one request at a time, as the protocol is synchronous per connection; a worker's
+ * blocking waits hold only its own connection.
+ */
+final class PortSession implements Runnable {
+
+  private static final Logger log = LoggerFactory.getLogger(PortSession.class);
+  static final int PROTOCOL_VERSION = 1;
+  /** One-way ops' errors kept for the next get_finished; beyond this they are only counted. */
+  static final int KEPT_OP_ERRORS = 64;
+
+  private enum Side { SCHEDULER, WORKER }
+
+  private final EnginePortServer server;
+  private final SocketChannel channel;
+  private final Duration workersTimeout;
+  private @Nullable Side side;
+  private int rank = -1;
+  private @Nullable PortEngine engine;
+  private ConnectorMetadata bound = ConnectorMetadata.EMPTY;
+  private final List<Map<String, Object>> opErrors = new ArrayList<>();
+  private int droppedOpErrors;
+  private final Set<Integer> loadErrorsSinceAsked = new TreeSet<>();
+  private volatile boolean shutdownAsked;
+
+  PortSession(EnginePortServer server, SocketChannel channel, Duration workersTimeout) {
+    this.server = server;
+    this.channel = channel;
+    this.workersTimeout = workersTimeout;
+  }
+
+  @Override
+  public void run() {
+    String ended = "the engine closed the connection";
+    try {
+      while (true) {
+        Map<String, Object> frame;
+        try {
+          frame = PortFrames.read(channel);
+        } catch (PortException e) {
+          reply(null, error(e));
+          ended = "bad frame: " + e.getMessage();
+          break;
+        }
+        if (frame == null) {
+          break;
+        }
+        if (!handle(frame)) {
+          ended = "fatal error";
+          break;
+        }
+      }
+    } catch (IOException e) {
+      ended = "connection failed: " + e.getMessage();
+    } finally {
+      closeQuietly();
+      PortEngine e = engine;
+      if (e != null) {
+        e.detach((side == Side.WORKER ? "worker TP rank " + rank : "scheduler") + ": "
+            + (shutdownAsked ? "shutdown" : ended));
+      }
+      server.sessionEnded(this);
+    }
+  }
+
+  /** Handles one request frame; false when the connection must close. */
+  private boolean handle(Map<String, Object> frame) throws IOException {
+    Object rawId = frame.get("id");
+    if (rawId != null && !(rawId instanceof Long)) {
+      reply(null, error(new PortException(PortError.BAD_FRAME, "id must be an integer or nil")));
+      return false;
+    }
+    Long id = (Long) rawId;
+    if (!(frame.get("op") instanceof String op)) {
+      reply(id, error(new PortException(PortError.BAD_FRAME, "op must be a string")));
+      return false;
+    }
+    try {
+      Object result = dispatch(op, PortArgs.of("args", frame.get("args")));
+      if (id != null) {
+        reply(id, Map.of("ok", result));
+      }
+      return !shutdownAsked;
+    } catch (PortException e) {
+      if (id != null) {
+        reply(id, error(e));
+      } else {
+        keepOpError(op, e);
+      }
+      return !e.error().fatal();
+    } catch (RuntimeException e) {
+      log.error("engine port: op {} failed", op, e);
+      PortException internal = new PortException(PortError.INTERNAL, op + ": " + e);
+      if (id != null) {
+        reply(id, error(internal));
+      } else {
+        keepOpError(op, internal);
+      }
+      return true;
+    }
+  }
+
+  private Object dispatch(String op, PortArgs a) throws PortException {
+    if (op.equals("hello")) {
+      return hello(a);
+    }
+    if (op.equals("ping")) {
+      return Map.of("node", server.host().nodeName());
+    }
+    if (side == null) {
+      throw new PortException(PortError.HELLO_REQUIRED, op + " before hello");
+    }
+    return switch (op) {
+      case "get_num_new_matched_tokens" -> matchedTokens(a);
+      case "update_state_after_alloc" -> afterAlloc(a);
+      case "build_connector_meta" -> buildMeta(a);
+      case "request_finished" -> requestFinished(a);
+      case "bind_connector_metadata" -> bind(a);
+      case "start_load_kv" -> startLoad();
+      case "wait_for_layer_load" -> waitForLayerLoad(a);
+      case "save_kv_layer" -> saveLayer(a);
+      case "wait_for_save" -> waitForSave();
+      case "get_finished" -> finished();
+      case "get_block_ids_with_load_errors" -> loadErrors();
+      case "shutdown" -> shutdown();
+      default -> throw new PortException(PortError.UNKNOWN_OP, "unknown op " + op);
+    };
+  }
+
+  // --- hello ---
+
+  private Object hello(PortArgs a) throws PortException {
+    if (side != null) {
+      throw new PortException(PortError.ALREADY_HELLO, "this connection already said hello");
+    }
+    long version = a.integer("version", 0, Long.MAX_VALUE);
+    if (version != PROTOCOL_VERSION) {
+      throw new PortException(PortError.BAD_VERSION,
+          "protocol version " + version + " is not spoken here; supported: [" + PROTOCOL_VERSION
+              + "]");
+    }
+    Side s = switch (a.string("side")) {
+      case "scheduler" -> Side.SCHEDULER;
+      case "worker" -> Side.WORKER;
+      default -> throw PortException.badArgs("args.side must be \"scheduler\" or \"worker\"");
+    };
+    PortArgs identity = a.nested("engine");
+    PortEngine e = server.engineFor(identity);
+    if (s == Side.SCHEDULER) {
+      e.joinScheduler(this);
+    } else {
+      int tpRank = a.integer("tp_rank", 0);
+      if (tpRank >= e.tpSize()) {
+        throw PortException.badArgs("args.tp_rank = " + tpRank + " is outside TP size "
+            + e.tpSize());
+      }
+      KvCacheGeometry geometry = geometry(a.nested("geometry"));
+      e.joinWorker(this, tpRank, geometry, memory(a.nested("memory"), geometry));
+      rank = tpRank;
+    }
+    side = s;
+    engine = e;
+    Map<String, Object> r = new LinkedHashMap<>();
+    r.put("version", PROTOCOL_VERSION);
+    r.put("node", server.host().nodeName());
+    r.put("engine_id", e.engineId());
+    r.put("role", e.role().clusterRole());
+    r.put("mode", e.mode().configName());
+    r.put("dp_rank", server.host().dpRank());
+    r.put("tp_size", e.tpSize());
+    r.put("transport", server.host().transportName());
+    return r;
+  }
+
+  private static KvCacheGeometry geometry(PortArgs g) throws PortException {
+    try {
+      return switch (g.string("layout")) {
+        case "standard" -> KvCacheGeometry.standard(g.integer("num_blocks", 1),
+            g.integer("block_size", 1), g.integer("kv_heads", 1), g.integer("head_dim", 1),
+            g.integer("dtype_bytes", 1));
+        case "mla" -> KvCacheGeometry.mla(g.integer("num_blocks", 1), g.integer("block_size", 1),
+            g.integer("latent", 1), g.integer("dtype_bytes", 1));
+        default -> throw PortException.badArgs("args.geometry.layout must be standard or mla");
+      };
+    } catch (IllegalArgumentException | ArithmeticException e) {
+      throw PortException.badArgs("args.geometry: " + e.getMessage());
+    }
+  }
+
+  private static List<PortEngine.LayerMemory> memory(PortArgs m, KvCacheGeometry g)
+      throws PortException {
+    String kind = m.string("kind");
+    if (!kind.equals("host")) {
+      throw new PortException(PortError.BAD_MEMORY, "memory kind " + kind
+          + " is not served yet (host only; GPU memory through CUDA IPC is a later version)");
+    }
+    List<PortArgs> layers = m.mapList("layers");
+    if (layers.isEmpty()) {
+      throw PortException.badArgs("args.memory.layers is empty");
+    }
+    List<PortEngine.LayerMemory> out = new ArrayList<>();
+    for (PortArgs l : layers) {
+      long length = l.integer("length", 1, Long.MAX_VALUE);
+      if (length != g.layerRegionBytes()) {
+        throw new PortException(PortError.BAD_MEMORY, l.where() + ".length = " + length
+            + " but the geometry's layer holds " + g.layerRegionBytes() + " bytes");
+      }
+      out.add(new PortEngine.LayerMemory(
+          SharedFileCheck.check(l.string("path")), l.integer("offset", 0, Long.MAX_VALUE),
+          length));
+    }
+    return out;
+  }
+
+  // --- scheduler ops ---
+
+  private ConnectorScheduler scheduler() throws PortException {
+    PortEngine e = requireSide(Side.SCHEDULER);
+    return e.awaitScheduler(workersTimeout);
+  }
+
+  private ConnectorRequest request(PortArgs a) throws PortException {
+    String id = a.string("request_id");
+    ConnectorRequest r = requireSide(Side.SCHEDULER).requests().get(id);
+    if (r == null) {
+      throw new PortException(PortError.UNKNOWN_REQUEST, "request " + id
+          + " is unknown: name it in get_num_new_matched_tokens first (or it already finished)");
+    }
+    return r;
+  }
+
+  private Object matchedTokens(PortArgs a) throws PortException {
+    ConnectorScheduler s = scheduler();
+    String id = a.string("request_id");
+    Map<String, ConnectorRequest> requests = requireSide(Side.SCHEDULER).requests();
+    ConnectorRequest r = requests.get(id);
+    int computed = a.integer("num_computed_tokens", 0);
+    if (r == null) {
+      int prompt = a.integer("num_prompt_tokens", 0);
+      Map<String, Object> raw = a.optionalMap("kv_transfer_params");
+      KvTransferParams params = null;
+      if (raw != null) {
+        try {
+          params = KvTransferParams.fromMap(raw);
+        } catch (InvalidTransferParamsException e) {
+          throw PortException.badArgs(String.valueOf(e.getMessage()));
+        }
+      }
+      r = new ConnectorRequest(id, prompt, params);
+      requests.put(id, r);
+    }
+    MatchedTokens m = s.numNewMatchedTokens(r, computed);
+    return Map.of("count", m.count(), "async", m.async());
+  }
+
+  private Object afterAlloc(PortArgs a) throws PortException {
+    ConnectorScheduler s = scheduler();
+    s.updateStateAfterAlloc(request(a), a.intList("block_ids", true),
+        a.integer("num_external_tokens", 0));
+    return Map.of();
+  }
+
+  private Object buildMeta(PortArgs a) throws PortException {
+    ConnectorScheduler s = scheduler();
+    List<SchedulerOutput.NewRequest> fresh = new ArrayList<>();
+    for (PortArgs r : a.mapList("scheduled_new_reqs")) {
+      fresh.add(new SchedulerOutput.NewRequest(r.string("request_id"),
+          r.intList("block_ids", true), r.optionalInt("num_computed_tokens", 0, -1)));
+    }
+    List<SchedulerOutput.CachedRequest> cached = new ArrayList<>();
+    for (PortArgs r : a.mapList("scheduled_cached_reqs")) {
+      cached.add(new SchedulerOutput.CachedRequest(r.string("request_id"),
+          r.intList("new_block_ids", true), r.optionalInt("num_computed_tokens", 0, -1)));
+    }
+    ConnectorMetadata meta = s.buildConnectorMeta(new SchedulerOutput(fresh, cached));
+    return Map.of("metadata", requireSide(Side.SCHEDULER).putStep(meta));
+  }
+
+  private Object requestFinished(PortArgs a) throws PortException {
+    ConnectorScheduler s = scheduler();
+    ConnectorRequest r = request(a);
+    r.setStatus(switch (a.string("status")) {
+      case "length_capped" -> ConnectorRequest.Status.FINISHED_LENGTH_CAPPED;
+      case "stopped" -> ConnectorRequest.Status.FINISHED_STOPPED;
+      case "aborted" -> ConnectorRequest.Status.FINISHED_ABORTED;
+      default -> throw PortException.badArgs(
+          "args.status must be length_capped, stopped or aborted");
+    });
+    FinishDecision d = s.requestFinished(r, a.intList("block_ids", true));
+    requireSide(Side.SCHEDULER).requests().remove(r.requestId());
+    Map<String, Object> out = new LinkedHashMap<>();
+    out.put("delay_free", d.delayFreeBlocks());
+    KvTransferParams p = d.paramsForPeer();
+    out.put("kv_transfer_params", p == null ? null : p.toMap());
+    return out;
+  }
+
+  // --- worker ops ---
+
+  private ConnectorWorker worker() throws PortException {
+    return requireSide(Side.WORKER).worker(rank);
+  }
+
+  private Object bind(PortArgs a) throws PortException {
+    PortEngine e = requireSide(Side.WORKER);
+    bound = ConnectorMetadata.EMPTY; // a bad handle binds nothing rather than the last step
+    bound = e.step(a.bytes("metadata"));
+    return Map.of();
+  }
+
+  private Object startLoad() throws PortException {
+    ConnectorWorker w = worker();
+    w.startLoadKv(bound);
+    return Map.of("loads", bound.reqsToRecv().size());
+  }
+
+  private int layer(PortArgs a) throws PortException {
+    int layers = requireSide(Side.WORKER).layers(rank);
+    return (int) a.integer("layer", 0, layers - 1L);
+  }
+
+  private Object waitForLayerLoad(PortArgs a) throws PortException {
+    ConnectorWorker w = worker();
+    int layer = layer(a);
+    try {
+      return Map.of("ok", w.waitForLayerLoad(layer));
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new PortException(PortError.NODE_STOPPING, "interrupted");
+    }
+  }
+
+  private Object saveLayer(PortArgs a) throws PortException {
+    ConnectorWorker w = worker();
+    // Host memory: the engine wrote the layer before it sent this frame, so it is complete.
+    w.saveKvLayer(bound, layer(a), HostLayerEvent.completed());
+    return Map.of();
+  }
+
+  private Object waitForSave() throws PortException {
+    worker().waitForSave();
+    return Map.of();
+  }
+
+  private Object finished() throws PortException {
+    Finished f = worker().getFinished();
+    loadErrorsSinceAsked.addAll(f.blockIdsWithLoadErrors());
+    Map<String, Object> out = new LinkedHashMap<>();
+    out.put("done_sending", List.copyOf(f.doneSending()));
+    out.put("done_receiving", List.copyOf(f.doneReceiving()));
+    out.put("failed", f.failed());
+    out.put("block_ids_with_load_errors", List.copyOf(new TreeSet<>(f.blockIdsWithLoadErrors())));
+    List<Map<String, Object>> errors = new ArrayList<>(opErrors);
+    if (droppedOpErrors > 0) {
+      errors.add(Map.of("op", "*", "code", PortError.INTERNAL.code(),
+          "message", droppedOpErrors + " more one-way op errors were dropped"));
+    }
+    opErrors.clear();
+    droppedOpErrors = 0;
+    out.put("op_errors", errors);
+    return out;
+  }
+
+  private Object loadErrors() throws PortException {
+    requireSide(Side.WORKER);
+    List<Integer> ids = List.copyOf(loadErrorsSinceAsked);
+    loadErrorsSinceAsked.clear();
+    return Map.of("block_ids", ids);
+  }
+
+  private Object shutdown() throws PortException {
+    requireSide(Side.WORKER);
+    shutdownAsked = true;
+    return Map.of();
+  }
+
+  private PortEngine requireSide(Side wanted) throws PortException {
+    PortEngine e = engine;
+    if (side != wanted || e == null) {
+      throw new PortException(PortError.WRONG_SIDE, "a " + wanted.name().toLowerCase()
+          + " op on a " + String.valueOf(side).toLowerCase() + " connection");
+    }
+    return e;
+  }
+
+  // --- frames ---
+
+  private void keepOpError(String op, PortException e) {
+    if (opErrors.size() < KEPT_OP_ERRORS) {
+      opErrors.add(Map.of("op", op, "code", e.error().code(),
+          "message", String.valueOf(e.getMessage())));
+    } else {
+      droppedOpErrors++;
+    }
+  }
+
+  private static Map<String, Object> error(PortException e) {
+    return Map.of("error", Map.of("code", e.error().code(),
+        "message", String.valueOf(e.getMessage())));
+  }
+
+  private void reply(@Nullable Long id, Map<String, Object> body) throws IOException {
+    Map<String, Object> frame = new LinkedHashMap<>();
+    frame.put("id", id);
+    frame.putAll(body);
+    PortFrames.write(channel, frame);
+  }
+
+  /** Refuses a peer before any frame is read (another uid). */
+  void refuse(PortException e) {
+    try {
+      reply(null, error(e));
+    } catch (IOException ignored) {
+      // the peer went already
+    }
+    closeQuietly();
+  }
+
+  void closeQuietly() {
+    try {
+      channel.close();
+    } catch (IOException ignored) {
+      // closing is best effort
+    }
+  }
+}

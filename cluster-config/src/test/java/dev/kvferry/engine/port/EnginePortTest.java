@@ -1,0 +1,361 @@
+package dev.kvferry.engine.port;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvferry.node.EngineNode;
+import dev.kvferry.node.FreePorts;
+import dev.kvferry.node.KvferryConfig;
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.MappedByteBuffer;
+import java.nio.channels.FileChannel;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
+import java.nio.file.attribute.PosixFilePermissions;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Random;
+import java.util.UUID;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/**
+ * The engine port against real nodes: a P and a D node (two actor systems in one cluster, cma
+ * between them), each driven through its socket by this test acting as the engine, with its KV
+ * cache in a /dev/shm file the node maps. Bytes written into P's blocks must arrive in D's.
+ */
+class EnginePortTest {
+
+  static final int LAYERS = 3;
+  static final int NUM_BLOCKS = 16;
+  static final int BLOCK_SIZE = 4;
+  static final int KV_HEADS = 2;
+  static final int HEAD_DIM = 8;
+  /** One block of K or V: block_size x kv_heads x head_dim x 2 bytes. */
+  static final int BLOCK_BYTES = BLOCK_SIZE * KV_HEADS * HEAD_DIM * 2;
+  static final long LAYER_BYTES = 2L * NUM_BLOCKS * BLOCK_BYTES;
+
+  @TempDir Path dir;
+  private final List<AutoCloseable> open = new ArrayList<>();
+  private final List<Path> shm = new ArrayList<>();
+
+  @AfterEach
+  void stop() throws Exception {
+    for (int i = open.size() - 1; i >= 0; i--) {
+      open.get(i).close();
+    }
+    for (Path p : shm) {
+      Files.deleteIfExists(p);
+    }
+  }
+
+  private EngineNode node(String role, String engineId, String mode, Path socket, int port,
+      int seedPort) throws IOException {
+    Map<String, Object> m = new HashMap<>();
+    m.put("kvferry.node.role", role);
+    m.put("kvferry.node.engine-id", engineId);
+    m.put("kvferry.node.mode", mode);
+    m.put("kvferry.node.engine", "port");
+    m.put("kvferry.node.engine-port.socket", socket.toString());
+    m.put("kvferry.node.engine-port.workers-timeout", "5s");
+    m.put("kvferry.connector.transfer-timeout", "20s");
+    m.put("pekko.loglevel", "WARNING");
+    m.put("pekko.coordinated-shutdown.exit-jvm", "off");
+    m.put("pekko.coordinated-shutdown.run-by-jvm-shutdown-hook", "off");
+    m.put("pekko.cluster.jmx.multi-mbeans-in-same-jvm", "on");
+    m.put("pekko.remote.artery.canonical.hostname", "127.0.0.1");
+    m.put("pekko.remote.artery.canonical.port", port);
+    m.put("pekko.cluster.seed-nodes", List.of("pekko://kvferry@127.0.0.1:" + seedPort));
+    m.put("pekko.cluster.roles", List.of(role));
+    EngineNode n = EngineNode.start(KvferryConfig.load(m));
+    open.add(n);
+    return n;
+  }
+
+  /** A KV cache file of {@link #LAYERS} layers, 0600, as an engine makes it. */
+  private Path kvFile() throws IOException {
+    Path p = Path.of("/dev/shm", "kvferry-port-test-" + UUID.randomUUID());
+    Files.createFile(p, PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rw-------")));
+    shm.add(p);
+    try (FileChannel c = FileChannel.open(p, StandardOpenOption.WRITE)) {
+      c.write(ByteBuffer.allocate(1), LAYERS * LAYER_BYTES - 1);
+    }
+    return p;
+  }
+
+  private static MappedByteBuffer map(Path p) throws IOException {
+    try (FileChannel c = FileChannel.open(p, StandardOpenOption.READ, StandardOpenOption.WRITE)) {
+      return c.map(FileChannel.MapMode.READ_WRITE, 0, LAYERS * LAYER_BYTES);
+    }
+  }
+
+  private static Map<String, Object> geometry() {
+    return Map.of("layout", "standard", "num_blocks", NUM_BLOCKS, "block_size", BLOCK_SIZE,
+        "kv_heads", KV_HEADS, "head_dim", HEAD_DIM, "dtype_bytes", 2);
+  }
+
+  private static Map<String, Object> memory(Path file, long length) {
+    List<Map<String, Object>> layers = new ArrayList<>();
+    for (int l = 0; l < LAYERS; l++) {
+      layers.add(Map.of("path", file.toString(), "offset", l * LAYER_BYTES, "length", length));
+    }
+    return Map.of("kind", "host", "layers", layers);
+  }
+
+  private PortTestClient client(Path socket) throws IOException {
+    PortTestClient c = new PortTestClient(socket);
+    open.add(c);
+    return c;
+  }
+
+  private PortTestClient worker(Path socket, Path file, String mode) throws Exception {
+    PortTestClient w = client(socket);
+    w.ok("hello", Map.of("version", 1, "side", "worker", "engine", Map.of("mode", mode),
+        "tp_rank", 0, "geometry", geometry(), "memory", memory(file, LAYER_BYTES)));
+    return w;
+  }
+
+  private PortTestClient scheduler(Path socket, String mode) throws Exception {
+    PortTestClient s = client(socket);
+    s.ok("hello", Map.of("version", 1, "side", "scheduler", "engine", Map.of("mode", mode)));
+    return s;
+  }
+
+  @Test
+  void badInputGetsItsErrorCodeAndTheNodeKeepsServing() throws Exception {
+    int port = FreePorts.next();
+    Path socket = dir.resolve("p.sock");
+    node("prefill", "p0", "write", socket, port, port);
+    assertEquals("rw-------",
+        PosixFilePermissions.toString(Files.getPosixFilePermissions(socket)));
+
+    PortTestClient c = client(socket);
+    assertEquals("hello_required", PortTestClient.errorCode(c.call("start_load_kv", Map.of())));
+    assertEquals("bad_args", PortTestClient.errorCode(c.call("hello", Map.of("version", 1))));
+    assertEquals("identity_mismatch", PortTestClient.errorCode(c.call("hello",
+        Map.of("version", 1, "side", "scheduler", "engine", Map.of("role", "decode")))));
+    assertEquals("identity_mismatch", PortTestClient.errorCode(c.call("hello",
+        Map.of("version", 1, "side", "scheduler", "engine", Map.of("mode", "read")))));
+    c.ok("hello", Map.of("version", 1, "side", "scheduler", "engine", Map.of("engine_id", "p0")));
+    assertEquals("already_hello", PortTestClient.errorCode(c.call("hello",
+        Map.of("version", 1, "side", "scheduler"))));
+    assertEquals("unknown_op", PortTestClient.errorCode(c.call("frobnicate", Map.of())));
+    assertEquals("wrong_side", PortTestClient.errorCode(c.call("start_load_kv", Map.of())));
+
+    // A worker whose memory is open to others, or of the wrong length, is refused.
+    Path open = kvFile();
+    Files.setPosixFilePermissions(open, PosixFilePermissions.fromString("rw-r--r--"));
+    PortTestClient w = client(socket);
+    assertEquals("bad_memory", PortTestClient.errorCode(w.call("hello", Map.of("version", 1,
+        "side", "worker", "tp_rank", 0, "geometry", geometry(),
+        "memory", memory(open, LAYER_BYTES)))));
+    Path file = kvFile();
+    assertEquals("bad_memory", PortTestClient.errorCode(w.call("hello", Map.of("version", 1,
+        "side", "worker", "tp_rank", 0, "geometry", geometry(),
+        "memory", memory(file, LAYER_BYTES - 1)))));
+    assertEquals("bad_memory", PortTestClient.errorCode(w.call("hello", Map.of("version", 1,
+        "side", "worker", "tp_rank", 0, "geometry", geometry(), "memory",
+        Map.of("kind", "host", "layers", List.of(Map.of("path", "/dev/shm/../etc/passwd",
+            "offset", 0, "length", LAYER_BYTES)))))));
+    assertEquals("bad_args", PortTestClient.errorCode(w.call("hello", Map.of("version", 1,
+        "side", "worker", "tp_rank", 1, "geometry", geometry(),
+        "memory", memory(file, LAYER_BYTES)))));
+    w.ok("hello", Map.of("version", 1, "side", "worker", "tp_rank", 0, "geometry", geometry(),
+        "memory", memory(file, LAYER_BYTES)));
+    assertEquals("bad_args",
+        PortTestClient.errorCode(w.call("wait_for_layer_load", Map.of("layer", LAYERS))));
+    w.oneWay("bind_connector_metadata", Map.of("metadata", new byte[] {1, 2, 3}));
+    w.oneWay("save_kv_layer", Map.of("layer", -1));
+    @SuppressWarnings("unchecked")
+    List<Map<String, Object>> opErrors =
+        (List<Map<String, Object>>) w.ok("get_finished", Map.of()).get("op_errors");
+    assertEquals(List.of("unknown_metadata", "bad_args"),
+        opErrors.stream().map(e -> e.get("code")).toList());
+
+    assertEquals("unknown_request", PortTestClient.errorCode(c.call("update_state_after_alloc",
+        Map.of("request_id", "nope", "block_ids", List.of(1), "num_external_tokens", 0))));
+    assertEquals("bad_args", PortTestClient.errorCode(c.call("get_num_new_matched_tokens",
+        Map.of("request_id", "r", "num_prompt_tokens", 4, "num_computed_tokens", 0,
+            "kv_transfer_params", Map.of("do_remote_decode", "yes")))));
+    assertEquals(Map.of("count", 0L, "async", false), c.ok("get_num_new_matched_tokens",
+        Map.of("request_id", "r", "num_prompt_tokens", 4, "num_computed_tokens", 0)));
+
+    // A second client with a wrong version is cut off; one with a broken frame too.
+    PortTestClient v = client(socket);
+    assertEquals("bad_version", PortTestClient.errorCode(v.call("hello",
+        Map.of("version", 2, "side", "scheduler"))));
+    assertTrue(v.closedByNode());
+    PortTestClient b = client(socket);
+    b.raw(new byte[] {0, 0, 0, 0});
+    assertEquals("bad_frame", PortTestClient.errorCode(b.read()));
+    assertTrue(b.closedByNode());
+    PortTestClient b2 = client(socket);
+    b2.raw(new byte[] {0, 0, 0, 2, (byte) 0x91, 0x01}); // an array, not a map
+    assertEquals("bad_frame", PortTestClient.errorCode(b2.read()));
+
+    // The engine's own connections still work.
+    assertEquals(Map.of("node", c.ok("ping", Map.of()).get("node")), w.ok("ping", Map.of()));
+  }
+
+  @Test
+  void writeModeMovesPrefillBytesIntoDecodeBlocksAndAnEngineCanComeBack() throws Exception {
+    transfer("write");
+  }
+
+  @Test
+  void readModeMovesPrefillBytesIntoDecodeBlocks() throws Exception {
+    transfer("read");
+  }
+
+  private void transfer(String mode) throws Exception {
+    int pPort = FreePorts.next();
+    int dPort = FreePorts.next();
+    Path pSocket = dir.resolve("p.sock");
+    Path dSocket = dir.resolve("d.sock");
+    EngineNode p = node("prefill", "p0", mode, pSocket, pPort, pPort);
+    node("decode", "d0", mode, dSocket, dPort, pPort);
+    Path pFile = kvFile();
+    Path dFile = kvFile();
+    MappedByteBuffer pKv = map(pFile);
+    MappedByteBuffer dKv = map(dFile);
+    PortTestClient pw = worker(pSocket, pFile, mode);
+    PortTestClient ps = scheduler(pSocket, mode);
+    PortTestClient dw = worker(dSocket, dFile, mode);
+    PortTestClient ds = scheduler(dSocket, mode);
+
+    int prompt = 10; // three blocks of four tokens, the last one partly filled
+    List<Integer> pBlocks = List.of(1, 2, 3);
+    List<Integer> dBlocks = List.of(9, 5, 12);
+    Random random = new Random(7);
+    for (int l = 0; l < LAYERS; l++) {
+      for (int kv = 0; kv < 2; kv++) {
+        for (int b : pBlocks) {
+          byte[] bytes = new byte[BLOCK_BYTES];
+          random.nextBytes(bytes);
+          pKv.put(offset(l, kv, b), bytes);
+        }
+      }
+    }
+    String r = "req-" + mode;
+    Map<String, Object> pParams = Map.of("do_remote_decode", true, "transfer_id", "t-" + mode,
+        "remote_engine_id", "d0");
+    Map<String, Object> dParams;
+    assertEquals(0L, ps.ok("get_num_new_matched_tokens", Map.of("request_id", r,
+        "num_prompt_tokens", prompt, "num_computed_tokens", 0, "kv_transfer_params", pParams))
+        .get("count"));
+    ps.ok("update_state_after_alloc",
+        Map.of("request_id", r, "block_ids", pBlocks, "num_external_tokens", 0));
+    if (mode.equals("write")) {
+      dParams = Map.of("do_remote_prefill", true, "transfer_id", "t-" + mode,
+          "remote_engine_id", "p0");
+      Map<String, Object> m = ds.ok("get_num_new_matched_tokens", Map.of("request_id", r,
+          "num_prompt_tokens", prompt, "num_computed_tokens", 0, "kv_transfer_params", dParams));
+      assertEquals(Map.of("count", (long) prompt, "async", true), m);
+      ds.ok("update_state_after_alloc",
+          Map.of("request_id", r, "block_ids", dBlocks, "num_external_tokens", prompt));
+      step(ds, dw, List.of(), false);
+    }
+    // P's prefill: one step computing all ten tokens; in WRITE mode it saves every layer.
+    step(ps, pw, List.of(Map.of("request_id", r, "block_ids", pBlocks,
+        "num_computed_tokens", prompt)), true);
+    Map<String, Object> finished = ps.ok("request_finished",
+        Map.of("request_id", r, "block_ids", pBlocks, "status", "length_capped"));
+    assertEquals(true, finished.get("delay_free"));
+    if (mode.equals("read")) {
+      // P's next step hands the kept blocks to its workers, which wait for D's release.
+      step(ps, pw, List.of(), false);
+      @SuppressWarnings("unchecked")
+      Map<String, Object> forD = (Map<String, Object>) finished.get("kv_transfer_params");
+      assertEquals(List.of(1L, 2L, 3L), forD.get("remote_block_ids"));
+      Map<String, Object> m = ds.ok("get_num_new_matched_tokens", Map.of("request_id", r,
+          "num_prompt_tokens", prompt, "num_computed_tokens", 0, "kv_transfer_params", forD));
+      assertEquals(Map.of("count", (long) prompt - 1, "async", true), m);
+      ds.ok("update_state_after_alloc",
+          Map.of("request_id", r, "block_ids", dBlocks, "num_external_tokens", prompt - 1));
+      Map<String, Object> loads = step(ds, dw, List.of(Map.of("request_id", r, "block_ids",
+          dBlocks, "num_computed_tokens", prompt - 1)), false);
+      assertEquals(1L, loads.get("loads"));
+      for (int l = 0; l < LAYERS; l++) {
+        assertEquals(true, dw.ok("wait_for_layer_load", Map.of("layer", l)).get("ok"));
+      }
+    }
+    awaitListed(dw, r, "done_receiving");
+    awaitListed(pw, r, "done_sending");
+    for (int l = 0; l < LAYERS; l++) {
+      for (int kv = 0; kv < 2; kv++) {
+        for (int i = 0; i < pBlocks.size(); i++) {
+          assertArrayEquals(bytes(pKv, offset(l, kv, pBlocks.get(i))),
+              bytes(dKv, offset(l, kv, dBlocks.get(i))),
+              mode + ": layer " + l + (kv == 0 ? " K" : " V") + " block " + i);
+        }
+      }
+    }
+    // Blocks P did not lend stay as they were in D (zeros).
+    assertArrayEquals(new byte[BLOCK_BYTES], bytes(dKv, offset(0, 0, 1)));
+
+    // The engine process goes (its connections close); the node takes it off its list and
+    // serves the next one.
+    ps.close();
+    pw.close();
+    awaitNoEngines(p);
+    PortTestClient again = worker(pSocket, pFile, mode);
+    again.ok("ping", Map.of());
+  }
+
+  /** One engine step: metadata from the scheduler, bound and started by the worker. */
+  private static Map<String, Object> step(PortTestClient s, PortTestClient w,
+      List<Map<String, Object>> newReqs, boolean save) throws Exception {
+    Map<String, Object> meta = s.ok("build_connector_meta",
+        Map.of("scheduled_new_reqs", newReqs, "scheduled_cached_reqs", List.of()));
+    w.oneWay("bind_connector_metadata", Map.of("metadata", meta.get("metadata")));
+    Map<String, Object> started = w.ok("start_load_kv", Map.of());
+    if (save) {
+      for (int l = 0; l < LAYERS; l++) {
+        w.oneWay("save_kv_layer", Map.of("layer", l));
+      }
+    }
+    w.ok("wait_for_save", Map.of());
+    return started;
+  }
+
+  private static void awaitListed(PortTestClient w, String request, String key) throws Exception {
+    long deadline = System.nanoTime() + 20_000_000_000L;
+    while (System.nanoTime() < deadline) {
+      Map<String, Object> f = w.ok("get_finished", Map.of());
+      assertEquals(Map.of(), f.get("failed"), "transfer failed");
+      assertEquals(List.of(), f.get("op_errors"));
+      if (((List<?>) f.get(key)).contains(request)) {
+        return;
+      }
+      Thread.sleep(20);
+    }
+    throw new AssertionError(request + " never appeared in " + key);
+  }
+
+  private static void awaitNoEngines(EngineNode n) throws InterruptedException {
+    long deadline = System.nanoTime() + 30_000_000_000L;
+    while (!n.engines().isEmpty()) {
+      assertTrue(System.nanoTime() < deadline, "the engine never detached");
+      Thread.sleep(20);
+    }
+    assertFalse(n.workers().iterator().hasNext());
+  }
+
+  private static int offset(int layer, int kv, int block) {
+    return (int) (layer * LAYER_BYTES + (long) kv * NUM_BLOCKS * BLOCK_BYTES
+        + (long) block * BLOCK_BYTES);
+  }
+
+  private static byte[] bytes(MappedByteBuffer kv, int offset) {
+    byte[] out = new byte[BLOCK_BYTES];
+    kv.get(offset, out);
+    return out;
+  }
+}
