@@ -368,6 +368,12 @@ class PortClient:
             self._close_socket()
             self._broken = "protocol violation"
             raise
+        if reply.get("id") is None and "error" in reply:
+            # bad_frame or unauthorized: the node could not tie it to a request and closes.
+            err = reply["error"] or {}
+            self._close_socket()
+            self._broken = f"refused: {err.get('code')}"
+            raise error_for(str(err.get("code", "internal")), str(err.get("message", "")), op)
         if reply.get("id") != request_id:
             self._close_socket()
             self._broken = "protocol violation"

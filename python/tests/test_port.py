@@ -198,3 +198,14 @@ def test_scheduler_ops_send_the_spec_args(tmp_path):
 def test_a_worker_hello_without_memory_is_refused_before_sending():
     with pytest.raises(ValueError, match="tp_rank, geometry and memory"):
         PortClient("/nonexistent", "worker", tp_rank=0)
+
+
+def test_an_error_reply_without_id_raises_its_typed_error_and_closes(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = PortClient(node.path, "scheduler")
+    c.hello()
+    c._sock.sendall(struct.pack(">I", 0))  # a frame the node cannot read: it answers id nil
+    with pytest.raises(port.BadFrame):
+        c.ping()
+    assert not c.connected
+    node.close()
