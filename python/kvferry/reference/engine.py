@@ -176,7 +176,9 @@ class ReferenceEngine:
     def connect(self, wait_s: float = 30.0) -> dict[str, Any] | None:
         if self.connector is None:
             return None
-        return self.connector.connect(wait_s=wait_s)
+        info = self.connector.connect(wait_s=wait_s)
+        self._publish_stats()  # the node's engine id, before anyone asks
+        return info
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="reference-engine", daemon=True)
@@ -338,14 +340,24 @@ class ReferenceEngine:
                     break  # not enough blocks for its prompt yet
                 count, is_async = 0, False
                 if self.connector is not None:
-                    count, is_async = self.connector.scheduler.get_num_new_matched_tokens(
-                        r.request_id, n, r.kv_transfer_params, hit_tokens)
+                    try:
+                        count, is_async = self.connector.scheduler.get_num_new_matched_tokens(
+                            r.request_id, n, r.kv_transfer_params, hit_tokens)
+                    except PortError as e:  # this request's params, not the engine: refuse it
+                        self.waiting.pop(0)
+                        self._refuse(r, e)
+                        continue
                 self.pool.touch(hit)
                 r.prefix_hit_tokens = hit_tokens
                 r.num_computed = hit_tokens
                 r.hashed_blocks = len(hit)
                 if is_async and count > 0:
-                    added = self.pool.allocate(g.blocks_for(hit_tokens + count) - len(hit))
+                    # Blocks for the whole prompt, as the node expects (and as vLLM allocates when
+                    # the connector counts every prompt token): with READ's count of n-1-c and
+                    # blocks for only c+count tokens, D is one block short whenever n-1 is a
+                    # multiple of the block size, and the node maps D's blocks onto the tail of
+                    # P's list (the wrong block). Reported as a port issue.
+                    added = self.pool.allocate(g.blocks_for(n) - len(hit))
                     assert added is not None  # checked above
                     r.blocks = hit + added
                     r.external_tokens = count
@@ -446,7 +458,10 @@ class ReferenceEngine:
         """request_finished, then free now or once every rank reports the transfer over."""
         delay, params = False, None
         if self.connector is not None:
-            delay, params = self.connector.scheduler.request_finished(r.request_id, list(r.blocks), status)
+            try:
+                delay, params = self.connector.scheduler.request_finished(r.request_id, list(r.blocks), status)
+            except PortError as e:  # the node holds nothing for it: free now
+                log.warning("request_finished(%s) refused: %s", r.request_id, e)
         if r in self.running:
             self.running.remove(r)
         if r in self.waiting:
@@ -467,6 +482,17 @@ class ReferenceEngine:
         if not keep:
             self.by_id.pop(r.request_id, None)
         r.events.put(event)
+
+    def _refuse(self, r: Request, e: PortError) -> None:
+        """The node refused a scheduler op for this request (bad params, unknown request): the
+        request ends with the node's message; it holds no blocks yet."""
+        log.warning("request %s refused by the node: %s", r.request_id, e)
+        self._counters["failed"] += 1
+        try:
+            self.connector.scheduler.request_finished(r.request_id, [], "aborted")  # type: ignore[union-attr]
+        except PortError:
+            pass  # the node never took it
+        self._end(r, Event("error", message=f"request {r.request_id}: {e}", info={"code": e.code}))
 
     def _fail(self, r: Request, why: str) -> None:
         """Ends a request the node reported failed: its blocks are no longer lent."""

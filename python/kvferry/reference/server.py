@@ -75,7 +75,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _error(self, status: int, message: str, kind: str) -> None:
+    def _error(self, status: int, message: str, kind: str = "kv_transfer_error") -> None:
         self._json(status, {"error": {"message": message, "type": kind, "code": status}})
 
     def _client_gone(self) -> bool:
@@ -168,7 +168,8 @@ class Handler(BaseHTTPRequestHandler):
             if ev.kind == "token":
                 tokens.append(ev.token)  # type: ignore[arg-type]
             elif ev.kind == "error":
-                self._error(500, ev.message or "failed", "kv_transfer_error")
+                status, kind = _error_status(ev)
+                self._error(status, ev.message or "failed", kind)
                 return
             else:
                 out = self._base(r)
@@ -212,7 +213,8 @@ class Handler(BaseHTTPRequestHandler):
             if ev is None:
                 return
             if ev.kind == "error" and not started:
-                self._error(500, ev.message or "failed", "kv_transfer_error")
+                status, kind = _error_status(ev)
+                self._error(status, ev.message or "failed", kind)
                 return
             if not started:
                 start()
@@ -239,6 +241,17 @@ class Handler(BaseHTTPRequestHandler):
             if send(chunk):
                 send("[DONE]")
             return
+
+
+def _error_status(ev: Event) -> tuple[int, str]:
+    """HTTP status and OpenAI error type of an engine error: the node refusing a request's
+    params is the client's fault (400); a failed transfer or a lost node is not (500/503)."""
+    code = (ev.info or {}).get("code")
+    if code in ("bad_args", "unknown_request", "identity_mismatch"):
+        return 400, "invalid_request_error"
+    if ev.message and "node unavailable" in ev.message:
+        return 503, "service_unavailable"
+    return 500, "kv_transfer_error"
 
 
 def serve(engine: ReferenceEngine, host: str, port: int, model: str) -> EngineHTTPServer:
