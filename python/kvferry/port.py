@@ -1,0 +1,492 @@
+"""The engine port's client: one connection to a kvferry node's Unix socket.
+
+Protocol version 1 (docs/engine-port.md). A frame is a 4-byte big-endian length and one msgpack
+map. A request carries an ``id`` and gets one reply with the same id; one-way requests
+(``bind_connector_metadata``, ``save_kv_layer``) carry no id and get no reply.
+
+Thread-safety: a ``PortClient`` is one connection and is NOT thread-safe. The protocol is
+synchronous per connection (send a request, read its reply, then the next), so give each thread
+(the scheduler, each TP rank's worker) a client of its own.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+import time
+from typing import Any
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+_LENGTH = struct.Struct(">I")
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "MAX_FRAME_BYTES",
+    "PortClient",
+    "PortError",
+    "NodeUnavailable",
+    "ProtocolViolation",
+    "encode_frame",
+    "FrameReader",
+    "error_for",
+]
+
+
+# ---- errors ----
+
+
+class PortError(Exception):
+    """An error reply from the node: ``code`` is one of the spec's codes, ``message`` its text."""
+
+    code: str = "port_error"
+    fatal: bool = False
+
+    def __init__(self, code: str, message: str, op: str | None = None):
+        self.code = code
+        self.message = message
+        self.op = op
+        where = f" ({op})" if op else ""
+        super().__init__(f"kvferry node answered {code}{where}: {message}")
+
+
+class BadFrame(PortError):
+    fatal = True
+
+
+class Unauthorized(PortError):
+    fatal = True
+
+
+class BadVersion(PortError):
+    fatal = True
+
+
+class HelloRequired(PortError):
+    pass
+
+
+class AlreadyHello(PortError):
+    pass
+
+
+class UnknownOp(PortError):
+    pass
+
+
+class WrongSide(PortError):
+    pass
+
+
+class BadArgs(PortError):
+    pass
+
+
+class IdentityMismatch(PortError):
+    pass
+
+
+class EngineBusy(PortError):
+    pass
+
+
+class BadMemory(PortError):
+    pass
+
+
+class UnknownRequest(PortError):
+    pass
+
+
+class UnknownMetadata(PortError):
+    pass
+
+
+class WorkersMissing(PortError):
+    pass
+
+
+class NodeStopping(PortError):
+    pass
+
+
+class InternalError(PortError):
+    pass
+
+
+ERROR_CLASSES: dict[str, type[PortError]] = {
+    "bad_frame": BadFrame,
+    "unauthorized": Unauthorized,
+    "bad_version": BadVersion,
+    "hello_required": HelloRequired,
+    "already_hello": AlreadyHello,
+    "unknown_op": UnknownOp,
+    "wrong_side": WrongSide,
+    "bad_args": BadArgs,
+    "identity_mismatch": IdentityMismatch,
+    "engine_busy": EngineBusy,
+    "bad_memory": BadMemory,
+    "unknown_request": UnknownRequest,
+    "unknown_metadata": UnknownMetadata,
+    "workers_missing": WorkersMissing,
+    "node_stopping": NodeStopping,
+    "internal": InternalError,
+}
+
+
+def error_for(code: str, message: str, op: str | None = None) -> PortError:
+    """The typed error for a code; an unknown code (a newer node) is a plain ``PortError``."""
+    cls = ERROR_CLASSES.get(code, PortError)
+    return cls(code, message, op)
+
+
+class NodeUnavailable(Exception):
+    """The node's socket is missing, refused the connection, or closed it.
+
+    Raised on the call in progress and on every later call until ``reconnect()`` succeeds.
+    """
+
+    def __init__(self, socket_path: str, why: str):
+        self.socket_path = socket_path
+        self.why = why
+        super().__init__(
+            f"kvferry node at {socket_path} is unavailable: {why}; start the node "
+            f"(kvferry node --engine port --engine-socket {socket_path}) and reconnect"
+        )
+
+
+class ProtocolViolation(Exception):
+    """The node sent something the protocol does not allow (a bug on one side)."""
+
+
+# ---- frames ----
+
+
+def encode_frame(message: dict[str, Any]) -> bytes:
+    body = msgpack.packb(message, use_bin_type=True)
+    if not 1 <= len(body) <= MAX_FRAME_BYTES:
+        raise ValueError(f"frame of {len(body)} bytes is outside 1..{MAX_FRAME_BYTES}")
+    return _LENGTH.pack(len(body)) + body
+
+
+class FrameReader:
+    """Reads whole frames from a blocking socket."""
+
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
+
+    def _read_exact(self, n: int) -> bytes:
+        chunks = []
+        remaining = n
+        while remaining:
+            chunk = self._sock.recv(min(remaining, 1 << 20))
+            if not chunk:
+                raise EOFError("connection closed")
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+
+    def read(self) -> dict[str, Any]:
+        (length,) = _LENGTH.unpack(self._read_exact(4))
+        if not 1 <= length <= MAX_FRAME_BYTES:
+            raise ProtocolViolation(f"frame length {length} outside 1..{MAX_FRAME_BYTES}")
+        body = self._read_exact(length)
+        try:
+            message = msgpack.unpackb(body, raw=False)
+        except Exception as e:  # msgpack raises several types
+            raise ProtocolViolation(f"frame is not msgpack: {e}") from e
+        if not isinstance(message, dict):
+            raise ProtocolViolation(f"frame is a {type(message).__name__}, not a map")
+        return message
+
+
+# ---- client ----
+
+
+class PortClient:
+    """One connection to a node: the scheduler side or one TP rank's worker.
+
+    ``side`` is ``"scheduler"`` or ``"worker"``. ``engine`` holds the identity fields to check
+    against the node (role, engine_id, dp_rank, dp_size, tp_size, mode); workers also give
+    ``tp_rank``, ``geometry`` and ``memory``; the scheduler may give ``http_url``.
+    Not thread-safe: one client per thread.
+    """
+
+    def __init__(
+        self,
+        socket_path: str,
+        side: str,
+        *,
+        engine: dict[str, Any] | None = None,
+        tp_rank: int | None = None,
+        geometry: dict[str, Any] | None = None,
+        memory: dict[str, Any] | None = None,
+        http_url: str | None = None,
+        timeout_s: float = 120.0,
+        connect_timeout_s: float = 5.0,
+    ):
+        if side not in ("scheduler", "worker"):
+            raise ValueError(f"side must be 'scheduler' or 'worker', not {side!r}")
+        if side == "worker" and (tp_rank is None or geometry is None or memory is None):
+            raise ValueError("a worker's hello needs tp_rank, geometry and memory")
+        self.socket_path = socket_path
+        self.side = side
+        self.engine = dict(engine or {})
+        self.tp_rank = tp_rank
+        self.geometry = geometry
+        self.memory = memory
+        self.http_url = http_url
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.node_info: dict[str, Any] | None = None
+        self._sock: socket.socket | None = None
+        self._reader: FrameReader | None = None
+        self._next_id = 1
+        self._broken: str | None = "not connected"
+
+    # -- connection --
+
+    @property
+    def connected(self) -> bool:
+        return self._broken is None
+
+    def connect(self) -> dict[str, Any]:
+        """Connects and says hello; returns the node's hello reply."""
+        self._close_socket()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.connect_timeout_s)
+        try:
+            sock.connect(self.socket_path)
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            sock.close()
+            raise NodeUnavailable(self.socket_path, f"cannot connect ({e.strerror})") from e
+        except OSError as e:
+            sock.close()
+            raise NodeUnavailable(self.socket_path, f"cannot connect ({e})") from e
+        sock.settimeout(self.timeout_s)
+        self._sock = sock
+        self._reader = FrameReader(sock)
+        self._broken = None
+        self._next_id = 1
+        try:
+            self.node_info = self._call("hello", self._hello_args(), request_id=0)
+        except PortError:
+            self._close_socket()
+            self._broken = "hello refused"
+            raise
+        return self.node_info
+
+    def hello(self) -> dict[str, Any]:
+        """Connects if needed (saying hello); returns what the node settled on."""
+        if self.connected and self.node_info is not None:
+            return self.node_info
+        return self.connect()
+
+    def reconnect(self, wait_s: float = 0.0, poll_s: float = 0.1) -> dict[str, Any]:
+        """Drops the connection and says hello again; retries for up to ``wait_s`` seconds."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return self.connect()
+            except NodeUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(poll_s)
+
+    def close(self) -> None:
+        self._close_socket()
+        self._broken = "closed"
+
+    def __enter__(self) -> "PortClient":
+        self.hello()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _close_socket(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+        self._sock = None
+        self._reader = None
+
+    def _hello_args(self) -> dict[str, Any]:
+        args: dict[str, Any] = {"version": PROTOCOL_VERSION, "side": self.side}
+        if self.engine:
+            args["engine"] = self.engine
+        if self.side == "worker":
+            args["tp_rank"] = self.tp_rank
+            args["geometry"] = self.geometry
+            args["memory"] = self.memory
+        elif self.http_url is not None:
+            args["http_url"] = self.http_url
+        return args
+
+    # -- transport --
+
+    def _lost(self, why: str) -> NodeUnavailable:
+        self._close_socket()
+        self._broken = why
+        return NodeUnavailable(self.socket_path, why)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._broken is not None or self._sock is None:
+            raise NodeUnavailable(self.socket_path, self._broken or "not connected")
+        frame = encode_frame(message)
+        try:
+            self._sock.sendall(frame)
+        except socket.timeout as e:
+            raise self._lost(f"send timed out after {self.timeout_s} s") from e
+        except OSError as e:
+            raise self._lost(f"connection lost while sending ({os.strerror(e.errno or errno.EPIPE)})") from e
+
+    def _call(self, op: str, args: dict[str, Any] | None = None, request_id: int | None = None) -> Any:
+        if request_id is None:
+            request_id = self._next_id
+            self._next_id += 1
+        message: dict[str, Any] = {"id": request_id, "op": op}
+        if args:
+            message["args"] = args
+        self._send(message)
+        assert self._reader is not None
+        try:
+            reply = self._reader.read()
+        except EOFError as e:
+            raise self._lost(f"the node closed the connection during {op}") from e
+        except socket.timeout as e:
+            raise self._lost(f"no reply to {op} within {self.timeout_s} s") from e
+        except OSError as e:
+            raise self._lost(f"connection lost during {op} ({e})") from e
+        except ProtocolViolation:
+            self._close_socket()
+            self._broken = "protocol violation"
+            raise
+        if reply.get("id") is None and "error" in reply:
+            # bad_frame or unauthorized: the node could not tie it to a request and closes.
+            err = reply["error"] or {}
+            self._close_socket()
+            self._broken = f"refused: {err.get('code')}"
+            raise error_for(str(err.get("code", "internal")), str(err.get("message", "")), op)
+        if reply.get("id") != request_id:
+            self._close_socket()
+            self._broken = "protocol violation"
+            raise ProtocolViolation(f"reply to {op} carries id {reply.get('id')!r}, expected {request_id}")
+        if "error" in reply:
+            err = reply["error"] or {}
+            e = error_for(str(err.get("code", "internal")), str(err.get("message", "")), op)
+            if e.fatal:
+                # The node closes the connection after a fatal error.
+                self._close_socket()
+                self._broken = f"fatal error {e.code}"
+            raise e
+        if "ok" not in reply:
+            raise ProtocolViolation(f"reply to {op} has neither ok nor error")
+        return reply["ok"]
+
+    def _one_way(self, op: str, args: dict[str, Any]) -> None:
+        self._send({"op": op, "args": args})
+
+    def call(self, op: str, args: dict[str, Any] | None = None) -> Any:
+        """Any op by name (for ops this client has no method for)."""
+        return self._call(op, args)
+
+    # -- ops for any side --
+
+    def ping(self) -> dict[str, Any]:
+        return self._call("ping")
+
+    # -- scheduler ops --
+
+    def get_num_new_matched_tokens(
+        self,
+        request_id: str,
+        num_prompt_tokens: int,
+        kv_transfer_params: dict[str, Any] | None,
+        num_computed_tokens: int,
+    ) -> tuple[int, bool]:
+        ok = self._call(
+            "get_num_new_matched_tokens",
+            {
+                "request_id": request_id,
+                "num_prompt_tokens": num_prompt_tokens,
+                "kv_transfer_params": kv_transfer_params,
+                "num_computed_tokens": num_computed_tokens,
+            },
+        )
+        return int(ok["count"]), bool(ok["async"])
+
+    def update_state_after_alloc(self, request_id: str, block_ids: list[int], num_external_tokens: int) -> None:
+        self._call(
+            "update_state_after_alloc",
+            {"request_id": request_id, "block_ids": list(block_ids), "num_external_tokens": num_external_tokens},
+        )
+
+    def build_connector_meta(
+        self, scheduled_new_reqs: list[dict[str, Any]], scheduled_cached_reqs: list[dict[str, Any]]
+    ) -> bytes:
+        ok = self._call(
+            "build_connector_meta",
+            {"scheduled_new_reqs": scheduled_new_reqs, "scheduled_cached_reqs": scheduled_cached_reqs},
+        )
+        return bytes(ok["metadata"])
+
+    def request_finished(self, request_id: str, block_ids: list[int], status: str) -> tuple[bool, dict[str, Any] | None]:
+        if status not in ("length_capped", "stopped", "aborted"):
+            raise ValueError(f"status must be length_capped, stopped or aborted, not {status!r}")
+        ok = self._call("request_finished", {"request_id": request_id, "block_ids": list(block_ids), "status": status})
+        return bool(ok["delay_free"]), ok.get("kv_transfer_params")
+
+    # -- worker ops --
+
+    def bind_connector_metadata(self, metadata: bytes) -> None:
+        """One-way: its error, if any, comes back in the next ``get_finished``."""
+        self._one_way("bind_connector_metadata", {"metadata": bytes(metadata)})
+
+    def start_load_kv(self) -> int:
+        return int(self._call("start_load_kv")["loads"])
+
+    def wait_for_layer_load(self, layer: int) -> bool:
+        return bool(self._call("wait_for_layer_load", {"layer": layer})["ok"])
+
+    def save_kv_layer(self, layer: int) -> None:
+        """One-way: send it after the layer's KV is in memory."""
+        self._one_way("save_kv_layer", {"layer": layer})
+
+    def wait_for_save(self) -> None:
+        self._call("wait_for_save")
+
+    def get_finished(self, finished_req_ids: list[str] | None = None, raise_op_errors: bool = True) -> dict[str, Any]:
+        """The node's finished sets. One-way ops' errors come back here; they are raised (the
+        first one, the rest attached as ``others``) unless ``raise_op_errors`` is false."""
+        args = {"finished_req_ids": list(finished_req_ids)} if finished_req_ids else None
+        ok = self._call("get_finished", args)
+        result = {
+            "done_sending": list(ok.get("done_sending") or []),
+            "done_receiving": list(ok.get("done_receiving") or []),
+            "failed": dict(ok.get("failed") or {}),
+            "block_ids_with_load_errors": list(ok.get("block_ids_with_load_errors") or []),
+            "op_errors": list(ok.get("op_errors") or []),
+        }
+        if raise_op_errors and result["op_errors"]:
+            first = result["op_errors"][0]
+            e = error_for(str(first.get("code")), str(first.get("message")), str(first.get("op")))
+            e.finished = result  # type: ignore[attr-defined]
+            e.others = result["op_errors"][1:]  # type: ignore[attr-defined]
+            raise e
+        return result
+
+    def get_block_ids_with_load_errors(self) -> list[int]:
+        return list(self._call("get_block_ids_with_load_errors")["block_ids"])
+
+    def shutdown(self) -> None:
+        try:
+            self._call("shutdown")
+        finally:
+            self.close()

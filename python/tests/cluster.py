@@ -1,0 +1,192 @@
+"""Real kvferry nodes (JVMs from the jar) and reference engines (Python processes) for the
+end-to-end tests. The jar comes from env KVFERRY_JAR, default ../cli/target/kvferry.jar."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JAR = os.environ.get("KVFERRY_JAR") or os.path.join(PYTHON_DIR, "..", "cli", "target", "kvferry.jar")
+JAVA = shutil.which("java")
+
+
+def skip_reason() -> str | None:
+    if not os.path.exists(JAR):
+        return (f"kvferry jar not found at {os.path.abspath(JAR)}: build it (./mvnw -B -q package -pl cli -am "
+                "-DskipTests) or set KVFERRY_JAR")
+    if JAVA is None:
+        return "java is not on PATH"
+    return None
+
+
+needs_node = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Node:
+    """One `kvferry node --engine port` JVM."""
+
+    def __init__(self, workdir: str, role: str, *, engine_id: str, modes: str = "write,read", tp: int = 1,
+                 seed_port: int | None = None, port: int | None = None, socket_path: str | None = None):
+        self.role = role
+        self.port = port or free_port()
+        self.socket = socket_path or os.path.join(workdir, f"{role}-{engine_id}.sock")
+        self.log = os.path.join(workdir, f"node-{role}-{engine_id}-{time.monotonic_ns()}.log")
+        seeds = f"127.0.0.1:{seed_port or self.port}"
+        self.cmd = [JAVA or "java", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-jar", JAR, "node",
+                    "--role", role, "--engine-id", engine_id, "--mode", modes, "--engine", "port",
+                    "--engine-socket", self.socket, "--tp-size", str(tp), "--port", str(self.port),
+                    "--management-port", str(free_port()), "--seed-nodes", seeds]
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def wait_ready(self, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"node {self.role} exited with {self.proc.returncode}:\n{self.tail()}")
+            if os.path.exists(self.socket):
+                s = socket.socket(socket.AF_UNIX)
+                try:
+                    s.connect(self.socket)
+                    return
+                except OSError:
+                    pass
+                finally:
+                    s.close()
+            time.sleep(0.2)
+        raise RuntimeError(f"node {self.role} did not open {self.socket} in {timeout_s} s:\n{self.tail()}")
+
+    def kill9(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            with open(self.log, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except FileNotFoundError:
+            return ""
+
+
+class Engine:
+    """One reference engine process; ``url`` once it printed its ready line."""
+
+    def __init__(self, workdir: str, name: str, *args: str, ready_timeout_s: float = 120):
+        self.name = name
+        self.log = os.path.join(workdir, f"engine-{name}-{time.monotonic_ns()}.log")
+        env = dict(os.environ, PYTHONPATH=PYTHON_DIR, PYTHONDONTWRITEBYTECODE="1")
+        self.cmd = [sys.executable, "-m", "kvferry.reference", "--http-port", "0", *args]
+        self._out = open(self.log, "w")
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=self._out, text=True, env=env)
+        self.url: str | None = None
+        ready = threading.Event()
+
+        def read() -> None:
+            for line in self.proc.stdout:  # type: ignore[union-attr]
+                self._out.write(line)
+                self._out.flush()
+                if line.startswith("kvferry-reference ready "):
+                    self.url = line.split()[-1]
+                    ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        deadline = time.monotonic() + ready_timeout_s
+        while not ready.wait(0.2):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"engine {name} not ready (exit {self.proc.returncode}):\n{self.tail()}")
+
+    def stats(self) -> dict[str, Any]:
+        return get(self.url, "/kvferry/stats")
+
+    def kill9(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+        self._out.close()
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            with open(self.log, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except (FileNotFoundError, ValueError):
+            return ""
+
+
+def get(url: str, path: str) -> dict:
+    with urllib.request.urlopen(url + path, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def complete(url: str, prompt: list[int], max_tokens: int, params: dict | None = None,
+             request_id: str | None = None, timeout: float = 120) -> dict:
+    body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens}
+    if params is not None:
+        body["kv_transfer_params"] = params
+    headers = {"Content-Type": "application/json"}
+    if request_id:
+        headers["X-Request-Id"] = request_id
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"HTTP {e.code} from {url}: {e.read().decode()[:500]}") from None
+
+
+def settle(engine: Engine, timeout_s: float = 60) -> dict:
+    """Waits until the engine has nothing in flight and every block free; returns its stats."""
+    deadline = time.monotonic() + timeout_s
+    s = engine.stats()
+    while time.monotonic() < deadline:
+        s = engine.stats()
+        if (s["free_blocks"] == s["num_blocks"] and not s["running"] and not s["waiting"]
+                and not s["delayed_free"]):
+            return s
+        time.sleep(0.1)
+    return s
+
+
+def workdir() -> str:
+    return tempfile.mkdtemp(prefix="kvferry-pytest-")

@@ -1,0 +1,339 @@
+"""End to end: real kvferry nodes (P with TP 2, D with TP 1, separate JVMs from the jar) with
+reference engines beside them as separate processes, driven as a disaggregation proxy would.
+D checks every byte it receives; its tokens must equal an undisaggregated engine's; both sides
+must end with every block free. Skipped, with the reason, when the jar is absent."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+from kvferry.port import EngineBusy, NodeUnavailable, PortClient
+
+from .cluster import Engine, Node, complete, needs_node, settle, workdir
+
+pytestmark = needs_node
+
+GEOMETRY = ["--layers", "2", "--kv-heads", "4", "--head-dim", "16", "--block-size", "16",
+            "--num-blocks", "160", "--max-num-batched-tokens", "64"]
+P_TP, D_TP = 2, 1
+
+
+class Pair:
+    def __init__(self, p: Engine, d: Engine, mode: str):
+        self.p, self.d, self.mode = p, d, mode
+        self.p_id = p.stats()["engine_id"]
+        self.d_id = d.stats()["engine_id"]
+
+    def run(self, prompt: list[int], max_tokens: int = 6) -> tuple[dict, dict]:
+        """One request through P and D as vLLM's toy proxy sends it; returns (P's, D's) answers."""
+        rid = uuid.uuid4().hex[:10]
+        tid = f"xfer-{rid}"
+        p_params = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": tid,
+                    "remote_engine_id": self.d_id}
+        if self.mode == "read":
+            p_out = complete(self.p.url, prompt, 1, p_params, rid)
+            d_params = dict(p_out["kv_transfer_params"])
+            d_params.setdefault("transfer_id", tid)
+            return p_out, complete(self.d.url, prompt, max_tokens, d_params, rid)
+        d_params = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": tid,
+                    "remote_engine_id": self.p_id}
+        box: dict = {}
+        t = threading.Thread(target=lambda: box.setdefault("p", complete(self.p.url, prompt, 1, p_params, rid)))
+        t.start()
+        d_out = complete(self.d.url, prompt, max_tokens, d_params, rid)
+        t.join(120)
+        return box.get("p", {}), d_out
+
+
+class Cluster:
+    """A P node (TP 2) and a D node (TP 1), a baseline engine, and the current mode's P and D
+    engines: a node serves one engine at a time, so switching modes replaces both engines."""
+
+    def __init__(self) -> None:
+        self.wd = workdir()
+        self.p_node = Node(self.wd, "prefill", engine_id="p0", tp=P_TP)
+        self.d_node = Node(self.wd, "decode", engine_id="d0", tp=D_TP, seed_port=self.p_node.port)
+        self.engines: list[Engine] = []
+        self.current: Pair | None = None
+        self.p_node.wait_ready()
+        self.d_node.wait_ready()
+        self.baseline = self.engine("baseline", "--no-connector")
+
+    def engine(self, name: str, *args: str) -> Engine:
+        e = Engine(self.wd, name, *GEOMETRY, *args)
+        self.engines.append(e)
+        return e
+
+    def p_engine(self, mode: str) -> Engine:
+        return self.engine(f"p-{mode}", "--socket", self.p_node.socket, "--role", "prefill", "--mode", mode,
+                           "--tp-size", str(P_TP))
+
+    def d_engine(self, mode: str) -> Engine:
+        return self.engine(f"d-{mode}", "--socket", self.d_node.socket, "--role", "decode", "--mode", mode,
+                           "--tp-size", str(D_TP))
+
+    def use(self, mode: str) -> Pair:
+        if self.current is not None and self.current.mode == mode:
+            return self.current
+        if self.current is not None:
+            self.current.p.stop()
+            self.current.d.stop()
+        self.current = Pair(self.p_engine(mode), self.d_engine(mode), mode)
+        return self.current
+
+    def close(self) -> None:
+        for e in self.engines:
+            e.stop()
+        self.p_node.stop()
+        self.d_node.stop()
+
+    def logs(self) -> str:
+        return "\n----\n".join([self.p_node.tail(), self.d_node.tail(), *[e.tail() for e in self.engines]])
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster()
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module", params=["write", "read"])
+def mode(request):
+    return request.param
+
+
+@pytest.fixture
+def pair(cluster, mode) -> Pair:
+    return cluster.use(mode)
+
+
+def prompt(n: int, salt: int = 0) -> list[int]:
+    rnd = uuid.uuid5(uuid.NAMESPACE_OID, f"{n}-{salt}-{time.monotonic_ns()}").int
+    return [(rnd >> (i % 100)) % 31000 + 1 + i % 7 for i in range(n)]
+
+
+def baseline_tokens(cluster: Cluster, p: list[int], max_tokens: int = 6) -> list[int]:
+    return complete(cluster.baseline.url, p, max_tokens)["choices"][0]["token_ids"]
+
+
+def assert_no_leak(*engines: Engine) -> None:
+    for e in engines:
+        s = settle(e)
+        assert s["free_blocks"] == s["num_blocks"], (e.name, s)
+        assert (s["running"], s["waiting"], s["delayed_free"]) == (0, 0, 0), (e.name, s)
+
+
+def test_kv_moves_tp2_to_tp1_every_byte_verified_and_tokens_match_the_baseline(cluster, pair, mode):
+    for n in (5, 16, 17, 64, 130, 300):  # shorter than a block, exact blocks, chunked prefill
+        p = prompt(n)
+        p_out, d_out = pair.run(p)
+        info = d_out["kvferry"]
+        assert info["kv_verified"] is True, (mode, n, info)
+        want_received = n if mode == "write" else n - 1
+        assert info["received_tokens"] == want_received, (mode, n, info)
+        assert info["checked_bytes"] > 0 or want_received == 0
+        assert d_out["choices"][0]["token_ids"] == baseline_tokens(cluster, p), (mode, n)
+        if mode == "read":
+            assert p_out["kv_transfer_params"]["do_remote_prefill"] is True
+    assert_no_leak(pair.p, pair.d)
+
+
+def test_a_prefix_d_already_holds_is_not_transferred_again(cluster, pair, mode):
+    first = prompt(200, 1)
+    pair.run(first)
+    second = first[:150] + prompt(40, 2)
+    _, d_out = pair.run(second)
+    info = d_out["kvferry"]
+    assert info["prefix_hit_tokens"] == 144  # 9 full blocks of 16
+    assert info["kv_verified"] is True
+    assert info["received_tokens"] == (190 - 144 if mode == "write" else 190 - 1 - 144)
+    assert d_out["choices"][0]["token_ids"] == baseline_tokens(cluster, second)
+    assert_no_leak(pair.p, pair.d)
+
+
+def _abandon(url: str, body: dict, rid: str, after_first_chunk: bool, delay_s: float) -> None:
+    data = json.dumps(body).encode()
+    host, port = url[len("http://"):].split(":")
+    s = socket.create_connection((host, int(port)), timeout=60)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"X-Request-Id: {rid}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    if after_first_chunk:
+        got = b""
+        while b"data: " not in got:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+    else:
+        time.sleep(delay_s)
+    s.shutdown(socket.SHUT_RDWR)
+    s.close()
+
+
+def test_write_abort_on_d_while_the_kv_is_on_its_way_frees_both_sides(cluster):
+    pair = cluster.use("write")
+    before = pair.d.stats()["aborted"]
+    for i in range(3):
+        p = prompt(600, 10 + i)
+        rid = uuid.uuid4().hex[:8]
+        tid = f"xfer-{rid}"
+        d_body = {"prompt": p, "max_tokens": 50, "stream": True,
+                  "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": tid, "remote_engine_id": pair.p_id}}
+        p_body = {"prompt": p, "max_tokens": 1,
+                  "kv_transfer_params": {"do_remote_decode": True, "transfer_id": tid, "remote_engine_id": pair.d_id}}
+        t = threading.Thread(target=complete_quietly, args=(pair.p.url, p_body, rid))
+        t.start()
+        _abandon(pair.d.url, d_body, rid, after_first_chunk=False, delay_s=0.02 * i)
+        t.join(60)
+    assert_no_leak(pair.p, pair.d)
+    assert pair.d.stats()["aborted"] >= before + 1
+    # and the pair still works
+    p = prompt(70, 99)
+    _, d_out = pair.run(p)
+    assert d_out["kvferry"]["kv_verified"] is True
+
+
+def complete_quietly(url: str, body: dict, rid: str) -> None:
+    try:
+        complete(url, body["prompt"], body["max_tokens"], body.get("kv_transfer_params"), rid)
+    except AssertionError:
+        pass  # P's leg of an aborted request may be refused; what counts is that nothing leaks
+
+
+def test_read_abort_on_d_before_it_is_scheduled_tells_p_to_free(cluster):
+    pair = cluster.use("read")
+    p = prompt(300, 20)
+    rid = uuid.uuid4().hex[:8]
+    p_out = complete(pair.p.url, p, 1, {"do_remote_decode": True, "transfer_id": f"x-{rid}",
+                                        "remote_engine_id": pair.d_id}, rid)
+    assert pair.p.stats()["delayed_free"] == 1  # P keeps its blocks for D
+    params = p_out["kv_transfer_params"]
+    _abandon(pair.d.url, {"prompt": p, "max_tokens": 5, "stream": True, "kv_transfer_params": params}, rid,
+             after_first_chunk=False, delay_s=0.0)
+    assert_no_leak(pair.p, pair.d)
+
+
+def test_read_abort_on_p_mid_prefill_frees_p(cluster):
+    pair = cluster.use("read")
+    p = prompt(900, 21)
+    _abandon(pair.p.url, {"prompt": p, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}},
+             uuid.uuid4().hex[:8], after_first_chunk=False, delay_s=0.01)
+    assert_no_leak(pair.p)
+
+
+def test_demo_driver_reports_matching_tokens_verified_kv_and_no_leaks(cluster, pair, mode):
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-m", "kvferry.demo", "--prefill", pair.p.url, "--decode", pair.d.url,
+                          "--baseline", cluster.baseline.url, "--mode", mode, "--json", "--requests", "14",
+                          "--max-prompt", "500", "--seed", "7", "--abort-rate", "0.2"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    assert lines, out.stdout + out.stderr
+    r = json.loads(lines[-1])
+    assert r["mode"] == mode and r["requests"] == 14
+    assert r["tokens_match"] and r["kv_verified"], r
+    assert r["leaked_blocks"] == {"decode": 0, "prefill": 0}, r
+    assert r["completed"] + r["aborted"] == 14 and r["aborted"] >= 1, r
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_kill9_of_p_engine_mid_transfer_fails_ds_request_and_d_frees_everything(cluster):
+    c = cluster
+    pair = c.use("write")
+    big = prompt(2400, 30)  # many chunked steps on P
+    rid = uuid.uuid4().hex[:8]
+    tid = f"xfer-{rid}"
+    result: dict = {}
+
+    def d_leg() -> None:
+        try:
+            result["d"] = complete(pair.d.url, big, 5, {"do_remote_prefill": True, "transfer_id": tid,
+                                                        "remote_engine_id": pair.p_id}, rid)
+        except AssertionError as e:
+            result["error"] = str(e)
+
+    t = threading.Thread(target=d_leg)
+    t.start()
+    threading.Thread(target=complete_quietly, args=(pair.p.url, {
+        "prompt": big, "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True, "transfer_id": tid, "remote_engine_id": pair.d_id}}, rid),
+        daemon=True).start()
+    deadline = time.monotonic() + 30
+    while pair.p.stats()["running"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pair.p.kill9()
+    t.join(120)
+    assert "error" in result, result  # D's request failed rather than decoding from missing KV
+    assert_no_leak(pair.d)
+    # The P node accepts a new P engine, and the pair works again.
+    c.current = pair = Pair(c.p_engine("write"), pair.d, "write")
+    q = prompt(100, 31)
+    _, d_out = pair.run(q)
+    assert d_out["kvferry"]["kv_verified"] is True
+    assert d_out["choices"][0]["token_ids"] == baseline_tokens(c, q)
+
+
+def test_kill9_of_d_engine_makes_p_free_what_it_kept_for_d(cluster):
+    c = cluster
+    pair = c.use("read")
+    p = prompt(250, 40)
+    rid = uuid.uuid4().hex[:8]
+    complete(pair.p.url, p, 1, {"do_remote_decode": True, "transfer_id": f"x-{rid}", "remote_engine_id": pair.d_id}, rid)
+    assert pair.p.stats()["delayed_free"] == 1
+    pair.d.kill9()
+    # D never comes: P frees when the node learns D is gone (or at the abort timeout).
+    s = settle(pair.p, timeout_s=180)
+    assert s["free_blocks"] == s["num_blocks"] and s["delayed_free"] == 0, s
+    c.current = pair = Pair(pair.p, c.d_engine("read"), "read")
+    q = prompt(90, 41)
+    _, d_out = pair.run(q)
+    assert d_out["kvferry"]["kv_verified"] is True
+
+
+def test_kill9_of_a_node_raises_node_unavailable_and_clients_reconnect_when_it_is_back(tmp_path):
+    wd = workdir()
+    node = Node(wd, "prefill", engine_id="solo", modes="write", tp=1)
+    engine = None
+    try:
+        node.wait_ready()
+        engine = Engine(wd, "solo", *GEOMETRY, "--socket", node.socket, "--role", "prefill", "--mode", "write")
+        out = complete(engine.url, prompt(40, 50), 3)
+        assert len(out["choices"][0]["token_ids"]) == 3
+        client = PortClient(node.socket, "scheduler", engine={"mode": "write"})
+        with pytest.raises(EngineBusy):
+            client.hello()  # the engine's own scheduler holds the slot
+        node.kill9()
+        with pytest.raises(NodeUnavailable):
+            PortClient(node.socket, "scheduler").hello()
+        # The engine notices at its next request: it answers an error, and /health says why.
+        with pytest.raises(AssertionError, match="unavailable"):
+            complete(engine.url, prompt(40, 51), 3)
+        node.start()
+        node.wait_ready()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                out = complete(engine.url, prompt(40, 52), 3)
+                break
+            except AssertionError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError("the engine did not reconnect to the restarted node:\n" + engine.tail())
+        assert len(out["choices"][0]["token_ids"]) == 3
+        assert engine.stats()["node_down"] is None
+    finally:
+        if engine is not None:
+            engine.stop()
+        node.stop()

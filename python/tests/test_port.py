@@ -1,0 +1,211 @@
+"""The port client: frames, hello, typed errors, one-way ops, a node that goes away."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+import msgpack
+import pytest
+
+from kvferry import port
+from kvferry.port import (BadVersion, FrameReader, NodeUnavailable, PortClient, PortError,
+                          ProtocolViolation, UnknownMetadata, UnknownOp, WrongSide, encode_frame)
+
+from .fakenode import FakeNode
+
+
+def worker_client(path: str, **kw) -> PortClient:
+    return PortClient(path, "worker", tp_rank=0,
+                      geometry={"layout": "standard", "num_blocks": 4, "block_size": 16, "kv_heads": 2,
+                                "head_dim": 8, "dtype_bytes": 2},
+                      memory={"kind": "host", "layers": []}, **kw)
+
+
+def test_frame_is_big_endian_length_then_one_msgpack_map():
+    frame = encode_frame({"id": 7, "op": "ping", "args": {"b": b"\x00\x01"}})
+    (n,) = struct.unpack(">I", frame[:4])
+    assert n == len(frame) - 4
+    assert msgpack.unpackb(frame[4:], raw=False) == {"id": 7, "op": "ping", "args": {"b": b"\x00\x01"}}
+
+
+def test_binary_and_text_stay_distinct_through_a_frame():
+    a, b = socket.socketpair()
+    a.sendall(encode_frame({"s": "text", "b": b"bytes"}))
+    got = FrameReader(b).read()
+    assert got == {"s": "text", "b": b"bytes"}
+    assert isinstance(got["s"], str) and isinstance(got["b"], bytes)
+
+
+def test_reader_refuses_a_zero_length_frame_and_a_non_map():
+    a, b = socket.socketpair()
+    a.sendall(struct.pack(">I", 0))
+    with pytest.raises(ProtocolViolation, match="length 0"):
+        FrameReader(b).read()
+    a.sendall(struct.pack(">I", 1) + msgpack.packb(5))
+    with pytest.raises(ProtocolViolation, match="not a map"):
+        FrameReader(b).read()
+
+
+def test_reader_refuses_a_frame_over_64_mib():
+    a, b = socket.socketpair()
+    a.sendall(struct.pack(">I", port.MAX_FRAME_BYTES + 1))
+    with pytest.raises(ProtocolViolation, match="outside"):
+        FrameReader(b).read()
+
+
+def test_every_spec_error_code_has_its_own_class():
+    codes = ["bad_frame", "unauthorized", "bad_version", "hello_required", "already_hello", "unknown_op",
+             "wrong_side", "bad_args", "identity_mismatch", "engine_busy", "bad_memory", "unknown_request",
+             "unknown_metadata", "workers_missing", "node_stopping", "internal"]
+    classes = {type(port.error_for(c, "m")) for c in codes}
+    assert len(classes) == len(codes) and PortError not in classes
+    assert {c for c in codes if port.error_for(c, "m").fatal} == {"bad_frame", "unauthorized", "bad_version"}
+    unknown = port.error_for("from_the_future", "m")
+    assert type(unknown) is PortError and unknown.code == "from_the_future"
+
+
+def test_hello_sends_version_side_and_identity(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = PortClient(node.path, "scheduler", engine={"role": "prefill", "mode": "read"}, http_url="http://x:1")
+    info = c.hello()
+    assert info["version"] == 1
+    assert node.hellos == [{"version": 1, "side": "scheduler", "engine": {"role": "prefill", "mode": "read"},
+                            "http_url": "http://x:1"}]
+    assert c.ping() == {"node": "fake"}
+    node.close()
+
+
+def test_worker_hello_carries_rank_geometry_and_memory(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    worker_client(node.path).hello()
+    h = node.hellos[0]
+    assert h["side"] == "worker" and h["tp_rank"] == 0 and h["geometry"]["kv_heads"] == 2
+    assert h["memory"] == {"kind": "host", "layers": []}
+    node.close()
+
+
+def test_error_reply_raises_its_typed_error_and_the_connection_stays_usable(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = worker_client(node.path)
+    c.hello()
+    with pytest.raises(WrongSide) as e:
+        c.get_num_new_matched_tokens("r", 10, None, 0)
+    assert e.value.code == "wrong_side" and e.value.op == "get_num_new_matched_tokens"
+    with pytest.raises(UnknownOp):
+        c.call("no_such_op")
+    assert c.start_load_kv() == 0  # still connected
+    node.close()
+
+
+def test_a_fatal_error_closes_the_client(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = PortClient(node.path, "scheduler")
+    c._hello_args = lambda: {"version": 99, "side": "scheduler"}  # type: ignore[method-assign]
+    with pytest.raises(BadVersion, match=r"\[1\]"):
+        c.hello()
+    assert not c.connected
+    with pytest.raises(NodeUnavailable):
+        c.ping()
+    node.close()
+
+
+def test_one_way_ops_get_no_reply_and_their_errors_come_back_in_get_finished(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = worker_client(node.path)
+    c.hello()
+    c.bind_connector_metadata(b"never built")
+    c.save_kv_layer(0)
+    with pytest.raises(UnknownMetadata) as e:
+        c.get_finished(["r1"])
+    assert e.value.finished["done_sending"] == []  # the sets are not lost
+    assert node.calls("get_finished")[0] == {"finished_req_ids": ["r1"]}
+    assert node.ops() == ["hello", "bind_connector_metadata", "save_kv_layer", "get_finished"]
+    node.close()
+
+
+def test_get_finished_can_return_op_errors_instead_of_raising(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = worker_client(node.path)
+    c.hello()
+    c.bind_connector_metadata(b"bogus")
+    f = c.get_finished(raise_op_errors=False)
+    assert [e["code"] for e in f["op_errors"]] == ["unknown_metadata"]
+    node.close()
+
+
+def test_missing_socket_raises_node_unavailable_naming_the_path(tmp_path):
+    path = str(tmp_path / "absent.sock")
+    with pytest.raises(NodeUnavailable, match="absent.sock"):
+        PortClient(path, "scheduler").hello()
+
+
+def test_node_closing_mid_call_raises_node_unavailable_then_every_call_until_reconnect(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = PortClient(node.path, "scheduler")
+    c.hello()
+    node.reply_before_close = b"request_finished"
+    with pytest.raises(NodeUnavailable, match="closed the connection during request_finished"):
+        c.request_finished("r", [], "aborted")
+    with pytest.raises(NodeUnavailable):
+        c.ping()
+    node.reply_before_close = None
+    c.reconnect()
+    assert c.ping() == {"node": "fake"}
+    assert len(node.hellos) == 2  # said hello again
+    node.close()
+
+
+def test_reconnect_waits_for_a_node_that_comes_back(tmp_path):
+    path = str(tmp_path / "n.sock")
+    node = FakeNode(path)
+    c = PortClient(path, "scheduler")
+    c.hello()
+    node.close()
+    with pytest.raises(NodeUnavailable):
+        c.ping()
+    holder = {}
+    t = threading.Timer(0.3, lambda: holder.setdefault("node", FakeNode(path)))
+    t.start()
+    with pytest.raises(NodeUnavailable):
+        c.reconnect(wait_s=0)
+    c.reconnect(wait_s=10)
+    assert c.ping() == {"node": "fake"}
+    holder["node"].close()
+
+
+def test_scheduler_ops_send_the_spec_args(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.matched = lambda a: {"count": a["num_prompt_tokens"] - 1, "async": True}
+    node.finish = lambda a: {"delay_free": True, "kv_transfer_params": {"do_remote_prefill": True}}
+    c = PortClient(node.path, "scheduler")
+    c.hello()
+    assert c.get_num_new_matched_tokens("r", 33, {"do_remote_decode": True}, 0) == (32, True)
+    c.update_state_after_alloc("r", [3, 4], 0)
+    meta = c.build_connector_meta([{"request_id": "r", "block_ids": [3, 4], "num_computed_tokens": 33}], [])
+    assert meta == b"step-1"
+    assert c.request_finished("r", [3, 4], "length_capped") == (True, {"do_remote_prefill": True})
+    assert node.calls("get_num_new_matched_tokens") == [
+        {"request_id": "r", "num_prompt_tokens": 33, "kv_transfer_params": {"do_remote_decode": True},
+         "num_computed_tokens": 0}]
+    assert node.calls("request_finished") == [{"request_id": "r", "block_ids": [3, 4], "status": "length_capped"}]
+    with pytest.raises(ValueError):
+        c.request_finished("r", [], "finished")
+    node.close()
+
+
+def test_a_worker_hello_without_memory_is_refused_before_sending():
+    with pytest.raises(ValueError, match="tp_rank, geometry and memory"):
+        PortClient("/nonexistent", "worker", tp_rank=0)
+
+
+def test_an_error_reply_without_id_raises_its_typed_error_and_closes(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = PortClient(node.path, "scheduler")
+    c.hello()
+    c._sock.sendall(struct.pack(">I", 0))  # a frame the node cannot read: it answers id nil
+    with pytest.raises(port.BadFrame):
+        c.ping()
+    assert not c.connected
+    node.close()

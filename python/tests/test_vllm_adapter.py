@@ -1,0 +1,315 @@
+"""KvferryConnector driven the way vLLM's scheduler and model runner drive a KV connector, with
+small stand-ins for vLLM's Request, KVCacheBlocks, SchedulerOutput and config objects."""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+np = pytest.importorskip("numpy")
+
+from kvferry import vllm as kv  # noqa: E402
+from kvferry.port import NodeUnavailable  # noqa: E402
+
+from .fakenode import FakeNode  # noqa: E402
+
+
+# ---- stand-ins for vLLM's objects (only the fields the connector reads) ----
+
+
+class RequestStatus(enum.Enum):
+    WAITING = 0
+    WAITING_FOR_REMOTE_KVS = 1
+    RUNNING = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    kv_transfer_params: dict | None = None
+    status: RequestStatus = RequestStatus.WAITING
+
+
+@dataclass
+class KVCacheBlocks:
+    ids: list[int]
+    hashed: int = 0
+
+    def get_block_ids(self):
+        return (list(self.ids),)
+
+    def get_unhashed_block_ids(self):
+        return list(self.ids[self.hashed:])
+
+
+@dataclass
+class NewRequestData:
+    req_id: str
+    block_ids: tuple
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
+    scheduled_cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    finished_req_ids: set[str] = field(default_factory=set)
+
+
+@dataclass
+class KVConnectorOutput:
+    finished_sending: set[str] | None = None
+    finished_recving: set[str] | None = None
+
+
+@dataclass
+class KVTransferConfig:
+    kv_connector: str
+    kv_role: str
+    kv_connector_extra_config: dict
+    kv_connector_module_path: str = "kvferry.vllm"
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    data_parallel_rank: int = 0
+    data_parallel_size: int = 1
+
+
+@dataclass
+class VllmConfig:
+    kv_transfer_config: KVTransferConfig
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+
+
+def config(socket: str, kv_role: str = "kv_producer", **extra) -> VllmConfig:
+    return VllmConfig(KVTransferConfig("KvferryConnector", kv_role, {"socket": socket, **extra}))
+
+
+@pytest.fixture
+def node(tmp_path):
+    n = FakeNode(str(tmp_path / "node.sock"))
+    yield n
+    n.close()
+
+
+@pytest.fixture
+def shm(tmp_path):
+    made = []
+
+    def make(shape, dtype=np.float16):
+        path = f"/dev/shm/kvferry-test-{os.getpid()}-{len(made)}-{tmp_path.name}"
+        made.append(path)
+        return kv.shm_tensor(shape, dtype, path), path
+
+    yield make
+    for p in made:
+        os.unlink(p)
+
+
+def kv_caches(shm, layers=3, shape=(2, 8, 16, 2, 4)):
+    out, paths = {}, []
+    for i in range(layers):
+        t, p = shm(shape)
+        out[f"model.layers.{i}.self_attn.attn"] = t
+        paths.append(p)
+    return out, paths
+
+
+# ---- tests ----
+
+
+def test_imports_without_vllm_and_has_vllms_method_names():
+    assert not kv.HAVE_VLLM
+    for name in ["register_kv_caches", "start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
+                 "get_finished", "get_block_ids_with_load_errors", "get_handshake_metadata", "shutdown",
+                 "bind_connector_metadata", "clear_connector_metadata", "get_num_new_matched_tokens",
+                 "update_state_after_alloc", "build_connector_meta", "request_finished",
+                 "update_connector_output", "has_pending_push_work", "get_finished_count"]:
+        assert callable(getattr(kv.KvferryConnector, name)), name
+    assert issubclass(kv.KvferryConnector, kv.KVConnectorBase_V1)
+
+
+def test_scheduler_side_on_prefill_follows_a_chunked_prefill_and_finish(node):
+    node.finish = lambda a: {"delay_free": True, "kv_transfer_params": {"do_remote_prefill": True,
+                                                                        "remote_block_ids": a["block_ids"]}}
+    c = kv.KvferryConnector(config(node.path, mode="write", engine_id="p0"), kv.KVConnectorRole.SCHEDULER)
+    assert node.hellos[0]["engine"] == {"role": "prefill", "mode": "write", "engine_id": "p0", "tp_size": 1,
+                                        "dp_rank": 0, "dp_size": 1}
+    req = Request("r1", list(range(40)), {"do_remote_decode": True, "transfer_id": "t1", "remote_engine_id": "d0"})
+    # schedule(): a waiting request
+    assert c.get_num_new_matched_tokens(req, 0) == (0, False)
+    c.update_state_after_alloc(req, KVCacheBlocks([5, 9]), 0)
+    meta1 = c.build_connector_meta(SchedulerOutput(
+        scheduled_new_reqs=[NewRequestData("r1", ([5, 9],), 0)], num_scheduled_tokens={"r1": 32}))
+    # next step: the last chunk, one more block
+    meta2 = c.build_connector_meta(SchedulerOutput(
+        scheduled_cached_reqs=CachedRequestData(["r1"], [([11],)], [32]), num_scheduled_tokens={"r1": 8}))
+    # next step: a decode step that added no block
+    c.build_connector_meta(SchedulerOutput(
+        scheduled_cached_reqs=CachedRequestData(["r1"], [None], [40]), num_scheduled_tokens={"r1": 1}))
+    assert isinstance(meta1, kv.KvferryConnectorMetadata) and meta1.data != meta2.data
+    req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+    delay, params = c.request_finished(req, [5, 9, 11])
+    assert delay and params["remote_block_ids"] == [5, 9, 11]
+    assert c.has_pending_push_work()
+    c.update_connector_output(KVConnectorOutput(finished_sending={"r1"}))
+    assert not c.has_pending_push_work()
+    assert c.get_finished_count() is None
+    metas = node.calls("build_connector_meta")
+    assert metas[0] == {"scheduled_new_reqs": [{"request_id": "r1", "block_ids": [5, 9], "num_computed_tokens": 32}],
+                        "scheduled_cached_reqs": []}
+    assert metas[1]["scheduled_cached_reqs"] == [{"request_id": "r1", "new_block_ids": [11], "num_computed_tokens": 40}]
+    assert metas[2]["scheduled_cached_reqs"] == [{"request_id": "r1", "new_block_ids": None, "num_computed_tokens": 41}]
+    assert node.calls("get_num_new_matched_tokens")[0]["kv_transfer_params"]["transfer_id"] == "t1"
+    assert node.calls("request_finished") == [{"request_id": "r1", "block_ids": [5, 9, 11], "status": "length_capped"}]
+    assert node.ops("scheduler") == ["hello", "get_num_new_matched_tokens", "update_state_after_alloc",
+                                     "build_connector_meta", "build_connector_meta", "build_connector_meta",
+                                     "request_finished"]
+
+
+def test_scheduler_side_on_decode_names_only_the_blocks_it_must_receive(node):
+    node.matched = lambda a: {"count": a["num_prompt_tokens"] - 1 - a["num_computed_tokens"], "async": True}
+    c = kv.KvferryConnector(config(node.path, "kv_consumer", mode="read"), kv.KVConnectorRole.SCHEDULER)
+    req = Request("r2", list(range(50)), {"do_remote_prefill": True, "remote_block_ids": [1, 2, 3, 4]})
+    count, is_async = c.get_num_new_matched_tokens(req, 16)  # one block from D's own prefix cache
+    assert (count, is_async) == (33, True)
+    c.update_state_after_alloc(req, KVCacheBlocks([7, 8, 9], hashed=1), count)
+    assert node.calls("update_state_after_alloc") == [{"request_id": "r2", "block_ids": [8, 9], "num_external_tokens": 33}]
+    for status, want in [(RequestStatus.FINISHED_ABORTED, "aborted"), (RequestStatus.FINISHED_STOPPED, "stopped")]:
+        req.status = status
+        c.request_finished(req, [])
+        assert node.calls("request_finished")[-1]["status"] == want
+    assert not c.has_pending_push_work()
+
+
+def test_zero_matched_tokens_is_never_async(node):
+    node.matched = lambda a: {"count": 0, "async": True}
+    c = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.SCHEDULER)
+    assert c.get_num_new_matched_tokens(Request("r", [1, 2]), 0) == (0, False)
+
+
+def test_worker_registers_shm_caches_and_runs_a_prefill_step_in_vllms_order(node, shm):
+    caches, paths = kv_caches(shm)
+    w = kv.KvferryConnector(config(node.path, tp_rank=0), kv.KVConnectorRole.WORKER)
+    w.register_kv_caches(caches)
+    hello = [h for h in node.hellos if h["side"] == "worker"][0]
+    assert hello["geometry"] == {"layout": "standard", "num_blocks": 8, "block_size": 16, "kv_heads": 2,
+                                 "head_dim": 4, "dtype_bytes": 2}
+    assert hello["memory"] == {"kind": "host", "layers": [
+        {"path": p, "offset": 0, "length": 2 * 8 * 16 * 2 * 4 * 2} for p in paths]}
+    assert hello["tp_rank"] == 0
+    s = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.SCHEDULER)
+    meta = s.build_connector_meta(SchedulerOutput())
+    # the model runner: bind, start_load_kv, per layer (attention) wait/save, wait_for_save, get_finished
+    w.bind_connector_metadata(meta)
+    assert w.has_connector_metadata()
+    w.start_load_kv(forward_context=None)
+    for name, t in caches.items():
+        w.wait_for_layer_load(name)
+        t[0, 1, 0] = 1.0  # the attention layer writes its KV
+        w.save_kv_layer(name, t, attn_metadata=None)
+    w.wait_for_save()
+    node.finished[0].append({"done_sending": ["r1"]})
+    assert w.get_finished({"r0"}) == ({"r1"}, None)
+    assert w.get_block_ids_with_load_errors() == set()
+    w.clear_connector_metadata()
+    assert not w.has_connector_metadata()
+    assert node.ops("worker", 0) == ["hello", "bind_connector_metadata", "start_load_kv", "save_kv_layer",
+                                     "save_kv_layer", "save_kv_layer", "wait_for_save", "get_finished",
+                                     "get_block_ids_with_load_errors"]
+    assert node.calls("bind_connector_metadata") == [{"metadata": meta.data}]
+    assert [a["layer"] for a in node.calls("save_kv_layer")] == [0, 1, 2]
+    assert node.calls("get_finished") == [{"finished_req_ids": ["r0"]}]
+
+
+def test_decode_worker_waits_per_layer_when_loading_and_reports_failures_for_recompute(node, shm):
+    caches, _ = kv_caches(shm, layers=2)
+    node.loads = 1
+    w = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.WORKER)
+    w.register_kv_caches(caches)
+    s = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.SCHEDULER)
+    w.bind_connector_metadata(s.build_connector_meta(SchedulerOutput()))
+    w.start_load_kv(None)
+    for name, t in caches.items():
+        w.wait_for_layer_load(name)
+        w.save_kv_layer(name, t, None)  # D saves nothing, as the seed's consumer
+    w.wait_for_save()
+    node.finished[0].append({"done_receiving": ["a"], "failed": {"b": "P went away"},
+                             "block_ids_with_load_errors": [3, 4]})
+    assert w.get_finished(set()) == (None, {"a", "b"})
+    assert w.get_block_ids_with_load_errors() == {3, 4}
+    assert [a["layer"] for a in node.calls("wait_for_layer_load")] == [0, 1]
+    assert node.calls("save_kv_layer") == []
+
+
+def test_mla_caches_register_with_the_mla_layout(node, shm):
+    caches, _ = kv_caches(shm, layers=2, shape=(8, 16, 12))
+    w = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.WORKER)
+    w.register_kv_caches(caches)
+    g = [h for h in node.hellos if h["side"] == "worker"][0]["geometry"]
+    assert g == {"layout": "mla", "num_blocks": 8, "block_size": 16, "latent": 12, "dtype_bytes": 2}
+
+
+def test_caches_outside_shared_memory_are_refused_with_the_fix(node):
+    w = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.WORKER)
+    with pytest.raises(ValueError, match="shm_tensor"):
+        w.register_kv_caches({"l0": np.zeros((2, 4, 16, 2, 4), dtype=np.float16)})
+
+
+def test_cuda_caches_raise_not_implemented_naming_cuda_ipc(node):
+    class FakeCudaTensor:
+        is_cuda = True
+        device = "cuda:0"
+
+        def data_ptr(self):
+            return 0
+
+        def element_size(self):
+            return 2
+
+    w = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.WORKER)
+    with pytest.raises(kv.CudaKvCacheNotSupported, match="CUDA IPC") as e:
+        w.register_kv_caches({"l0": FakeCudaTensor()})
+    assert isinstance(e.value, NotImplementedError)
+
+
+def test_worker_says_hello_again_at_the_next_step_after_the_node_restarts(tmp_path, shm):
+    path = str(tmp_path / "n.sock")
+    node = FakeNode(path)
+    caches, _ = kv_caches(shm, layers=1)
+    w = kv.KvferryConnector(config(path), kv.KVConnectorRole.WORKER)
+    w.register_kv_caches(caches)
+    node.close()
+    with pytest.raises(NodeUnavailable):
+        w.start_load_kv(None)
+    node = FakeNode(path)
+    s = kv.KvferryConnector(config(path), kv.KVConnectorRole.SCHEDULER)
+    w.bind_connector_metadata(s.build_connector_meta(SchedulerOutput()))
+    w.start_load_kv(None)
+    assert [h["side"] for h in node.hellos] == ["scheduler", "worker"]  # the worker came back at bind
+    node.close()
+
+
+def test_missing_socket_config_is_a_clear_error():
+    cfg = VllmConfig(KVTransferConfig("KvferryConnector", "kv_producer", {}))
+    os.environ.pop("KVFERRY_ENGINE_SOCKET", None)
+    with pytest.raises(ValueError, match="kv_connector_extra_config.socket"):
+        kv.KvferryConnector(cfg, kv.KVConnectorRole.SCHEDULER)
