@@ -29,10 +29,19 @@ public final class EnginePortSuite {
 
   private final Path python;
   private final PrintStream progress;
+  private final int steps;
+  private final int roundTrips;
 
+  /** The published sizes: 200 steps and 2,000 round trips per figure. */
   public EnginePortSuite(Path python, PrintStream progress) {
+    this(python, progress, 200, 2000);
+  }
+
+  public EnginePortSuite(Path python, PrintStream progress, int steps, int roundTrips) {
     this.python = python;
     this.progress = progress;
+    this.steps = steps;
+    this.roundTrips = roundTrips;
   }
 
   public List<BenchRow> run() {
@@ -93,7 +102,8 @@ public final class EnginePortSuite {
   private JsonNode measure(Path pkg, Path socket, int fresh) throws IOException,
       InterruptedException {
     ProcessBuilder b = new ProcessBuilder(python.toString(), "-m", "kvferry.bench_port",
-        "--socket", socket.toString(), "--requests", "256", "--new", Integer.toString(fresh));
+        "--socket", socket.toString(), "--requests", "256", "--new", Integer.toString(fresh),
+        "--steps", Integer.toString(steps), "--round-trips", Integer.toString(roundTrips));
     b.environment().put("PYTHONPATH", pkg.toString());
     b.environment().put("PYTHONDONTWRITEBYTECODE", "1");
     b.redirectErrorStream(true);
