@@ -1,12 +1,12 @@
 package dev.kvferry.actors;
 
+import dev.kvferry.actors.engine.BoundedMap;
 import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineDirectory;
 import dev.kvferry.actors.engine.TerminalIds;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
-import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
@@ -67,9 +67,18 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   /** P, READ: D read the blocks (or gave up) and lets them go. */
   public record Released(String transferId) implements Command {}
 
-  /** P, WRITE: the writer finished (all writes done and D told), or failed with a reason. */
-  public record SendFinished(String requestId, String transferId, String failureOrNull, long bytes)
+  /** P, WRITE: the writer finished (all writes done and D told), or failed. */
+  public record SendFinished(String requestId, String transferId, SendOutcome outcome)
       implements Command {}
+
+  /** How P's writes of one transfer ended. */
+  public sealed interface SendOutcome permits Sent, SendFailed {}
+
+  /** Every layer written to every D worker, and D told. */
+  public record Sent(long bytes) implements SendOutcome {}
+
+  /** The writes ended early; no copy of ours is in flight any more. */
+  public record SendFailed(String reason) implements SendOutcome {}
 
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
 
@@ -151,7 +160,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
    * D: failures that overtook their ExpectReceive (P aborted before D's scheduler announced its
    * blocks), by transfer id, with the reason; bounded like the terminal ids.
    */
-  private final Map<String, String> earlyFailures;
+  private final BoundedMap<String, String> earlyFailures;
   private EngineDirectory directory = EngineDirectory.EMPTY;
 
   /**
@@ -184,14 +193,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     this.sink = sink;
     this.terminal = new TerminalIds(settings.terminalIdCapacity());
     this.earlyReleases = new TerminalIds(settings.terminalIdCapacity());
-    int capacity = settings.terminalIdCapacity();
-    this.earlyFailures =
-        new LinkedHashMap<>(16, 0.75f, false) {
-          @Override
-          protected boolean removeEldestEntry(Map.Entry<String, String> eldest) {
-            return size() > capacity;
-          }
-        };
+    this.earlyFailures = new BoundedMap<>(settings.terminalIdCapacity());
   }
 
   @Override
@@ -320,12 +322,12 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
       return this;
     }
     terminal.add(m.transferId());
-    if (m.failureOrNull() == null) {
-      sink.addBytes(m.bytes());
+    if (m.outcome() instanceof Sent sent) {
+      sink.addBytes(sent.bytes());
       sink.doneSending(m.requestId());
-      sink.observer().transferEnded(TransferObserver.Outcome.SENT, m.bytes(), -1);
-    } else {
-      sink.failed(m.requestId(), m.failureOrNull(), true);
+      sink.observer().transferEnded(TransferObserver.Outcome.SENT, sent.bytes(), -1);
+    } else if (m.outcome() instanceof SendFailed failed) {
+      sink.failed(m.requestId(), failed.reason(), true);
       sink.observer().transferEnded(TransferObserver.Outcome.FAILED, 0, -1);
     }
     return this;
