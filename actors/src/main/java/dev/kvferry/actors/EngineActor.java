@@ -15,10 +15,8 @@ import dev.kvferry.rdma.RegionDescriptor;
 import dev.kvferry.rdma.Transport;
 import java.util.ArrayList;
 import java.util.HashMap;
-import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
-import java.util.Set;
 import java.util.concurrent.Executor;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
@@ -29,7 +27,6 @@ import org.apache.pekko.actor.typed.javadsl.Behaviors;
 import org.apache.pekko.actor.typed.javadsl.Receive;
 import org.apache.pekko.actor.typed.receptionist.Receptionist;
 import org.apache.pekko.actor.typed.receptionist.ServiceKey;
-import org.jspecify.annotations.Nullable;
 
 /**
  * One engine worker (one TP rank of one DP engine): owns its registered layer regions and its
@@ -139,9 +136,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   private final ActorRef<ReaderActor.Command> reader;
   private final ActorRef<ReleaseActor.Command> releases;
   private final Map<Role, EngineDirectory> listings = new HashMap<>();
-  private final Set<String> reportedDuplicates = new HashSet<>();
-  /** The reachable worker with our engine id and TP rank that every node routes to instead. */
-  private @Nullable ActorRef<Command> displacedBy;
+  private final DuplicateIdGuard duplicates;
 
   public static Behavior<Command> create(Setup setup) {
     return Behaviors.setup(ctx -> new EngineActor(ctx, setup));
@@ -170,6 +165,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     this.receiver = ctx.spawn(ReceiverActor.create(setup, tracker), "receiver");
     this.reader = ctx.spawn(ReaderActor.create(setup, io, handshake, tracker), "reader");
     this.releases = ctx.spawn(ReleaseActor.create(setup, tracker), "releases");
+    this.duplicates = new DuplicateIdGuard(ctx, self);
 
     ActorRef<Receptionist.Listing> listingAdapter =
         ctx.messageAdapter(Receptionist.Listing.class, ListingChanged::new);
@@ -341,60 +337,11 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     receiver.tell(new ReceiverActor.DirectoryChanged(merged));
     reader.tell(new ReaderActor.DirectoryChanged(merged));
     releases.tell(new ReleaseActor.DirectoryChanged(merged));
-    reportDuplicates(merged);
+    duplicates.report(merged);
     if (m.listing().isForKey(serviceKey(self.role()))) {
-      refuseOrResume(m.listing().getServiceInstances(serviceKey(self.role())),
+      duplicates.refuseOrResume(m.listing().getServiceInstances(serviceKey(self.role())),
           listings.get(self.role()));
     }
     return this;
-  }
-
-  /**
-   * Another worker is listed under our engine id and TP rank: say so, naming both. Every node
-   * routes to the same one of the two (see {@link EngineDirectory#of}); the other gets no
-   * transfer while both are listed (a restarted engine whose old incarnation is not yet removed
-   * takes over once it is).
-   */
-  private void reportDuplicates(EngineDirectory merged) {
-    for (EngineDirectory.Duplicate d : merged.duplicates()) {
-      if (d.engineId().equals(self.engineId()) && reportedDuplicates.add(d.message())) {
-        getContext().getLog().error(d.message());
-      }
-    }
-    if (reportedDuplicates.size() > 64) {
-      reportedDuplicates.clear(); // bounded; a duplicate still listed is reported again
-    }
-  }
-
-  /**
-   * Refuses this worker while another reachable worker holds its engine id and TP rank and every
-   * node routes to that one (see {@link EngineDirectory#of}): it leaves the listing, so no
-   * transfer reaches it, and says so naming both. It takes over once that worker is gone (a
-   * restarted engine whose old incarnation had not been removed yet).
-   */
-  private void refuseOrResume(
-      Set<ActorRef<Command>> reachable, @Nullable EngineDirectory ownRole) {
-    ActorRef<Receptionist.Command> receptionist = getContext().getSystem().receptionist();
-    ActorRef<Command> kept = displacedBy;
-    if (kept != null) {
-      if (!reachable.contains(kept)) {
-        getContext().getLog().info("{}: the worker {} that displaced it is gone; serving again",
-            self.label(), kept.path());
-        displacedBy = null;
-        receptionist.tell(Receptionist.register(serviceKey(self.role()), getContext().getSelf()));
-      }
-      return;
-    }
-    if (ownRole == null) {
-      return;
-    }
-    for (EngineDirectory.Duplicate d : ownRole.duplicates()) {
-      if (d.refused().equals(getContext().getSelf()) && reachable.contains(d.kept())) {
-        getContext().getLog().error("{}: refused: {}", self.label(), d.message());
-        displacedBy = d.kept();
-        receptionist.tell(Receptionist.deregister(serviceKey(self.role()), getContext().getSelf()));
-        return;
-      }
-    }
   }
 }

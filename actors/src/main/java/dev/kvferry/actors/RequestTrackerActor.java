@@ -71,15 +71,6 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   public record SendFinished(String requestId, String transferId, SendOutcome outcome)
       implements Command {}
 
-  /** How P's writes of one transfer ended. */
-  public sealed interface SendOutcome permits Sent, SendFailed {}
-
-  /** Every layer written to every D worker, and D told. */
-  public record Sent(long bytes) implements SendOutcome {}
-
-  /** The writes ended early; no copy of ours is in flight any more. */
-  public record SendFailed(String reason) implements SendOutcome {}
-
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
 
   /** Transfers in flight, by state, for /kvferry/transfers. */
@@ -117,32 +108,6 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
 
   private record DeadlinePassed(String transferId) implements Command {}
 
-  private enum State {
-    RECEIVING,
-    AWAITING_RELEASE
-  }
-
-  private static final class Tracked {
-    final String requestId;
-    final String transferId;
-    final State state;
-    final String peerEngineId;
-    final int[] localBlockIds;
-    final long startedMs = System.currentTimeMillis();
-    final long startedNanos = System.nanoTime();
-    /** The deadline passed and the owner was asked to end the transfer; it still holds blocks. */
-    boolean overdue;
-
-    Tracked(String requestId, String transferId, State state, String peerEngineId,
-        int[] localBlockIds) {
-      this.requestId = requestId;
-      this.transferId = transferId;
-      this.state = state;
-      this.peerEngineId = peerEngineId;
-      this.localBlockIds = localBlockIds;
-    }
-  }
-
   private final String selfLabel;
   private final ConnectorSettings settings;
   private final FinishedSink sink;
@@ -152,7 +117,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
    */
   private final ActorRef<EngineActor.Command> owner;
   private final TimerScheduler<Command> timers;
-  private final Map<String, Tracked> active = new HashMap<>();
+  private final Map<String, TrackedTransfer> active = new HashMap<>();
   private final TerminalIds terminal;
   /** P, READ: releases that overtook their ExpectRelease (D can be faster than P's next step). */
   private final TerminalIds earlyReleases;
@@ -239,7 +204,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     }
     active.put(
         m.transferId(),
-        new Tracked(m.requestId(), m.transferId(), State.RECEIVING, m.producerEngineId(),
+        new TrackedTransfer(m.requestId(), m.transferId(), TrackedTransfer.State.RECEIVING, m.producerEngineId(),
             m.localBlockIds()));
     timers.startSingleTimer(
         m.transferId(), new DeadlinePassed(m.transferId()), settings.transferTimeout());
@@ -247,7 +212,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onReceiveSucceeded(ReceiveSucceeded m) {
-    Tracked t = take(m.transferId(), "succeeded");
+    TrackedTransfer t = take(m.transferId(), "succeeded");
     if (t != null) {
       sink.layerLoads().ended(t.transferId);
       sink.addBytes(m.bytes());
@@ -262,9 +227,9 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
       earlyFailures.put(m.transferId(), m.reason());
       return this;
     }
-    Tracked t = take(m.transferId(), "failed");
+    TrackedTransfer t = take(m.transferId(), "failed");
     if (t != null) {
-      if (t.state == State.RECEIVING) {
+      if (t.state == TrackedTransfer.State.RECEIVING) {
         sink.layerLoads().ended(t.transferId);
         // In the same report as the failure: the engine recomputes these blocks.
         sink.failedLoad(t.requestId, m.reason(), t.localBlockIds);
@@ -296,7 +261,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     }
     active.put(
         m.transferId(),
-        new Tracked(m.requestId(), m.transferId(), State.AWAITING_RELEASE, m.consumerEngineId(),
+        new TrackedTransfer(m.requestId(), m.transferId(), TrackedTransfer.State.AWAITING_RELEASE, m.consumerEngineId(),
             new int[0]));
     long delayMs = Math.max(0, m.deadlineEpochMs() - System.currentTimeMillis());
     timers.startSingleTimer(
@@ -309,7 +274,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
       earlyReleases.add(m.transferId());
       return this;
     }
-    Tracked t = take(m.transferId(), "released");
+    TrackedTransfer t = take(m.transferId(), "released");
     if (t != null) {
       sink.doneSending(t.requestId);
       observe(TransferObserver.Outcome.SENT, 0, t);
@@ -322,11 +287,11 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
       return this;
     }
     terminal.add(m.transferId());
-    if (m.outcome() instanceof Sent sent) {
+    if (m.outcome() instanceof SendOutcome.Sent sent) {
       sink.addBytes(sent.bytes());
       sink.doneSending(m.requestId());
       sink.observer().transferEnded(TransferObserver.Outcome.SENT, sent.bytes(), -1);
-    } else if (m.outcome() instanceof SendFailed failed) {
+    } else if (m.outcome() instanceof SendOutcome.Failed failed) {
       sink.failed(m.requestId(), failed.reason(), true);
       sink.observer().transferEnded(TransferObserver.Outcome.FAILED, 0, -1);
     }
@@ -334,11 +299,11 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onDeadline(DeadlinePassed m) {
-    Tracked t = active.get(m.transferId());
+    TrackedTransfer t = active.get(m.transferId());
     if (t == null || t.overdue) {
       return this;
     }
-    if (t.state == State.AWAITING_RELEASE) {
+    if (t.state == TrackedTransfer.State.AWAITING_RELEASE) {
       if (t.peerEngineId.isEmpty() || !directory.contains(t.peerEngineId)) {
         // The seed's abort timeout, kept where no reader can exist: the decode engine is unknown
         // or not a member (it needs P's metadata, served to members only, to read).
@@ -375,18 +340,18 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     EngineDirectory before = directory;
     EngineDirectory dir = m.directory();
     directory = dir;
-    List<Tracked> lost = new ArrayList<>();
-    for (Tracked t : active.values()) {
+    List<TrackedTransfer> lost = new ArrayList<>();
+    for (TrackedTransfer t : active.values()) {
       // Only an engine that was listed and is gone has left; one not listed yet may still join.
       // Receives end through the owner, which first waits for its own reads to stop.
-      if (t.state == State.AWAITING_RELEASE
+      if (t.state == TrackedTransfer.State.AWAITING_RELEASE
           && !t.peerEngineId.isEmpty()
           && before.contains(t.peerEngineId)
           && !dir.contains(t.peerEngineId)) {
         lost.add(t);
       }
     }
-    for (Tracked t : lost) {
+    for (TrackedTransfer t : lost) {
       take(t.transferId, "peer left");
       // D is gone: nobody will read these blocks; free them now instead of at the deadline.
       sink.doneSending(t.requestId);
@@ -394,12 +359,12 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     return this;
   }
 
-  private void observe(TransferObserver.Outcome outcome, long bytes, Tracked t) {
+  private void observe(TransferObserver.Outcome outcome, long bytes, TrackedTransfer t) {
     sink.observer().transferEnded(outcome, bytes, System.nanoTime() - t.startedNanos);
   }
 
-  private @Nullable Tracked take(String transferId, String why) {
-    Tracked t = active.remove(transferId);
+  private @Nullable TrackedTransfer take(String transferId, String why) {
+    TrackedTransfer t = active.remove(transferId);
     if (t == null) {
       if (!terminal.contains(transferId)) {
         getContext().getLog().debug("ignoring {} for unknown transfer {}", why, transferId);
@@ -415,16 +380,12 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     Map<String, Integer> counts = new TreeMap<>();
     List<TransferView> views = new ArrayList<>();
     long now = System.currentTimeMillis();
-    for (Tracked t : active.values()) {
-      String state =
-          t.overdue ? "ending" : t.state.name().toLowerCase(java.util.Locale.ROOT);
-      counts.merge(state, 1, Integer::sum);
-      views.add(new TransferView(
-          t.requestId, t.transferId, state, t.peerEngineId, now - t.startedMs, null));
+    for (TrackedTransfer t : active.values()) {
+      views.add(t.view(now));
     }
-    for (TransferView w : m.writes()) {
-      counts.merge(w.state(), 1, Integer::sum);
-      views.add(w);
+    views.addAll(m.writes());
+    for (TransferView v : views) {
+      counts.merge(v.state(), 1, Integer::sum);
     }
     m.replyTo().tell(new Snapshot(counts, views));
     return this;

@@ -120,6 +120,25 @@ final class WriteJob {
         && completed >= (long) expected * ranks.length && inFlight == 0;
   }
 
+  /** Forgets D workers that sent blocks but are not targets (their heads do not overlap ours). */
+  IntArrayList dropNonTargets() {
+    IntArrayList strangers = new IntArrayList();
+    for (Target t : targets.values()) {
+      if (!isTarget(t.tpRank)) {
+        strangers.addInt(t.tpRank);
+      }
+    }
+    strangers.forEachInt(targets::remove);
+    return strangers;
+  }
+
+  /** How the write looks to /kvferry/transfers ("writing"). */
+  RequestTrackerActor.TransferView view(long nowMs) {
+    return new RequestTrackerActor.TransferView(
+        requestId, transferId, "writing", decodeEngineId, nowMs - startedMs,
+        new RequestTrackerActor.WriteProgress(firedLayers.size(), completed, inFlight));
+  }
+
   /** What the job still waits for, for the defer timeout's message. */
   String missing(int ownTpRank) {
     int[] ranks = targetRanks;

@@ -22,7 +22,6 @@ import java.util.Optional;
 import java.util.OptionalInt;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
-import org.agrona.collections.IntArrayList;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
 import org.apache.pekko.actor.typed.PostStop;
@@ -101,6 +100,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private final ActorRef<HandshakeActor.Command> handshake;
   private final ActorRef<RequestTrackerActor.Command> tracker;
   private final TimerScheduler<Command> timers;
+  private final WriteEndings endings;
   private final Map<String, WriteJob> jobs = new HashMap<>();
   private final TerminalIds terminal;
   private final ActorRef<HandshakeActor.Result> handshakeAdapter;
@@ -135,6 +135,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     this.tracker = tracker;
     this.terminal = new TerminalIds(settings.terminalIdCapacity());
     this.outbox = new PeerOutbox(ctx.getLog(), settings);
+    this.endings = new WriteEndings(self, mla(), outbox, tracker);
     // The handshake result names the engine, not the transfer: fan it out to waiting jobs.
     this.handshakeAdapter = ctx.messageAdapter(HandshakeActor.Result.class, PeerReady::new);
   }
@@ -171,10 +172,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private Behavior<Command> onSaveLayer(SaveLayer m) {
     ReqMeta r = m.request();
     if (terminal.contains(r.transferId())) {
-      // Ended before this layer was saved (D left, D aborted): make sure P still frees the
-      // request's blocks. The tracker ignores repeats for the same transfer.
-      tracker.tell(new RequestTrackerActor.SendFinished(r.requestId(), r.transferId(),
-          new RequestTrackerActor.SendFailed("transfer " + r.transferId() + " already ended")));
+      // Ended before this layer was saved (D left, D aborted): P must still free its blocks.
+      endings.alreadyEnded(r.requestId(), r.transferId());
       return this;
     }
     WriteJob j = job(r.transferId(), r.requestId(), r.remoteEngineId());
@@ -285,18 +284,9 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
         handshake.tell(new HandshakeActor.Fetch(j.decodeEngineId, rank, handshakeAdapter));
       }
     }
-    IntArrayList strangers = new IntArrayList();
-    for (WriteJob.Target t : j.targets.values()) {
-      if (!j.isTarget(t.tpRank)) {
-        strangers.addInt(t.tpRank);
-      }
-    }
-    strangers.forEachInt(rank -> {
-      getContext().getLog().warn(
-          "transfer {}: remote blocks from {} ignored: its heads do not overlap ours",
-          j.transferId, new PeerKey(j.decodeEngineId, rank));
-      j.targets.remove(rank);
-    });
+    j.dropNonTargets().forEachInt(rank -> getContext().getLog().warn(
+        "transfer {}: remote blocks from {} ignored: its heads do not overlap ours",
+        j.transferId, new PeerKey(j.decodeEngineId, rank)));
     completeIfDone(j); // MLA: a rank with nobody to write to is done once sealed
   }
 
@@ -386,9 +376,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       if (!j.saved()) {
         continue; // only D's block ids so far: nothing of ours exists yet
       }
-      writes.add(new RequestTrackerActor.TransferView(
-          j.requestId, j.transferId, "writing", j.decodeEngineId, now - j.startedMs,
-          new RequestTrackerActor.WriteProgress(j.firedLayers.size(), j.completed, j.inFlight)));
+      writes.add(j.view(now));
     }
     m.tracker().tell(new RequestTrackerActor.GetSnapshot(m.replyTo(), writes));
     return this;
@@ -446,19 +434,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     jobs.remove(j.transferId);
     timers.cancel(j.transferId);
     terminal.add(j.transferId);
-    for (int rank : ranks) {
-      PeerProtocol.WriteDone done =
-          new PeerProtocol.WriteDone(j.transferId, self.engineId(), self.tpRank());
-      WriteJob.Target t = j.targets.get(rank);
-      ActorRef<EngineActor.Command> ref = t == null ? null : t.decodeRef;
-      if (ref != null) {
-        ref.tell(done);
-      } else {
-        outbox.directory().find(j.decodeEngineId, rank).ifPresent(d -> d.ref().tell(done));
-      }
-    }
-    tracker.tell(new RequestTrackerActor.SendFinished(j.requestId, j.transferId,
-        new RequestTrackerActor.Sent(j.bytes)));
+    endings.written(j, ranks);
   }
 
   /**
@@ -484,25 +460,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     }
     jobs.remove(j.transferId);
     terminal.add(j.transferId);
-    tellDecode(j.decodeEngineId, j.targetRanks,
-        new PeerProtocol.TransferFailed(j.transferId, self.engineId(), failure, self.tpRank()));
-    if (j.saved()) {
-      // Only a saved request's free was delayed for this transfer; one the engine never handed
-      // us for saving was freed by the engine already, and must not be reported done sending.
-      tracker.tell(new RequestTrackerActor.SendFinished(j.requestId, j.transferId,
-          new RequestTrackerActor.SendFailed(failure)));
-    }
-  }
-
-  /** Tells D's workers this worker writes into (all we can know of them) {@code message}. */
-  private void tellDecode(
-      String decodeEngineId, int @Nullable [] knownRanks, PeerProtocol.Message message) {
-    int[] ranks = knownRanks != null ? knownRanks
-        : PeerPlanning.targetsFor(
-            self, PeerPlanning.tpSizeOf(outbox.directory(), decodeEngineId), mla());
-    for (int rank : ranks) {
-      outbox.send(decodeEngineId, rank, message);
-    }
+    endings.failed(j, failure);
   }
 
   private Behavior<Command> onDeferExpired(DeferExpired m) {
@@ -525,8 +483,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     String decodeEngineId = m.decodeEngineId();
     if (decodeEngineId != null && !decodeEngineId.isEmpty()) {
       // Nothing of ours is in flight: confirm at once, so D can free its blocks.
-      tellDecode(decodeEngineId, null,
-          new PeerProtocol.TransferFailed(m.transferId(), self.engineId(), reason, self.tpRank()));
+      endings.abandonedWithoutJob(m.transferId(), decodeEngineId, reason);
     }
     return this;
   }
