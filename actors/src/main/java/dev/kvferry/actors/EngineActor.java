@@ -203,9 +203,25 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     return self.mode() == TransferMode.READ;
   }
 
+  /**
+   * The tracker hears of every transfer here, before a child gets its work: whatever the child
+   * later tells the tracker comes after, and a GetTransfers sent after this call lists it.
+   */
   private Behavior<Command> onStartLoad(StartLoad m) {
+    for (ConnectorMetadata.PendingSend s : m.metadata().reqsToSend()) {
+      tracker.tell(
+          new RequestTrackerActor.ExpectRelease(
+              s.requestId(), s.transferId(), s.deadlineEpochMs(), s.consumerEngineId()));
+    }
     if (!m.metadata().reqsToSend().isEmpty()) {
       releases.tell(new ReleaseActor.KeepForReaders(m.metadata().reqsToSend()));
+    }
+    for (ReqMeta r : m.metadata().reqsToRecv()) {
+      if (r.localBlockIds().length > 0) { // none: aborted before it was scheduled, nothing to load
+        tracker.tell(
+            new RequestTrackerActor.ExpectReceive(
+                r.requestId(), r.transferId(), r.remoteEngineId(), r.localBlockIds()));
+      }
     }
     if (!m.metadata().reqsToRecv().isEmpty()) {
       reader.tell(new ReaderActor.StartLoad(m.metadata().reqsToRecv()));
@@ -226,7 +242,11 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   }
 
   private Behavior<Command> onAnnounceRemoteBlocks(AnnounceRemoteBlocks m) {
-    receiver.tell(new ReceiverActor.Announce(m.request()));
+    ReqMeta r = m.request();
+    tracker.tell(
+        new RequestTrackerActor.ExpectReceive(
+            r.requestId(), r.transferId(), r.remoteEngineId(), r.localBlockIds()));
+    receiver.tell(new ReceiverActor.Announce(r));
     return this;
   }
 

@@ -40,7 +40,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
 
   public sealed interface Command extends LocalOnly {}
 
-  /** Start this step's reads (the worker's StartLoad). */
+  /** Start this step's reads (the worker's StartLoad; it told the tracker to expect them). */
   public record StartLoad(List<ReqMeta> requests) implements Command {}
 
   /** D: a P worker ended a transfer (it wants its blocks back). */
@@ -149,9 +149,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
         });
         continue;
       }
-      tracker.tell(
-          new RequestTrackerActor.ExpectReceive(
-              r.requestId(), r.transferId(), r.remoteEngineId(), r.localBlockIds()));
+      // The worker told the tracker to expect it.
       if (endedEarly.contains(r.transferId()) || reads.containsKey(r.transferId())
           || outbox.holdsWorkFor(r.transferId())) {
         continue; // P gave up already, or a duplicate id: the tracker reports it; nothing is read

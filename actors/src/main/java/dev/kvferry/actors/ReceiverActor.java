@@ -32,7 +32,10 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
 
   public sealed interface Command extends LocalOnly {}
 
-  /** Tell P which of our blocks to write into, and expect its writes (from the scheduler). */
+  /**
+   * Tell P which of our blocks to write into, and expect its writes (from the scheduler; the
+   * worker has told the tracker to expect the receive).
+   */
   public record Announce(ReqMeta request) implements Command {}
 
   /** A P worker wrote every layer of a transfer. */
@@ -117,10 +120,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
   }
 
   private Behavior<Command> onAnnounce(Announce m) {
-    ReqMeta r = m.request();
-    tracker.tell(
-        new RequestTrackerActor.ExpectReceive(
-            r.requestId(), r.transferId(), r.remoteEngineId(), r.localBlockIds()));
+    ReqMeta r = m.request(); // the worker told the tracker to expect it
     if (endedEarly.contains(r.transferId()) || incoming.containsKey(r.transferId())) {
       // P gave up already (the tracker fails it at once), or the id is a duplicate (refused):
       // nobody is told these blocks.

@@ -16,15 +16,15 @@ import org.apache.pekko.actor.typed.javadsl.Behaviors;
 import org.apache.pekko.actor.typed.javadsl.Receive;
 
 /**
- * P's side of READ mode: the blocks P keeps for D's reads. Records them with the tracker (which
- * holds the read-abort deadline), counts D's releases (one from every D worker that reads from
- * this worker) and, when the deadline passes, asks those D workers to let go.
+ * P's side of READ mode: the blocks P keeps for D's reads (the tracker holds them, with the
+ * read-abort deadline). Counts D's releases (one from every D worker that reads from this worker)
+ * and, when the deadline passes, asks those D workers to let go.
  */
 public final class ReleaseActor extends AbstractBehavior<ReleaseActor.Command> {
 
   public sealed interface Command extends LocalOnly {}
 
-  /** The blocks this step keeps for D (the worker's StartLoad). */
+  /** The blocks this step keeps for D (the worker's StartLoad; it told the tracker of them). */
   public record KeepForReaders(List<ConnectorMetadata.PendingSend> sends) implements Command {}
 
   /** A D worker is done with a transfer's blocks. */
@@ -73,18 +73,16 @@ public final class ReleaseActor extends AbstractBehavior<ReleaseActor.Command> {
   }
 
   private Behavior<Command> onKeepForReaders(KeepForReaders m) {
+    if (!mla) {
+      return this;
+    }
     for (ConnectorMetadata.PendingSend s : m.sends()) {
-      tracker.tell(
-          new RequestTrackerActor.ExpectRelease(
-              s.requestId(), s.transferId(), s.deadlineEpochMs(), s.consumerEngineId()));
-      if (mla) {
-        // MLA, D with fewer workers: some P workers have no reader; they free at once.
-        outbox.withTpSizeOf(s.consumerEngineId(), s.transferId(), decodeTp -> {
-          if (PeerPlanning.targetsFor(self, OptionalInt.of(decodeTp), true).length == 0) {
-            tracker.tell(new RequestTrackerActor.Released(s.transferId()));
-          }
-        });
-      }
+      // MLA, D with fewer workers: some P workers have no reader; they free at once.
+      outbox.withTpSizeOf(s.consumerEngineId(), s.transferId(), decodeTp -> {
+        if (PeerPlanning.targetsFor(self, OptionalInt.of(decodeTp), true).length == 0) {
+          tracker.tell(new RequestTrackerActor.Released(s.transferId()));
+        }
+      });
     }
     return this;
   }

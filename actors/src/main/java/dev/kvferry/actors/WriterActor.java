@@ -9,17 +9,13 @@ import dev.kvferry.actors.engine.EngineDirectory;
 import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.actors.engine.PeerKey;
 import dev.kvferry.actors.engine.TerminalIds;
-import dev.kvferry.actors.plan.InvalidBlockIdsException;
 import dev.kvferry.actors.plan.KvCacheGeometry;
-import dev.kvferry.actors.plan.TransferPlanner;
 import dev.kvferry.rdma.TransferBatch;
 import dev.kvferry.rdma.TransferStatus;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.Optional;
-import java.util.OptionalInt;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
 import org.apache.pekko.actor.typed.ActorRef;
@@ -97,16 +93,14 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private final KvCacheGeometry geometry;
   private final LayerWriter layers;
   private final ConnectorSettings settings;
-  private final ActorRef<HandshakeActor.Command> handshake;
   private final ActorRef<RequestTrackerActor.Command> tracker;
   private final TimerScheduler<Command> timers;
   private final WriteEndings endings;
   private final Map<String, WriteJob> jobs = new HashMap<>();
   private final TerminalIds terminal;
-  private final ActorRef<HandshakeActor.Result> handshakeAdapter;
+  private final WriteTargets targets;
   /** What goes to D's workers that may not be listed yet (failures). */
   private final PeerOutbox outbox;
-  private final TransferPlanner planner = new TransferPlanner(); // not thread-safe: one per actor
 
   public static Behavior<Command> create(
       EngineActor.Setup setup,
@@ -131,13 +125,13 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     this.geometry = setup.geometry();
     this.layers = new LayerWriter(setup.layerRegions(), setup.transport(), io);
     this.settings = setup.settings();
-    this.handshake = handshake;
     this.tracker = tracker;
     this.terminal = new TerminalIds(settings.terminalIdCapacity());
     this.outbox = new PeerOutbox(ctx.getLog(), settings);
     this.endings = new WriteEndings(self, mla(), outbox, tracker);
     // The handshake result names the engine, not the transfer: fan it out to waiting jobs.
-    this.handshakeAdapter = ctx.messageAdapter(HandshakeActor.Result.class, PeerReady::new);
+    this.targets = new WriteTargets(self, geometry, outbox, handshake,
+        ctx.messageAdapter(HandshakeActor.Result.class, PeerReady::new), ctx.getLog());
   }
 
   @Override
@@ -242,12 +236,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
           fail(j, f.reason());
         }
       } else if (r instanceof HandshakeActor.Ready ready) {
-        if (j.targetRanks == null) {
-          setTargets(j, ready.metadata().tpSize());
-        }
-        WriteJob.Target t = j.targets.get(r.tpRank());
-        if (t != null && t.peer == null && j.isTarget(r.tpRank())) {
-          t.peer = ready.metadata();
+        if (targets.ready(j, ready)) {
+          completeIfDone(j); // MLA: a rank with nobody to write to is done once sealed
         }
         if (jobs.containsKey(j.transferId)) {
           issueReady(j);
@@ -257,37 +247,11 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     return this;
   }
 
-  /**
-   * Finds D's TP size: from the directory when D is listed, else from the handshake with D's
-   * worker 0 (which every engine has, and which waits for D to be listed or fails clearly).
-   */
+  /** Learns D's TP size if it can; a rank with nobody to write to (MLA) is done once sealed. */
   private void learnTargets(WriteJob j) {
-    if (j.targetRanks != null) {
-      return;
+    if (targets.learn(j)) {
+      completeIfDone(j);
     }
-    OptionalInt tp = PeerPlanning.tpSizeOf(outbox.directory(), j.decodeEngineId);
-    if (tp.isPresent()) {
-      setTargets(j, tp.getAsInt());
-    } else if (!j.probeRequested) {
-      j.probeRequested = true;
-      handshake.tell(new HandshakeActor.Fetch(j.decodeEngineId, 0, handshakeAdapter));
-    }
-  }
-
-  private void setTargets(WriteJob j, int decodeTpSize) {
-    int[] ranks = PeerPlanning.targetsFor(self, OptionalInt.of(decodeTpSize), mla());
-    j.targetRanks = ranks;
-    for (int rank : ranks) {
-      WriteJob.Target t = j.target(rank);
-      if (!t.handshakeRequested) {
-        t.handshakeRequested = true;
-        handshake.tell(new HandshakeActor.Fetch(j.decodeEngineId, rank, handshakeAdapter));
-      }
-    }
-    j.dropNonTargets().forEachInt(rank -> getContext().getLog().warn(
-        "transfer {}: remote blocks from {} ignored: its heads do not overlap ours",
-        j.transferId, new PeerKey(j.decodeEngineId, rank)));
-    completeIfDone(j); // MLA: a rank with nobody to write to is done once sealed
   }
 
   /**
@@ -309,31 +273,16 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       if (t == null || t.issued == j.firedLayers.size()) {
         continue;
       }
-      int[] remote = t.remoteBlockIds;
-      AgentMetadata peer = t.peer;
-      if (remote == null || peer == null) {
-        continue;
+      WriteTargets.Check check = targets.check(j, t, local);
+      if (check instanceof WriteTargets.Unwritable u) {
+        fail(j, u.reason());
+        return;
       }
-      if (t.decodeRef == null) {
-        Optional<EngineDirectory.Entry> d = outbox.directory().find(j.decodeEngineId, rank);
-        if (d.isEmpty()) {
-          fail(j, "decode engine " + j.decodeEngineId + " is not a member of the cluster");
-          return;
-        }
-        t.decodeRef = d.get().ref();
+      if (!(check instanceof WriteTargets.Writable w)) {
+        continue; // its blocks or metadata have not come
       }
-      TransferBatch plan = t.plan;
-      if (plan == null) {
-        try {
-          plan = PeerPlanning.plan(
-              planner, geometry, self.tpRank(), self.tpSize(), peer, local, remote, false);
-        } catch (InvalidBlockIdsException e) {
-          fail(j, "transfer " + j.transferId + " (request " + j.requestId + "): "
-              + e.getMessage());
-          return;
-        }
-        t.plan = plan;
-      }
+      AgentMetadata peer = w.peer();
+      TransferBatch plan = w.plan();
       while (t.issued < j.firedLayers.size()) {
         issue(j, t, peer, plan, j.firedLayers.getInt(t.issued++));
       }
