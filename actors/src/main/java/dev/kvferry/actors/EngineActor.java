@@ -135,6 +135,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   private final ActorRef<ReceiverActor.Command> receiver;
   private final ActorRef<ReaderActor.Command> reader;
   private final ActorRef<ReleaseActor.Command> releases;
+  /** D: where a receive's early endings go, the reader (READ) or the receiver (WRITE). */
+  private final ActorRef<ReceiveEnding> receiveSide;
   private final Map<Role, EngineDirectory> listings = new HashMap<>();
   private final DuplicateIdGuard duplicates;
 
@@ -165,6 +167,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     this.receiver = ctx.spawn(ReceiverActor.create(setup, tracker), "receiver");
     this.reader = ctx.spawn(ReaderActor.create(setup, io, handshake, tracker), "reader");
     this.releases = ctx.spawn(ReleaseActor.create(setup, tracker), "releases");
+    this.receiveSide =
+        self.mode() == TransferMode.READ ? reader.narrow() : receiver.narrow();
     this.duplicates = new DuplicateIdGuard(ctx, self);
 
     ActorRef<Receptionist.Listing> listingAdapter =
@@ -197,10 +201,6 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         .onMessage(ListingChanged.class, this::onListingChanged)
         .onMessage(Stop.class, this::onStop)
         .build();
-  }
-
-  private boolean readMode() {
-    return self.mode() == TransferMode.READ;
   }
 
   /**
@@ -268,10 +268,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
       String reason = "engine " + m.engineId() + ": " + m.reason();
       tracker.tell(new RequestTrackerActor.TransferFailed(m.transferId(), reason));
       writer.tell(new WriterActor.Abandon(m.transferId(), reason, m.engineId()));
-    } else if (readMode()) {
-      reader.tell(new ReaderActor.PeerFailed(m)); // P wants its blocks back
     } else {
-      receiver.tell(new ReceiverActor.PeerFailed(m));
+      receiveSide.tell(new ReceiveEnding.PeerFailed(m));
     }
     return this;
   }
@@ -291,20 +289,12 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   }
 
   private Behavior<Command> onReceiveOverdue(ReceiveOverdue m) {
-    if (readMode()) {
-      reader.tell(new ReaderActor.End(m.transferId(), m.reason()));
-    } else {
-      receiver.tell(new ReceiverActor.End(m.transferId(), m.reason()));
-    }
+    receiveSide.tell(new ReceiveEnding.Overdue(m.transferId(), m.reason()));
     return this;
   }
 
   private Behavior<Command> onAbortReceive(AbortReceive m) {
-    if (readMode()) {
-      reader.tell(new ReaderActor.Abort(m.requestId(), m.transferId(), m.reason()));
-    } else {
-      receiver.tell(new ReceiverActor.Abort(m.requestId(), m.transferId(), m.reason()));
-    }
+    receiveSide.tell(new ReceiveEnding.Aborted(m.requestId(), m.transferId(), m.reason()));
     return this;
   }
 

@@ -60,10 +60,34 @@ final class LayerWriter {
   }
 
   /**
-   * Submits layer {@code layer}'s copies to {@code peer} on the I/O executor; skipped (failed) if
-   * the job is cancelled by then. The future completes once the copies are queued, not done.
+   * Writes layer {@code layer} of job {@code j} to target {@code t}: its copies are submitted on
+   * the I/O executor (skipped, failed, if the job is cancelled by then). Completes when they are
+   * done.
    */
-  CompletableFuture<TransferStatus> submit(
+  CompletableFuture<TransferStatus> write(
+      WriteJob j, WriteJob.Target t, AgentMetadata peer, TransferBatch plan, int layer) {
+    CompletableFuture<TransferStatus> submission =
+        submit(layer, peer, plan, j.gpuEvents.get(layer), j.cancelled);
+    if (t.doneWord != null) {
+      t.submitted.add(submission); // the done word is stored behind every layer's copies
+    }
+    return submission.thenCompose(TransferStatus::completion);
+  }
+
+  /** Once every layer of a target is queued: D's done word is stored behind them all. */
+  void storeDoneWordIfDue(WriteJob j, WriteJob.Target t) {
+    PeerProtocol.DoneWord word = t.doneWord;
+    AgentMetadata peer = t.peer;
+    if (word == null || peer == null || t.doneWordQueued || j.expected < 0
+        || t.issued < j.expected) {
+      return;
+    }
+    t.doneWordQueued = true;
+    storeDoneWord(j.transferId, j.decodeEngineId, peer, word, t.submitted);
+  }
+
+  /** The future completes once the copies are queued, not done. */
+  private CompletableFuture<TransferStatus> submit(
       int layer, AgentMetadata peer, TransferBatch plan, @Nullable CudaEvent after,
       AtomicBoolean cancelled) {
     MemoryRegion local = layerRegions.get(layer);
@@ -86,7 +110,7 @@ final class LayerWriter {
    * (queued only after every submission returned, since they run on the io pool in any order).
    * D then learns as soon as the last byte landed; WriteDone still follows.
    */
-  void storeDoneWord(
+  private void storeDoneWord(
       String transferId, String decodeEngineId, AgentMetadata peer, PeerProtocol.DoneWord word,
       List<CompletableFuture<?>> submitted) {
     EventOrderedTransport ordered = eventOrdered;

@@ -38,19 +38,11 @@ import org.jspecify.annotations.Nullable;
  */
 public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
 
-  public sealed interface Command extends LocalOnly {}
+  public sealed interface Command extends LocalOnly
+      permits StartLoad, DirectoryChanged, PeerReady, LayerRead, ReceiveEnding {}
 
   /** Start this step's reads (the worker's StartLoad; it told the tracker to expect them). */
   public record StartLoad(List<ReqMeta> requests) implements Command {}
-
-  /** D: a P worker ended a transfer (it wants its blocks back). */
-  public record PeerFailed(PeerProtocol.TransferFailed failed) implements Command {}
-
-  /** D: end a read that will not complete (timeout, abort). */
-  public record End(String transferId, String reason) implements Command {}
-
-  /** D: the request was aborted after it was scheduled. */
-  public record Abort(String requestId, String transferId, String reason) implements Command {}
 
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
 
@@ -130,9 +122,9 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
         .onMessage(StartLoad.class, this::onStartLoad)
         .onMessage(PeerReady.class, this::onPeerReady)
         .onMessage(LayerRead.class, this::onLayerRead)
-        .onMessage(PeerFailed.class, this::onPeerFailed)
-        .onMessage(End.class, this::onEnd)
-        .onMessage(Abort.class, this::onAbort)
+        .onMessage(ReceiveEnding.PeerFailed.class, this::onPeerFailed)
+        .onMessage(ReceiveEnding.Overdue.class, this::onOverdue)
+        .onMessage(ReceiveEnding.Aborted.class, this::onAborted)
         .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
         .onSignal(PostStop.class, this::onPostStop)
         .build();
@@ -300,7 +292,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     }
   }
 
-  private Behavior<Command> onPeerFailed(PeerFailed m) {
+  private Behavior<Command> onPeerFailed(ReceiveEnding.PeerFailed m) {
     PeerProtocol.TransferFailed f = m.failed();
     String reason = "engine " + f.engineId() + ": " + f.reason();
     if (reads.containsKey(f.transferId()) || outbox.holdsWorkFor(f.transferId())) {
@@ -314,17 +306,15 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     return this;
   }
 
-  private Behavior<Command> onEnd(End m) {
-    endTransfer(m.transferId(), m.reason());
+  private Behavior<Command> onOverdue(ReceiveEnding.Overdue m) {
+    endTransfer(m.transferId(), m.reason()); // a request to end it, not a licence to free
     return this;
   }
 
-  private Behavior<Command> onAbort(Abort m) {
-    if (reads.containsKey(m.transferId()) || outbox.holdsWorkFor(m.transferId())) {
+  private Behavior<Command> onAborted(ReceiveEnding.Aborted m) {
+    boolean reading = reads.containsKey(m.transferId()) || outbox.holdsWorkFor(m.transferId());
+    if (!ReceiveEnding.reportedAtOnce(m, reading, tracker)) {
       endTransfer(m.transferId(), m.reason());
-    } else {
-      tracker.tell(
-          new RequestTrackerActor.ReportAborted(m.requestId(), m.transferId(), m.reason()));
     }
     return this;
   }

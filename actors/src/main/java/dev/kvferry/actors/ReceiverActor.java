@@ -30,7 +30,8 @@ import org.jspecify.annotations.Nullable;
  */
 public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command> {
 
-  public sealed interface Command extends LocalOnly {}
+  public sealed interface Command extends LocalOnly
+      permits Announce, WriterDone, DirectoryChanged, DoneWordSeen, ReceiveEnding {}
 
   /**
    * Tell P which of our blocks to write into, and expect its writes (from the scheduler; the
@@ -40,15 +41,6 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
 
   /** A P worker wrote every layer of a transfer. */
   public record WriterDone(PeerProtocol.WriteDone done) implements Command {}
-
-  /** A P worker ended a transfer: it writes no more. */
-  public record PeerFailed(PeerProtocol.TransferFailed failed) implements Command {}
-
-  /** End a receive that will not complete (timeout, abort). */
-  public record End(String transferId, String reason) implements Command {}
-
-  /** The request was aborted after it was scheduled. */
-  public record Abort(String requestId, String transferId, String reason) implements Command {}
 
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
 
@@ -111,9 +103,9 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
         .onMessage(Announce.class, this::onAnnounce)
         .onMessage(WriterDone.class, this::onWriterDone)
         .onMessage(DoneWordSeen.class, this::onDoneWordSeen)
-        .onMessage(PeerFailed.class, this::onPeerFailed)
-        .onMessage(End.class, this::onEnd)
-        .onMessage(Abort.class, this::onAbort)
+        .onMessage(ReceiveEnding.PeerFailed.class, this::onPeerFailed)
+        .onMessage(ReceiveEnding.Overdue.class, this::onOverdue)
+        .onMessage(ReceiveEnding.Aborted.class, this::onAborted)
         .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
         .onSignal(PostStop.class, this::onPostStop)
         .build();
@@ -235,7 +227,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     }
   }
 
-  private Behavior<Command> onPeerFailed(PeerFailed m) {
+  private Behavior<Command> onPeerFailed(ReceiveEnding.PeerFailed m) {
     PeerProtocol.TransferFailed f = m.failed();
     String reason = "engine " + f.engineId() + ": " + f.reason();
     forgetDoneWord(f.transferId());
@@ -255,17 +247,16 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     return this;
   }
 
-  private Behavior<Command> onEnd(End m) {
-    endTransfer(m.transferId(), m.reason());
+  private Behavior<Command> onOverdue(ReceiveEnding.Overdue m) {
+    endTransfer(m.transferId(), m.reason()); // a request to end it, not a licence to free
     return this;
   }
 
-  private Behavior<Command> onAbort(Abort m) {
-    if (incoming.containsKey(m.transferId()) || outbox.holdsWorkFor(m.transferId())) {
+  private Behavior<Command> onAborted(ReceiveEnding.Aborted m) {
+    boolean receiving =
+        incoming.containsKey(m.transferId()) || outbox.holdsWorkFor(m.transferId());
+    if (!ReceiveEnding.reportedAtOnce(m, receiving, tracker)) {
       endTransfer(m.transferId(), m.reason());
-    } else {
-      tracker.tell(
-          new RequestTrackerActor.ReportAborted(m.requestId(), m.transferId(), m.reason()));
     }
     return this;
   }

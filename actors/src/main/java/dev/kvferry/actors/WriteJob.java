@@ -87,6 +87,23 @@ final class WriteJob {
     }
   }
 
+  /**
+   * D's worker {@code b.decodeTpRank()} sent its blocks (and, where {@code storesDoneWords}, a
+   * usable done word is kept); false if that worker sent them already.
+   */
+  boolean remoteBlocks(PeerProtocol.RemoteBlocks b, boolean storesDoneWords) {
+    Target t = target(b.decodeTpRank());
+    if (t.remoteBlockIds != null) {
+      return false;
+    }
+    t.remoteBlockIds = b.blockIds();
+    PeerProtocol.DoneWord word = b.doneWord();
+    if (word != null && word.usable() && storesDoneWords) {
+      t.doneWord = word;
+    }
+    return true;
+  }
+
   boolean saved() {
     return localBlockIds != null;
   }

@@ -16,7 +16,6 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
@@ -211,15 +210,9 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       return this;
     }
     WriteJob j = job(b.transferId(), b.requestId(), b.decodeEngineId());
-    WriteJob.Target t = j.target(b.decodeTpRank());
-    if (t.remoteBlockIds != null) {
+    if (!j.remoteBlocks(b, layers.ordersOnGpu())) {
       getContext().getLog().warn("duplicate remote blocks for transfer {} ignored", b.transferId());
       return this;
-    }
-    t.remoteBlockIds = b.blockIds();
-    PeerProtocol.DoneWord word = b.doneWord();
-    if (word != null && word.usable() && layers.ordersOnGpu()) {
-      t.doneWord = word;
     }
     issueReady(j);
     return this;
@@ -284,38 +277,14 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       AgentMetadata peer = w.peer();
       TransferBatch plan = w.plan();
       while (t.issued < j.firedLayers.size()) {
-        issue(j, t, peer, plan, j.firedLayers.getInt(t.issued++));
+        int layer = j.firedLayers.getInt(t.issued++);
+        j.inFlight++;
+        getContext().pipeToSelf(layers.write(j, t, peer, plan, layer),
+            (status, error) -> new LayerWritten(j.transferId, t.tpRank, layer,
+                error != null ? TransferStatus.failed("write raised " + error) : status));
       }
-      queueDoneWord(j, t);
+      layers.storeDoneWordIfDue(j, t);
     }
-  }
-
-  /** Once every layer of a target is queued: D's done word is stored behind them all. */
-  private void queueDoneWord(WriteJob j, WriteJob.Target t) {
-    PeerProtocol.DoneWord word = t.doneWord;
-    AgentMetadata peer = t.peer;
-    if (word == null || peer == null || t.doneWordQueued || j.expected < 0
-        || t.issued < j.expected) {
-      return;
-    }
-    t.doneWordQueued = true;
-    layers.storeDoneWord(j.transferId, j.decodeEngineId, peer, word, t.submitted);
-  }
-
-  private void issue(
-      WriteJob j, WriteJob.Target t, AgentMetadata peer, TransferBatch plan, int layer) {
-    j.inFlight++;
-    CompletableFuture<TransferStatus> submission =
-        layers.submit(layer, peer, plan, j.gpuEvents.get(layer), j.cancelled);
-    if (t.doneWord != null) {
-      t.submitted.add(submission); // the done word is stored behind every layer's copies
-    }
-    String id = j.transferId;
-    int rank = t.tpRank;
-    getContext().pipeToSelf(
-        submission.thenCompose(TransferStatus::completion),
-        (status, error) -> new LayerWritten(id, rank, layer,
-            error != null ? TransferStatus.failed("write raised " + error) : status));
   }
 
   private Behavior<Command> onListWrites(ListWrites m) {
@@ -365,7 +334,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
           for (int rank : ranks) {
             WriteJob.Target t = j.targets.get(rank);
             if (t != null) {
-              queueDoneWord(j, t);
+              layers.storeDoneWordIfDue(j, t);
             }
           }
         }
