@@ -2,6 +2,7 @@ package dev.kvferry.actors;
 
 import com.typesafe.config.Config;
 import java.util.Optional;
+import java.util.function.Supplier;
 import org.apache.pekko.actor.typed.ActorSystem;
 import org.apache.pekko.serialization.Serialization;
 import org.apache.pekko.serialization.SerializationExtension;
@@ -35,9 +36,10 @@ public final class ClusterMessageLimit {
 
   /**
    * Why {@code message}, carrying {@code ints} integers, cannot cross the cluster; empty when it
-   * fits. Serializes only messages that the cheap upper bound cannot clear.
+   * fits. Serializes only messages that the cheap upper bound cannot clear; {@code what} names
+   * the message in the reason, and is asked only when there is one.
    */
-  public Optional<String> whyNotSendable(Object message, int ints, String what) {
+  public Optional<String> whyNotSendable(Object message, int ints, Supplier<String> what) {
     if ((long) ints * MAX_BYTES_PER_INT + ENVELOPE_BYTES <= maxPayloadBytes) {
       return Optional.empty();
     }
@@ -45,12 +47,12 @@ public final class ClusterMessageLimit {
     try {
       bytes = serialization.serializerFor(message.getClass()).toBinary(message).length;
     } catch (java.io.NotSerializableException e) {
-      return Optional.of(what + " cannot be serialized: " + e.getMessage());
+      return Optional.of(what.get() + " cannot be serialized: " + e.getMessage());
     }
     if (bytes <= maxPayloadBytes) {
       return Optional.empty();
     }
-    return Optional.of(what + " is " + bytes + " bytes serialized, over the " + maxPayloadBytes
+    return Optional.of(what.get() + " is " + bytes + " bytes serialized, over the " + maxPayloadBytes
         + " a cluster message may carry; raise " + FRAME_SIZE_KEY + " on every node (it is "
         + (maxPayloadBytes + ENVELOPE_BYTES) + " bytes)");
   }

@@ -4,6 +4,7 @@ import dev.kvferry.actors.engine.AgentMetadata;
 import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineDirectory;
 import dev.kvferry.actors.engine.HandshakeException;
+import dev.kvferry.actors.engine.PeerKey;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -34,7 +35,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   public sealed interface Command extends LocalOnly {}
 
   /** Serve our metadata to a peer. */
-  public record Serve(EngineActor.GetMetadata request) implements Command {}
+  public record Serve(PeerProtocol.GetMetadata request) implements Command {}
 
   /** Fetch (or return cached) metadata of worker {@code tpRank} of {@code engineId}. */
   public record Fetch(String engineId, int tpRank, ActorRef<Result> replyTo) implements Command {}
@@ -45,7 +46,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
       PeerKey key,
       int attempt,
       ActorRef<EngineActor.Command> asked,
-      EngineActor.MetadataReply reply,
+      PeerProtocol.MetadataReply reply,
       Throwable error)
       implements Command {}
 
@@ -61,13 +62,6 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   public record Ready(String engineId, int tpRank, AgentMetadata metadata) implements Result {}
 
   public record Failed(String engineId, int tpRank, String reason) implements Result {}
-
-  private record PeerKey(String engineId, int tpRank) {
-    @Override
-    public String toString() {
-      return engineId + "/tp" + tpRank;
-    }
-  }
 
   private final AgentMetadata local;
   private final @Nullable ActorRef<EngineActor.Command> owner;
@@ -134,7 +128,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   }
 
   private Behavior<Command> onServe(Serve m) {
-    ActorRef<EngineActor.MetadataReply> to = m.request().replyTo();
+    ActorRef<PeerProtocol.MetadataReply> to = m.request().replyTo();
     Address from = to.path().address();
     if (from.hasGlobalScope() && !isClusterMember(from)) {
       // Artery delivers messages from any system that can reach our port, joined or not; the
@@ -143,7 +137,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
           "refused metadata of {} to {}: not a member of the cluster", local.engineId(), from);
       return this;
     }
-    to.tell(new EngineActor.MetadataReply(local.engineId(), local.tpRank(), localBlob));
+    to.tell(new PeerProtocol.MetadataReply(local.engineId(), local.tpRank(), localBlob));
     return this;
   }
 
@@ -205,10 +199,10 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
     notListed.remove(key);
     getContext()
         .ask(
-            EngineActor.MetadataReply.class,
+            PeerProtocol.MetadataReply.class,
             entry.get().ref(),
             settings.handshakeTimeout(),
-            EngineActor.GetMetadata::new,
+            PeerProtocol.GetMetadata::new,
             (reply, error) -> new Fetched(key, attempt, entry.get().ref(), reply, error));
     return this;
   }
@@ -227,8 +221,8 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
       AgentMetadata peer = AgentMetadata.unpack(m.reply().blob());
       if (!peer.engineId().equals(m.key().engineId()) || peer.tpRank() != m.key().tpRank()) {
         throw new HandshakeException(
-            "asked " + m.key() + " but its metadata names " + peer.engineId() + "/tp"
-                + peer.tpRank());
+            "asked " + m.key() + " but its metadata names "
+                + new PeerKey(peer.engineId(), peer.tpRank()));
       }
       local.checkCompatibleWith(peer);
       if (isListed(m.key(), m.asked())) {

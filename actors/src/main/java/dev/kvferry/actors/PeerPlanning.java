@@ -2,6 +2,7 @@ package dev.kvferry.actors;
 
 import dev.kvferry.actors.engine.AgentMetadata;
 import dev.kvferry.actors.engine.EngineDirectory;
+import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.actors.plan.HeadSlice;
 import dev.kvferry.actors.plan.InvalidBlockIdsException;
 import dev.kvferry.actors.plan.KvCacheGeometry;
@@ -69,6 +70,23 @@ final class PeerPlanning {
                 localTpRank, localTpSize, peer.tpRank(), peer.tpSize(),
                 Math.multiplyExact(local.kvHeads(), localTpSize));
     return planner.planTokenRanges(local, remote, heads, l, r);
+  }
+
+  /** D: the P workers a D worker receives from (reads from or is written by), given P's TP size. */
+  static int[] sourcesFor(EngineIdentity self, int prefillTpSize, boolean mla) {
+    return prefillTpSize == self.tpSize()
+        ? new int[] {self.tpRank()}
+        : TensorParallelSplit.sourcesOf(self.tpRank(), self.tpSize(), prefillTpSize, mla);
+  }
+
+  /**
+   * P: the D workers a P worker's heads go to, given D's TP size; unknown (empty): the worker of
+   * our rank.
+   */
+  static int[] targetsFor(EngineIdentity self, OptionalInt decodeTpSize, boolean mla) {
+    return decodeTpSize.isEmpty() || decodeTpSize.getAsInt() == self.tpSize()
+        ? new int[] {self.tpRank()}
+        : TensorParallelSplit.targetsOf(self.tpRank(), self.tpSize(), decodeTpSize.getAsInt(), mla);
   }
 
   /** The TP size of an engine as its listed workers say, if any is listed. */

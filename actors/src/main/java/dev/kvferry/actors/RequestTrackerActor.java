@@ -1,12 +1,12 @@
 package dev.kvferry.actors;
 
+import dev.kvferry.actors.engine.BoundedMap;
 import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineDirectory;
 import dev.kvferry.actors.engine.TerminalIds;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
-import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
@@ -67,8 +67,8 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   /** P, READ: D read the blocks (or gave up) and lets them go. */
   public record Released(String transferId) implements Command {}
 
-  /** P, WRITE: the writer finished (all writes done and D told), or failed with a reason. */
-  public record SendFinished(String requestId, String transferId, String failureOrNull, long bytes)
+  /** P, WRITE: the writer finished (all writes done and D told), or failed. */
+  public record SendFinished(String requestId, String transferId, SendOutcome outcome)
       implements Command {}
 
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
@@ -108,32 +108,6 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
 
   private record DeadlinePassed(String transferId) implements Command {}
 
-  private enum State {
-    RECEIVING,
-    AWAITING_RELEASE
-  }
-
-  private static final class Tracked {
-    final String requestId;
-    final String transferId;
-    final State state;
-    final String peerEngineId;
-    final int[] localBlockIds;
-    final long startedMs = System.currentTimeMillis();
-    final long startedNanos = System.nanoTime();
-    /** The deadline passed and the owner was asked to end the transfer; it still holds blocks. */
-    boolean overdue;
-
-    Tracked(String requestId, String transferId, State state, String peerEngineId,
-        int[] localBlockIds) {
-      this.requestId = requestId;
-      this.transferId = transferId;
-      this.state = state;
-      this.peerEngineId = peerEngineId;
-      this.localBlockIds = localBlockIds;
-    }
-  }
-
   private final String selfLabel;
   private final ConnectorSettings settings;
   private final FinishedSink sink;
@@ -143,7 +117,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
    */
   private final ActorRef<EngineActor.Command> owner;
   private final TimerScheduler<Command> timers;
-  private final Map<String, Tracked> active = new HashMap<>();
+  private final Map<String, TrackedTransfer> active = new HashMap<>();
   private final TerminalIds terminal;
   /** P, READ: releases that overtook their ExpectRelease (D can be faster than P's next step). */
   private final TerminalIds earlyReleases;
@@ -151,7 +125,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
    * D: failures that overtook their ExpectReceive (P aborted before D's scheduler announced its
    * blocks), by transfer id, with the reason; bounded like the terminal ids.
    */
-  private final Map<String, String> earlyFailures;
+  private final BoundedMap<String, String> earlyFailures;
   private EngineDirectory directory = EngineDirectory.EMPTY;
 
   /**
@@ -184,14 +158,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     this.sink = sink;
     this.terminal = new TerminalIds(settings.terminalIdCapacity());
     this.earlyReleases = new TerminalIds(settings.terminalIdCapacity());
-    int capacity = settings.terminalIdCapacity();
-    this.earlyFailures =
-        new LinkedHashMap<>(16, 0.75f, false) {
-          @Override
-          protected boolean removeEldestEntry(Map.Entry<String, String> eldest) {
-            return size() > capacity;
-          }
-        };
+    this.earlyFailures = new BoundedMap<>(settings.terminalIdCapacity());
   }
 
   @Override
@@ -237,7 +204,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     }
     active.put(
         m.transferId(),
-        new Tracked(m.requestId(), m.transferId(), State.RECEIVING, m.producerEngineId(),
+        new TrackedTransfer(m.requestId(), m.transferId(), TrackedTransfer.State.RECEIVING, m.producerEngineId(),
             m.localBlockIds()));
     timers.startSingleTimer(
         m.transferId(), new DeadlinePassed(m.transferId()), settings.transferTimeout());
@@ -245,7 +212,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onReceiveSucceeded(ReceiveSucceeded m) {
-    Tracked t = take(m.transferId(), "succeeded");
+    TrackedTransfer t = take(m.transferId(), "succeeded");
     if (t != null) {
       sink.layerLoads().ended(t.transferId);
       sink.addBytes(m.bytes());
@@ -260,9 +227,9 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
       earlyFailures.put(m.transferId(), m.reason());
       return this;
     }
-    Tracked t = take(m.transferId(), "failed");
+    TrackedTransfer t = take(m.transferId(), "failed");
     if (t != null) {
-      if (t.state == State.RECEIVING) {
+      if (t.state == TrackedTransfer.State.RECEIVING) {
         sink.layerLoads().ended(t.transferId);
         // In the same report as the failure: the engine recomputes these blocks.
         sink.failedLoad(t.requestId, m.reason(), t.localBlockIds);
@@ -294,7 +261,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     }
     active.put(
         m.transferId(),
-        new Tracked(m.requestId(), m.transferId(), State.AWAITING_RELEASE, m.consumerEngineId(),
+        new TrackedTransfer(m.requestId(), m.transferId(), TrackedTransfer.State.AWAITING_RELEASE, m.consumerEngineId(),
             new int[0]));
     long delayMs = Math.max(0, m.deadlineEpochMs() - System.currentTimeMillis());
     timers.startSingleTimer(
@@ -307,7 +274,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
       earlyReleases.add(m.transferId());
       return this;
     }
-    Tracked t = take(m.transferId(), "released");
+    TrackedTransfer t = take(m.transferId(), "released");
     if (t != null) {
       sink.doneSending(t.requestId);
       observe(TransferObserver.Outcome.SENT, 0, t);
@@ -320,23 +287,23 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
       return this;
     }
     terminal.add(m.transferId());
-    if (m.failureOrNull() == null) {
-      sink.addBytes(m.bytes());
+    if (m.outcome() instanceof SendOutcome.Sent sent) {
+      sink.addBytes(sent.bytes());
       sink.doneSending(m.requestId());
-      sink.observer().transferEnded(TransferObserver.Outcome.SENT, m.bytes(), -1);
-    } else {
-      sink.failed(m.requestId(), m.failureOrNull(), true);
+      sink.observer().transferEnded(TransferObserver.Outcome.SENT, sent.bytes(), -1);
+    } else if (m.outcome() instanceof SendOutcome.Failed failed) {
+      sink.failed(m.requestId(), failed.reason(), true);
       sink.observer().transferEnded(TransferObserver.Outcome.FAILED, 0, -1);
     }
     return this;
   }
 
   private Behavior<Command> onDeadline(DeadlinePassed m) {
-    Tracked t = active.get(m.transferId());
+    TrackedTransfer t = active.get(m.transferId());
     if (t == null || t.overdue) {
       return this;
     }
-    if (t.state == State.AWAITING_RELEASE) {
+    if (t.state == TrackedTransfer.State.AWAITING_RELEASE) {
       if (t.peerEngineId.isEmpty() || !directory.contains(t.peerEngineId)) {
         // The seed's abort timeout, kept where no reader can exist: the decode engine is unknown
         // or not a member (it needs P's metadata, served to members only, to read).
@@ -373,18 +340,18 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     EngineDirectory before = directory;
     EngineDirectory dir = m.directory();
     directory = dir;
-    List<Tracked> lost = new ArrayList<>();
-    for (Tracked t : active.values()) {
+    List<TrackedTransfer> lost = new ArrayList<>();
+    for (TrackedTransfer t : active.values()) {
       // Only an engine that was listed and is gone has left; one not listed yet may still join.
       // Receives end through the owner, which first waits for its own reads to stop.
-      if (t.state == State.AWAITING_RELEASE
+      if (t.state == TrackedTransfer.State.AWAITING_RELEASE
           && !t.peerEngineId.isEmpty()
           && before.contains(t.peerEngineId)
           && !dir.contains(t.peerEngineId)) {
         lost.add(t);
       }
     }
-    for (Tracked t : lost) {
+    for (TrackedTransfer t : lost) {
       take(t.transferId, "peer left");
       // D is gone: nobody will read these blocks; free them now instead of at the deadline.
       sink.doneSending(t.requestId);
@@ -392,12 +359,12 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     return this;
   }
 
-  private void observe(TransferObserver.Outcome outcome, long bytes, Tracked t) {
+  private void observe(TransferObserver.Outcome outcome, long bytes, TrackedTransfer t) {
     sink.observer().transferEnded(outcome, bytes, System.nanoTime() - t.startedNanos);
   }
 
-  private @Nullable Tracked take(String transferId, String why) {
-    Tracked t = active.remove(transferId);
+  private @Nullable TrackedTransfer take(String transferId, String why) {
+    TrackedTransfer t = active.remove(transferId);
     if (t == null) {
       if (!terminal.contains(transferId)) {
         getContext().getLog().debug("ignoring {} for unknown transfer {}", why, transferId);
@@ -413,16 +380,12 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     Map<String, Integer> counts = new TreeMap<>();
     List<TransferView> views = new ArrayList<>();
     long now = System.currentTimeMillis();
-    for (Tracked t : active.values()) {
-      String state =
-          t.overdue ? "ending" : t.state.name().toLowerCase(java.util.Locale.ROOT);
-      counts.merge(state, 1, Integer::sum);
-      views.add(new TransferView(
-          t.requestId, t.transferId, state, t.peerEngineId, now - t.startedMs, null));
+    for (TrackedTransfer t : active.values()) {
+      views.add(t.view(now));
     }
-    for (TransferView w : m.writes()) {
-      counts.merge(w.state(), 1, Integer::sum);
-      views.add(w);
+    views.addAll(m.writes());
+    for (TransferView v : views) {
+      counts.merge(v.state(), 1, Integer::sum);
     }
     m.replyTo().tell(new Snapshot(counts, views));
     return this;

@@ -46,11 +46,11 @@ class BadPeerInputTest {
   }
 
   /** P computes {@code request} on its blocks 1, 2, 3 and D (the test) names {@code remote}. */
-  private EngineActor.TransferFailed refused(ConnectorWorker p, String request, int[] remote) {
+  private PeerProtocol.TransferFailed refused(ConnectorWorker p, String request, int[] remote) {
     String tx = "tx-" + request;
     PeerFixture.saveAllLayers(p, new ReqMeta(request, tx, new int[] {1, 2, 3}, null, "decode-0", 0));
-    p.engineRef().tell(new EngineActor.RemoteBlocks(tx, request, remote, "decode-0", 0));
-    EngineActor.TransferFailed f = fx.peerInbox.expectMessageClass(EngineActor.TransferFailed.class, WITHIN);
+    p.engineRef().tell(new PeerProtocol.RemoteBlocks(tx, request, remote, "decode-0", 0, 0));
+    PeerProtocol.TransferFailed f = fx.peerInbox.expectMessageClass(PeerProtocol.TransferFailed.class, WITHIN);
     assertEquals(tx, f.transferId());
     assertEquals("prefill-0", f.engineId());
     Finished done = fx.awaitFinished(p, x -> x.failed().containsKey(request));
@@ -64,8 +64,8 @@ class BadPeerInputTest {
   private void servesTheNextGoodRequest(ConnectorWorker p, String request) {
     String tx = "tx-" + request;
     PeerFixture.saveAllLayers(p, new ReqMeta(request, tx, new int[] {4, 5}, null, "decode-0", 0));
-    p.engineRef().tell(new EngineActor.RemoteBlocks(tx, request, new int[] {10, 11}, "decode-0", 0));
-    EngineActor.WriteDone done = fx.peerInbox.expectMessageClass(EngineActor.WriteDone.class, WITHIN);
+    p.engineRef().tell(new PeerProtocol.RemoteBlocks(tx, request, new int[] {10, 11}, "decode-0", 0, 0));
+    PeerProtocol.WriteDone done = fx.peerInbox.expectMessageClass(PeerProtocol.WriteDone.class, WITHIN);
     assertEquals(tx, done.transferId());
     assertTrue(fx.awaitFinished(p, x -> x.doneSending().contains(request)).failed().isEmpty());
     long block = PeerFixture.GEOMETRY.blockBytes();
@@ -115,9 +115,9 @@ class BadPeerInputTest {
   @Test
   void duplicateRemoteBlocksForOneTransferAreIgnoredAndTheFirstListIsWritten() {
     ConnectorWorker p = prefillWithListedDecode(ConnectorSettings.DEFAULTS);
-    p.engineRef().tell(new EngineActor.RemoteBlocks("tx-good", "good", new int[] {10, 11}, "decode-0", 0));
+    p.engineRef().tell(new PeerProtocol.RemoteBlocks("tx-good", "good", new int[] {10, 11}, "decode-0", 0, 0));
     // A second list for the same transfer (replayed or forged) must not redirect the writes.
-    p.engineRef().tell(new EngineActor.RemoteBlocks("tx-good", "good", new int[] {0, 1}, "decode-0", 0));
+    p.engineRef().tell(new PeerProtocol.RemoteBlocks("tx-good", "good", new int[] {0, 1}, "decode-0", 0, 0));
     servesTheNextGoodRequest(p, "good");
   }
 
@@ -131,7 +131,7 @@ class BadPeerInputTest {
     Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("second"));
     assertTrue(f.failed().get("second").contains("duplicate transfer id tx-same for request second"),
         f.failed().toString());
-    d.engineRef().tell(new EngineActor.WriteDone("tx-same", "prefill-0"));
+    d.engineRef().tell(new PeerProtocol.WriteDone("tx-same", "prefill-0", 0));
     assertEquals(Set.of("first"), fx.awaitFinished(d, x -> !x.doneReceiving().isEmpty()).doneReceiving());
   }
 
@@ -149,7 +149,7 @@ class BadPeerInputTest {
         f.failed().toString());
     assertTrue(f.doneSending().contains("lost"), "P frees it");
     // Blocks announced by an engine that is not the request's decode are written nowhere.
-    p.engineRef().tell(new EngineActor.RemoteBlocks("tx-stranger", "stranger", new int[] {1}, "no-such-decode", 0));
+    p.engineRef().tell(new PeerProtocol.RemoteBlocks("tx-stranger", "stranger", new int[] {1}, "no-such-decode", 0, 0));
     servesTheNextGoodRequest(p, "good");
 
     // D: a request whose prefill engine does not exist ends at the transfer timeout, named.
@@ -160,11 +160,11 @@ class BadPeerInputTest {
     assertTrue(df.failed().get("orphan").contains("from no-such-prefill did not finish within 1000 ms"),
         df.failed().toString());
     // A write-done or failure from an engine for a transfer it never had is ignored.
-    d.engineRef().tell(new EngineActor.WriteDone("tx-never", "no-such-prefill"));
-    d.engineRef().tell(new EngineActor.Release("tx-never", "no-such-prefill"));
+    d.engineRef().tell(new PeerProtocol.WriteDone("tx-never", "no-such-prefill", 0));
+    d.engineRef().tell(new PeerProtocol.Release("tx-never", "no-such-prefill", 0, 1));
     d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
         new ReqMeta("after", "tx-after", new int[] {2}, null, "no-such-prefill", 0)));
-    d.engineRef().tell(new EngineActor.WriteDone("tx-after", "no-such-prefill"));
+    d.engineRef().tell(new PeerProtocol.WriteDone("tx-after", "no-such-prefill", 0));
     assertEquals(Set.of("after"), fx.awaitFinished(d, x -> !x.doneReceiving().isEmpty()).doneReceiving());
   }
 
@@ -197,7 +197,7 @@ class BadPeerInputTest {
     List<String> ids = new java.util.ArrayList<>();
     while (ids.size() < n) {
       Object m = fx.peerInbox.receiveMessage(WITHIN);
-      if (m instanceof EngineActor.TransferFailed f) {
+      if (m instanceof PeerProtocol.TransferFailed f) {
         ids.add(f.transferId());
       }
     }
@@ -231,8 +231,8 @@ class BadPeerInputTest {
       String tx = "tx-fresh-" + System.nanoTime();
       abort(p, tx, "late-decode");
       Object m = fx.peerInbox.receiveMessage(Duration.ofMillis(500));
-      assertTrue(m instanceof EngineActor.TransferFailed, String.valueOf(m));
-      first[0] = ((EngineActor.TransferFailed) m).transferId();
+      assertTrue(m instanceof PeerProtocol.TransferFailed, String.valueOf(m));
+      first[0] = ((PeerProtocol.TransferFailed) m).transferId();
       return null;
     });
     assertTrue(first[0].startsWith("tx-fresh-"), "the stale notice was passed on: " + first[0]);

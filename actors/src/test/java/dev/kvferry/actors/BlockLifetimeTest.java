@@ -79,14 +79,14 @@ class BlockLifetimeTest {
         ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(300)));
     d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
         new ReqMeta("r1", "tx1", new int[] {1, 2}, null, "prefill-0", 0)));
-    assertEquals("tx1", fishPeer(EngineActor.RemoteBlocks.class).transferId());
+    assertEquals("tx1", fishPeer(PeerProtocol.RemoteBlocks.class).transferId());
 
-    EngineActor.TransferFailed ask = fishPeer(EngineActor.TransferFailed.class);
+    PeerProtocol.TransferFailed ask = fishPeer(PeerProtocol.TransferFailed.class);
     assertEquals("tx1", ask.transferId());
     assertTrue(ask.reason().contains("did not finish within 300 ms"), ask.reason());
     assertNothingFinishedFor(d, QUIET);
 
-    d.engineRef().tell(new EngineActor.TransferFailed("tx1", "prefill-0", "abandoned", 0));
+    d.engineRef().tell(new PeerProtocol.TransferFailed("tx1", "prefill-0", "abandoned", 0));
     Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r1"));
     assertTrue(f.failed().get("r1").contains("did not finish within 300 ms"), f.toString());
     assertEquals(Set.of(1, 2), f.blockIdsWithLoadErrors());
@@ -99,7 +99,7 @@ class BlockLifetimeTest {
         ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(300)));
     d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
         new ReqMeta("r1", "tx1", new int[] {1, 2}, null, "prefill-0", 0)));
-    fishPeer(EngineActor.TransferFailed.class);
+    fishPeer(PeerProtocol.TransferFailed.class);
     assertNothingFinishedFor(d, QUIET);
 
     fx.kit.stop(p); // leaves the listing, as a downed member does
@@ -149,16 +149,16 @@ class BlockLifetimeTest {
         new ConnectorRequest("r2", 8, KvTransferParams.forDecode("tx2", "prefill-0", 0));
     sched.numNewMatchedTokens(req, 0);
     sched.updateStateAfterAlloc(req, new int[] {3, 4}, 8);
-    fishPeer(EngineActor.RemoteBlocks.class);
+    fishPeer(PeerProtocol.RemoteBlocks.class);
 
     req.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
     FinishDecision fd = sched.requestFinished(req, new int[] {3, 4});
     assertTrue(fd.delayFreeBlocks(), "P may be writing into the aborted request's blocks");
-    EngineActor.TransferFailed ask = fishPeer(EngineActor.TransferFailed.class);
+    PeerProtocol.TransferFailed ask = fishPeer(PeerProtocol.TransferFailed.class);
     assertTrue(ask.reason().contains("aborted on decode engine decode-0"), ask.reason());
     assertNothingFinishedFor(d, QUIET);
 
-    d.engineRef().tell(new EngineActor.TransferFailed("tx2", "prefill-0", "abandoned", 0));
+    d.engineRef().tell(new PeerProtocol.TransferFailed("tx2", "prefill-0", "abandoned", 0));
     assertTrue(fx.awaitFinished(d, x -> x.failed().containsKey("r2")).failed().containsKey("r2"));
   }
 
@@ -169,17 +169,17 @@ class BlockLifetimeTest {
     fx.awaitListed(Role.DECODE, "decode-0");
     ConnectorWorker p = fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0",
         ConnectorSettings.DEFAULTS, gated, fx.localLayers);
-    p.engineRef().tell(new EngineActor.RemoteBlocks("tx5", "r5", new int[] {3}, "decode-0", 0));
+    p.engineRef().tell(new PeerProtocol.RemoteBlocks("tx5", "r5", new int[] {3}, "decode-0", 0, 0));
     PeerFixture.saveAllLayers(p, new ReqMeta("r5", "tx5", new int[] {1}, null, "decode-0", 0));
     awaitSubmitted(gated, PeerFixture.LAYERS);
 
     // D gives up while P's copies are in flight: they can still land in D's blocks.
-    p.engineRef().tell(new EngineActor.TransferFailed("tx5", "decode-0", "decode gave up", 0));
+    p.engineRef().tell(new PeerProtocol.TransferFailed("tx5", "decode-0", "decode gave up", 0));
     fx.peerInbox.expectNoMessage(QUIET);
     assertNothingFinishedFor(p, Duration.ZERO);
 
     gated.open();
-    EngineActor.TransferFailed confirm = fishPeer(EngineActor.TransferFailed.class);
+    PeerProtocol.TransferFailed confirm = fishPeer(PeerProtocol.TransferFailed.class);
     assertEquals("tx5", confirm.transferId());
     assertEquals(0, confirm.senderTpRank());
     Finished f = fx.awaitFinished(p, x -> x.doneSending().contains("r5"));
@@ -203,7 +203,7 @@ class BlockLifetimeTest {
     assertNothingFinishedFor(d, Duration.ZERO);
 
     gated.open();
-    assertEquals("tx6", fishPeer(EngineActor.Release.class).transferId());
+    assertEquals("tx6", fishPeer(PeerProtocol.Release.class).transferId());
     Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r6"));
     assertTrue(f.failed().get("r6").contains("did not finish within 300 ms"), f.toString());
     assertEquals(Set.of(1, 2), f.blockIdsWithLoadErrors());
@@ -222,12 +222,12 @@ class BlockLifetimeTest {
     awaitSubmitted(gated, PeerFixture.LAYERS);
 
     // P ends the transfer (it gave up waiting) while our reads are still landing.
-    d.engineRef().tell(new EngineActor.TransferFailed("tx6", "prefill-0", "prefill gave up", 0));
+    d.engineRef().tell(new PeerProtocol.TransferFailed("tx6", "prefill-0", "prefill gave up", 0));
     fx.peerInbox.expectNoMessage(QUIET);
     assertNothingFinishedFor(d, Duration.ZERO);
 
     gated.open();
-    assertEquals("tx6", fishPeer(EngineActor.Release.class).transferId());
+    assertEquals("tx6", fishPeer(PeerProtocol.Release.class).transferId());
     Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r6"));
     assertTrue(f.failed().get("r6").contains("prefill gave up"), f.toString());
   }
@@ -243,12 +243,12 @@ class BlockLifetimeTest {
         new ConnectorMetadata.PendingSend("r7", "tx7", System.currentTimeMillis() + 200,
             "decode-0"))));
 
-    EngineActor.TransferFailed ask = fishPeer(EngineActor.TransferFailed.class);
+    PeerProtocol.TransferFailed ask = fishPeer(PeerProtocol.TransferFailed.class);
     assertEquals("tx7", ask.transferId());
     assertTrue(ask.reason().contains("release its blocks"), ask.reason());
     assertNothingFinishedFor(p, QUIET);
 
-    p.engineRef().tell(new EngineActor.Release("tx7", "decode-0", 0, 1));
+    p.engineRef().tell(new PeerProtocol.Release("tx7", "decode-0", 0, 1));
     assertEquals(Set.of("r7"), fx.awaitFinished(p, x -> !x.doneSending().isEmpty()).doneSending());
   }
 
@@ -275,11 +275,11 @@ class BlockLifetimeTest {
     fx.awaitListed(Role.DECODE, "decode-0");
     ConnectorWorker p =
         fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0", ConnectorSettings.DEFAULTS);
-    p.engineRef().tell(new EngineActor.RemoteBlocks("tx9", "r9", new int[] {3}, "decode-0", 0));
+    p.engineRef().tell(new PeerProtocol.RemoteBlocks("tx9", "r9", new int[] {3}, "decode-0", 0, 0));
     // Aborted mid-prefill: the engine frees its blocks at once and saves nothing.
     p.engineRef().tell(
         new EngineActor.AbortTransfer("r9", "tx9", "decode-0", "request r9 aborted on prefill"));
-    EngineActor.TransferFailed told = fishPeer(EngineActor.TransferFailed.class);
+    PeerProtocol.TransferFailed told = fishPeer(PeerProtocol.TransferFailed.class);
     assertTrue(told.reason().contains("aborted on prefill"), told.reason());
     assertNothingFinishedFor(p, QUIET);
   }
@@ -336,11 +336,11 @@ class BlockLifetimeTest {
         fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0", ConnectorSettings.DEFAULTS);
     d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
         new ReqMeta("r11", "tx11", new int[] {1, 2}, null, "prefill-0", 0)));
-    fishPeer(EngineActor.RemoteBlocks.class);
-    fishPeer(EngineActor.RemoteBlocks.class);
-    d.engineRef().tell(new EngineActor.WriteDone("tx11", "prefill-0", 0));
+    fishPeer(PeerProtocol.RemoteBlocks.class);
+    fishPeer(PeerProtocol.RemoteBlocks.class);
+    d.engineRef().tell(new PeerProtocol.WriteDone("tx11", "prefill-0", 0));
     assertNothingFinishedFor(d, QUIET);
-    d.engineRef().tell(new EngineActor.WriteDone("tx11", "prefill-0", 1));
+    d.engineRef().tell(new PeerProtocol.WriteDone("tx11", "prefill-0", 1));
     assertEquals(Set.of("r11"), fx.awaitFinished(d, x -> !x.doneReceiving().isEmpty()).doneReceiving());
   }
 
@@ -351,14 +351,14 @@ class BlockLifetimeTest {
         ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(400)));
     d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
         new ReqMeta("r12", "tx12", new int[] {1, 2}, null, "prefill-0", 0)));
-    fishPeer(EngineActor.RemoteBlocks.class);
-    fishPeer(EngineActor.RemoteBlocks.class);
-    d.engineRef().tell(new EngineActor.WriteDone("tx12", "prefill-0", 0));
+    fishPeer(PeerProtocol.RemoteBlocks.class);
+    fishPeer(PeerProtocol.RemoteBlocks.class);
+    d.engineRef().tell(new PeerProtocol.WriteDone("tx12", "prefill-0", 0));
 
-    assertEquals("tx12", fishPeer(EngineActor.TransferFailed.class).transferId());
+    assertEquals("tx12", fishPeer(PeerProtocol.TransferFailed.class).transferId());
     fx.peerInbox.expectNoMessage(QUIET); // worker 0 is done: only worker 1 is asked
     assertNothingFinishedFor(d, Duration.ZERO);
-    d.engineRef().tell(new EngineActor.TransferFailed("tx12", "prefill-0", "abandoned", 1));
+    d.engineRef().tell(new PeerProtocol.TransferFailed("tx12", "prefill-0", "abandoned", 1));
     Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r12"));
     assertEquals(Set.of(1, 2), f.blockIdsWithLoadErrors());
   }
@@ -374,8 +374,8 @@ class BlockLifetimeTest {
     ConnectorRequest req =
         new ConnectorRequest("r13", 8, KvTransferParams.forDecode("tx13", "prefill-0", 0));
     sched.updateStateAfterAlloc(req, new int[] {3, 4}, 8);
-    fishPeer(EngineActor.RemoteBlocks.class);
-    d.engineRef().tell(new EngineActor.WriteDone("tx13", "prefill-0", 0));
+    fishPeer(PeerProtocol.RemoteBlocks.class);
+    d.engineRef().tell(new PeerProtocol.WriteDone("tx13", "prefill-0", 0));
     fx.awaitFinished(d, x -> x.doneReceiving().contains("r13"));
 
     // Aborted while decoding: the free was delayed, so the request is reported once more.

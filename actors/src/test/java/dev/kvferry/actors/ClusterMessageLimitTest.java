@@ -29,22 +29,22 @@ class ClusterMessageLimitTest {
   @Test
   void blockListsThatFitPassWithoutBeingSerialized() {
     ClusterMessageLimit limit = ClusterMessageLimit.of(kit.system());
-    assertEquals(Optional.empty(), limit.whyNotSendable(blocks(10_000), 10_000, "list"));
+    assertEquals(Optional.empty(), limit.whyNotSendable(blocks(10_000), 10_000, () -> "list"));
   }
 
   @Test
   void measuresListsPastTheCheapBoundAndRefusesOnlyThoseThatDoNotFit() {
     ClusterMessageLimit limit = ClusterMessageLimit.of(kit.system());
     // 15,000 small ids: over the 5-bytes-per-int bound, under the frame once serialized.
-    assertEquals(Optional.empty(), limit.whyNotSendable(blocks(15_000), 15_000, "list"));
-    Optional<String> why = limit.whyNotSendable(blocks(40_000), 40_000, "the list of 40000 ids");
+    assertEquals(Optional.empty(), limit.whyNotSendable(blocks(15_000), 15_000, () -> "list"));
+    Optional<String> why = limit.whyNotSendable(blocks(40_000), 40_000, () -> "the list of 40000 ids");
     assertTrue(why.isPresent());
     assertTrue(why.get().startsWith("the list of 40000 ids is "), why.get());
     assertTrue(why.get().contains("pekko.remote.artery.advanced.maximum-frame-size"), why.get());
     assertTrue(why.get().contains("(it is 64000 bytes)"), why.get());
   }
 
-  private static EngineActor.RemoteBlocks blocks(int n) {
-    return new EngineActor.RemoteBlocks("tx", "req", IntStream.range(0, n).toArray(), "d", 0);
+  private static PeerProtocol.RemoteBlocks blocks(int n) {
+    return new PeerProtocol.RemoteBlocks("tx", "req", IntStream.range(0, n).toArray(), "d", 0, 0);
   }
 }

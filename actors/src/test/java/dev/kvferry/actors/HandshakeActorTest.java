@@ -107,9 +107,9 @@ class HandshakeActorTest {
   @Test
   void servesItsOwnMetadataToPeers() {
     ActorRef<HandshakeActor.Command> h = handshake(ConnectorSettings.DEFAULTS);
-    TestProbe<EngineActor.MetadataReply> p = fx.kit.createTestProbe();
-    h.tell(new HandshakeActor.Serve(new EngineActor.GetMetadata(p.ref())));
-    EngineActor.MetadataReply reply = p.receiveMessage(Duration.ofSeconds(5));
+    TestProbe<PeerProtocol.MetadataReply> p = fx.kit.createTestProbe();
+    h.tell(new HandshakeActor.Serve(new PeerProtocol.GetMetadata(p.ref())));
+    PeerProtocol.MetadataReply reply = p.receiveMessage(Duration.ofSeconds(5));
     assertEquals("prefill-0", reply.engineId());
     assertTrue(reply.blob().length > 0);
   }

@@ -29,7 +29,7 @@ class MessageOrderTest {
     // transfer timeout is far away: the failure must come from P's message, not from the clock.
     ConnectorSettings s = ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMinutes(10));
     ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0", s);
-    d.engineRef().tell(new EngineActor.TransferFailed("tx-1", "prefill-0", "request r1 aborted on prefill"));
+    d.engineRef().tell(new PeerProtocol.TransferFailed("tx-1", "prefill-0", "request r1 aborted on prefill", 0));
     d.engineRef()
         .tell(new EngineActor.AnnounceRemoteBlocks(
             new ReqMeta("r1", "tx-1", new int[] {1, 2}, null, "prefill-0", 0)));
@@ -42,7 +42,7 @@ class MessageOrderTest {
     d.engineRef()
         .tell(new EngineActor.AnnounceRemoteBlocks(
             new ReqMeta("r2", "tx-2", new int[] {3}, null, "prefill-0", 0)));
-    d.engineRef().tell(new EngineActor.WriteDone("tx-2", "prefill-0"));
+    d.engineRef().tell(new PeerProtocol.WriteDone("tx-2", "prefill-0", 0));
     assertEquals(java.util.Set.of("r2"), fx.awaitFinished(d, x -> !x.doneReceiving().isEmpty()).doneReceiving());
   }
 }

@@ -81,9 +81,9 @@ class MetadataForMembersOnlyTest {
     String path = ActorRefResolver.get(member.system()).toSerializationFormat(worker.engineRef());
     ActorRef<EngineActor.Command> engine =
         ActorRefResolver.get(outsider.system()).resolveActorRef(path);
-    TestProbe<EngineActor.MetadataReply> probe = outsider.createTestProbe();
+    TestProbe<PeerProtocol.MetadataReply> probe = outsider.createTestProbe();
 
-    engine.tell(new EngineActor.GetMetadata(probe.ref()));
+    engine.tell(new PeerProtocol.GetMetadata(probe.ref()));
     probe.expectNoMessage(Duration.ofSeconds(3));
 
     Cluster joined = Cluster.get(outsider.system());
@@ -96,9 +96,9 @@ class MetadataForMembersOnlyTest {
       assertEquals(2, self.state().members().size());
       return null;
     });
-    engine.tell(new EngineActor.GetMetadata(probe.ref()));
-    EngineActor.MetadataReply reply =
-        probe.expectMessageClass(EngineActor.MetadataReply.class, Duration.ofSeconds(10));
+    engine.tell(new PeerProtocol.GetMetadata(probe.ref()));
+    PeerProtocol.MetadataReply reply =
+        probe.expectMessageClass(PeerProtocol.MetadataReply.class, Duration.ofSeconds(10));
     assertEquals("decode-0", reply.engineId());
   }
 }

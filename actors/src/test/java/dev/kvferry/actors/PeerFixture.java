@@ -141,12 +141,12 @@ final class PeerFixture implements AutoCloseable {
                   .tell(Receptionist.register(EngineActor.serviceKey(peer.role()), ctx.getSelf()));
               return Behaviors.receive(EngineActor.Command.class)
                   .onMessage(
-                      EngineActor.GetMetadata.class,
+                      PeerProtocol.GetMetadata.class,
                       m -> {
                         byte[] blob = metadata == null ? null : metadata.apply(peer);
                         if (blob != null) {
                           m.replyTo()
-                              .tell(new EngineActor.MetadataReply(peer.engineId(), peer.tpRank(), blob));
+                              .tell(new PeerProtocol.MetadataReply(peer.engineId(), peer.tpRank(), blob));
                         }
                         return Behaviors.same();
                       })

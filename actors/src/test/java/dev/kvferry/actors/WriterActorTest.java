@@ -57,13 +57,13 @@ class WriterActorTest {
   void sealedCountWithFewerHooksThanLayersCompletesTheTransfer() {
     ConnectorWorker p = prefill(ConnectorSettings.DEFAULTS);
     ReqMeta r = new ReqMeta("r1", "tx1", new int[] {1, 2}, null, "decode-0", 0);
-    p.engineRef().tell(new EngineActor.RemoteBlocks("tx1", "r1", new int[] {3, 4}, "decode-0", 0));
+    p.engineRef().tell(new PeerProtocol.RemoteBlocks("tx1", "r1", new int[] {3, 4}, "decode-0", 0, 0));
     // A hybrid model: the pass fires the save hook for layer 0 only, then seals.
     ConnectorMetadata meta = new ConnectorMetadata(List.of(r), List.of(), List.of());
     p.saveKvLayer(meta, 0, HostLayerEvent.completed());
     p.waitForSave();
 
-    EngineActor.WriteDone done = fishPeer(EngineActor.WriteDone.class);
+    PeerProtocol.WriteDone done = fishPeer(PeerProtocol.WriteDone.class);
     assertEquals("tx1", done.transferId());
     assertEquals(Set.of("r1"), fx.awaitFinished(p, f -> f.doneSending().contains("r1")).doneSending());
     assertEquals(block(fx.localLayers, 0, 1), block(fx.peerLayers, 0, 3));
@@ -71,7 +71,7 @@ class WriterActorTest {
     assertEquals(0, block(fx.peerLayers, 1, 3).get(0), "layer 1 was not saved, so not written");
 
     // Late and duplicate messages for the finished transfer change nothing.
-    p.engineRef().tell(new EngineActor.RemoteBlocks("tx1", "r1", new int[] {5, 6}, "decode-0", 0));
+    p.engineRef().tell(new PeerProtocol.RemoteBlocks("tx1", "r1", new int[] {5, 6}, "decode-0", 0, 0));
     fx.peerInbox.expectNoMessage(Duration.ofMillis(300));
     assertTrue(p.getFinished().isEmpty());
   }
@@ -80,7 +80,7 @@ class WriterActorTest {
   void aLayerWaitsForItsEventBeforeItIsWritten() {
     ConnectorWorker p = prefill(ConnectorSettings.DEFAULTS);
     ReqMeta r = new ReqMeta("r2", "tx2", new int[] {7}, null, "decode-0", 0);
-    p.engineRef().tell(new EngineActor.RemoteBlocks("tx2", "r2", new int[] {9}, "decode-0", 0));
+    p.engineRef().tell(new PeerProtocol.RemoteBlocks("tx2", "r2", new int[] {9}, "decode-0", 0, 0));
     ConnectorMetadata meta = new ConnectorMetadata(List.of(r), List.of(), List.of());
     HostLayerEvent e0 = new HostLayerEvent();
     HostLayerEvent e1 = new HostLayerEvent();
@@ -90,7 +90,7 @@ class WriterActorTest {
     e0.fire();
     fx.peerInbox.expectNoMessage(Duration.ofMillis(300)); // layer 1's event has not fired
     e1.fire();
-    assertEquals("tx2", fishPeer(EngineActor.WriteDone.class).transferId());
+    assertEquals("tx2", fishPeer(PeerProtocol.WriteDone.class).transferId());
     assertEquals(block(fx.localLayers, 1, 7), block(fx.peerLayers, 1, 9));
   }
 
@@ -99,7 +99,7 @@ class WriterActorTest {
     ConnectorWorker p = prefill(ConnectorSettings.DEFAULTS.withDeferTimeout(Duration.ofMillis(300)));
     ReqMeta r = new ReqMeta("r3", "tx3", new int[] {1}, null, "decode-0", 0);
     PeerFixture.saveAllLayers(p, r);
-    EngineActor.TransferFailed failed = fishPeer(EngineActor.TransferFailed.class);
+    PeerProtocol.TransferFailed failed = fishPeer(PeerProtocol.TransferFailed.class);
     assertTrue(failed.reason().contains("remote blocks"), failed.reason());
     Finished f = fx.awaitFinished(p, x -> x.doneSending().contains("r3"));
     assertTrue(f.failed().get("r3").contains("300 ms"), f.toString());

@@ -1,6 +1,7 @@
 package dev.kvferry.bench;
 
 import dev.kvferry.actors.EngineActor;
+import dev.kvferry.actors.PeerProtocol;
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
@@ -14,7 +15,7 @@ import org.apache.pekko.actor.typed.receptionist.ServiceKey;
 
 /**
  * The prefill side of the notify round trip, in its own JVM: answers every {@link
- * EngineActor.RemoteBlocks} with a {@link EngineActor.WriteDone} for the same transfer, as P does
+ * PeerProtocol.RemoteBlocks} with a {@link PeerProtocol.WriteDone} for the same transfer, as P does
  * once its writes are done (here with no bytes to write). It finds the decode side through the
  * Receptionist and registers itself only once it can answer.
  *
@@ -63,8 +64,8 @@ public final class NotifyEcho {
     return Behaviors.setup(ctx -> {
       ctx.getSystem().receptionist().tell(Receptionist.register(PREFILL_KEY, ctx.getSelf()));
       return Behaviors.receive(EngineActor.Command.class)
-          .onMessage(EngineActor.RemoteBlocks.class, m -> {
-            decode.tell(new EngineActor.WriteDone(m.transferId(), "bench-prefill"));
+          .onMessage(PeerProtocol.RemoteBlocks.class, m -> {
+            decode.tell(new PeerProtocol.WriteDone(m.transferId(), "bench-prefill", 0));
             return Behaviors.same();
           })
           .build();

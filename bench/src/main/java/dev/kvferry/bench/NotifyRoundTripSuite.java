@@ -3,6 +3,7 @@ package dev.kvferry.bench;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import dev.kvferry.actors.EngineActor;
+import dev.kvferry.actors.PeerProtocol;
 import dev.kvferry.rdma.testing.ChildJvm;
 import java.io.IOException;
 import java.io.PrintStream;
@@ -21,8 +22,8 @@ import org.apache.pekko.actor.typed.receptionist.Receptionist;
 
 /**
  * The notify round trip between two cluster nodes in two JVMs: the decode side (this JVM) sends
- * {@link EngineActor.RemoteBlocks} with 64 block ids to the prefill side ({@link NotifyEcho}, a
- * child JVM), which answers with {@link EngineActor.WriteDone}; both are Jackson CBOR over Artery
+ * {@link PeerProtocol.RemoteBlocks} with 64 block ids to the prefill side ({@link NotifyEcho}, a
+ * child JVM), which answers with {@link PeerProtocol.WriteDone}; both are Jackson CBOR over Artery
  * TCP on loopback, actor to actor. One round trip at a time, like the seed script, which does the
  * same with pyzmq DEALER/ROUTER sockets and msgpack (kvferry's peer seed_notify_rtt.py). The time is
  * taken in the sending actor, from the tell to the reply's handling.
@@ -223,7 +224,7 @@ public final class NotifyRoundTripSuite {
 
     private Behavior<Object> running() {
       return Behaviors.receive(Object.class)
-          .onMessage(EngineActor.WriteDone.class, this::onWriteDone)
+          .onMessage(PeerProtocol.WriteDone.class, this::onWriteDone)
           .build();
     }
 
@@ -236,11 +237,11 @@ public final class NotifyRoundTripSuite {
     private void send() {
       int i = sent++;
       sentNanos = System.nanoTime();
-      start.prefill().tell(new EngineActor.RemoteBlocks("tx-" + i, "req-" + i, start.blockIds(),
-          "bench-decode", 0));
+      start.prefill().tell(new PeerProtocol.RemoteBlocks("tx-" + i, "req-" + i, start.blockIds(),
+          "bench-decode", 0, 0));
     }
 
-    private Behavior<Object> onWriteDone(EngineActor.WriteDone m) {
+    private Behavior<Object> onWriteDone(PeerProtocol.WriteDone m) {
       long now = System.nanoTime();
       int i = sent - 1;
       if (!m.transferId().equals("tx-" + i)) {

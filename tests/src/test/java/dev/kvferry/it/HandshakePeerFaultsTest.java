@@ -6,6 +6,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.typesafe.config.ConfigFactory;
 import dev.kvferry.actors.EngineActor;
+import dev.kvferry.actors.PeerProtocol;
 import dev.kvferry.actors.connector.ConnectorScheduler;
 import dev.kvferry.actors.connector.ConnectorWorker;
 import dev.kvferry.actors.connector.KvTransferParams;
@@ -104,10 +105,10 @@ class HandshakePeerFaultsTest {
       ctx.getSystem().receptionist()
           .tell(Receptionist.register(EngineActor.serviceKey(identity.role()), ctx.getSelf()));
       return Behaviors.receive(EngineActor.Command.class)
-          .onMessage(EngineActor.GetMetadata.class, m -> {
+          .onMessage(PeerProtocol.GetMetadata.class, m -> {
             byte[] b = blob.get();
             if (b != null) {
-              m.replyTo().tell(new EngineActor.MetadataReply(identity.engineId(), 0, b));
+              m.replyTo().tell(new PeerProtocol.MetadataReply(identity.engineId(), 0, b));
             }
             return Behaviors.same();
           })
@@ -141,8 +142,8 @@ class HandshakePeerFaultsTest {
     }
     // D's failure notices name the handshake that did not answer.
     for (int i = 0; i < 3; i++) {
-      EngineActor.TransferFailed f =
-          inbox.expectMessageClass(EngineActor.TransferFailed.class, FAILS_WITHIN);
+      PeerProtocol.TransferFailed f =
+          inbox.expectMessageClass(PeerProtocol.TransferFailed.class, FAILS_WITHIN);
       assertEquals("handshake with silent-decode/tp0 failed after 2 attempts: no answer from"
           + " silent-decode/tp0 within 300 ms", f.reason());
     }
@@ -168,7 +169,7 @@ class HandshakePeerFaultsTest {
     }
     // D still lets the silent P know it may free what it kept.
     for (int i = 0; i < 3; i++) {
-      inbox.expectMessageClass(EngineActor.Release.class, FAILS_WITHIN);
+      inbox.expectMessageClass(PeerProtocol.Release.class, FAILS_WITHIN);
     }
     awaitAllFree(d);
   }

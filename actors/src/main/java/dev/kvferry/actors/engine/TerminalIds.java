@@ -1,23 +1,14 @@
 package dev.kvferry.actors.engine;
 
-import java.util.LinkedHashMap;
-import java.util.Map;
-
 /**
  * A bounded set of finished transfer ids, oldest evicted first, so that late messages for a
  * finished transfer are recognised and ignored. Not thread-safe: owned by one actor.
  */
 public final class TerminalIds {
-  private final LinkedHashMap<String, Boolean> ids;
+  private final BoundedMap<String, Boolean> ids;
 
   public TerminalIds(int capacity) {
-    this.ids =
-        new LinkedHashMap<>(16, 0.75f, false) {
-          @Override
-          protected boolean removeEldestEntry(Map.Entry<String, Boolean> eldest) {
-            return size() > capacity;
-          }
-        };
+    this.ids = new BoundedMap<>(capacity);
   }
 
   public void add(String transferId) {

@@ -1,0 +1,198 @@
+package dev.kvferry.actors;
+
+import dev.kvferry.actors.engine.AgentMetadata;
+import dev.kvferry.rdma.EventOrderedTransport;
+import dev.kvferry.rdma.MemoryRegion;
+import dev.kvferry.rdma.RegionDescriptor;
+import dev.kvferry.rdma.TransferBatch;
+import dev.kvferry.rdma.TransferStatus;
+import dev.kvferry.rdma.Transport;
+import dev.kvferry.rdma.cuda.CudaEvent;
+import dev.kvferry.rdma.cuda.SharedDoneWords;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.Executor;
+import java.util.concurrent.atomic.AtomicBoolean;
+import org.jspecify.annotations.Nullable;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The transport side of P's writes, for its {@link WriterActor}: hands one layer's copies to one
+ * D worker on the I/O executor (behind the layer's CUDA event on the copy stream where the
+ * transport orders copies on the GPU), stores D's done word behind a target's last copies, and
+ * releases what the transport keeps for a peer that left. Used from the writer's thread only; the
+ * copies themselves run on the I/O executor.
+ */
+final class LayerWriter {
+  private static final Logger log = LoggerFactory.getLogger(LayerWriter.class);
+
+  private final List<MemoryRegion> layerRegions;
+  private final Transport transport;
+  /** The transport's GPU ordering (copies behind CUDA events, done words), resolved once. */
+  private final @Nullable EventOrderedTransport eventOrdered;
+  private final Executor io;
+  /** D's done-word files, mapped for our GPUs, by file name (cuda transport only). */
+  private final Map<String, SharedDoneWords> doneWords = new HashMap<>();
+  /** Which decode engine each mapped done-word file belongs to, to unmap it when it leaves. */
+  private final Map<String, String> doneWordsOwner = new HashMap<>();
+  private final Set<String> unusableDoneWords = new HashSet<>();
+
+  LayerWriter(List<MemoryRegion> layerRegions, Transport transport, Executor io) {
+    this.layerRegions = List.copyOf(layerRegions);
+    this.transport = transport;
+    this.eventOrdered = transport instanceof EventOrderedTransport e ? e : null;
+    this.io = io;
+  }
+
+  int layers() {
+    return layerRegions.size();
+  }
+
+  /** Whether copies can wait for a CUDA event on the GPU (and done words can be stored). */
+  boolean ordersOnGpu() {
+    return eventOrdered != null;
+  }
+
+  /**
+   * Writes layer {@code layer} of job {@code j} to target {@code t}: its copies are submitted on
+   * the I/O executor (skipped, failed, if the job is cancelled by then). Completes when they are
+   * done.
+   */
+  CompletableFuture<TransferStatus> write(
+      WriteJob j, WriteJob.Target t, AgentMetadata peer, TransferBatch plan, int layer) {
+    CompletableFuture<TransferStatus> submission =
+        submit(layer, peer, plan, j.gpuEvents.get(layer), j.cancelled);
+    if (t.doneWord != null) {
+      t.submitted.add(submission); // the done word is stored behind every layer's copies
+    }
+    return submission.thenCompose(TransferStatus::completion);
+  }
+
+  /** Once every layer of a target is queued: D's done word is stored behind them all. */
+  void storeDoneWordIfDue(WriteJob j, WriteJob.Target t) {
+    PeerProtocol.DoneWord word = t.doneWord;
+    AgentMetadata peer = t.peer;
+    if (word == null || peer == null || t.doneWordQueued || j.expected < 0
+        || t.issued < j.expected) {
+      return;
+    }
+    t.doneWordQueued = true;
+    storeDoneWord(j.transferId, j.decodeEngineId, peer, word, t.submitted);
+  }
+
+  /** The future completes once the copies are queued, not done. */
+  private CompletableFuture<TransferStatus> submit(
+      int layer, AgentMetadata peer, TransferBatch plan, @Nullable CudaEvent after,
+      AtomicBoolean cancelled) {
+    MemoryRegion local = layerRegions.get(layer);
+    RegionDescriptor remote = peer.layers().get(layer);
+    EventOrderedTransport ordered = eventOrdered;
+    return CompletableFuture.supplyAsync(
+        () -> {
+          if (cancelled.get()) {
+            return TransferStatus.failed("transfer abandoned before this layer was written");
+          }
+          return after != null && ordered != null
+              ? ordered.writeAfter(after, local, remote, plan)
+              : transport.write(local, remote, plan);
+        },
+        io);
+  }
+
+  /**
+   * Queues the store of D's done word on the same copy stream, behind every layer's copies
+   * (queued only after every submission returned, since they run on the io pool in any order).
+   * D then learns as soon as the last byte landed; WriteDone still follows.
+   */
+  private void storeDoneWord(
+      String transferId, String decodeEngineId, AgentMetadata peer, PeerProtocol.DoneWord word,
+      List<CompletableFuture<?>> submitted) {
+    EventOrderedTransport ordered = eventOrdered;
+    if (ordered == null || peer.layers().isEmpty() || layerRegions.isEmpty()) {
+      return;
+    }
+    SharedDoneWords words = doneWordsOf(word, decodeEngineId);
+    if (words == null) {
+      return;
+    }
+    MemoryRegion local = layerRegions.get(0);
+    RegionDescriptor remote = peer.layers().get(0);
+    CompletableFuture.allOf(submitted.toArray(CompletableFuture[]::new))
+        .thenRunAsync(() -> ordered.signalWhenCopied(local, remote,
+            words.deviceAddress(word.slot()), word.value()), io)
+        .whenComplete((ok, error) -> {
+          if (error != null) {
+            log.debug("done word of transfer {} not stored ({}); D learns from WriteDone",
+                transferId, error.toString());
+          }
+        });
+  }
+
+  /** D's done words, mapped for this process's GPUs once per file; null if they cannot be. */
+  private @Nullable SharedDoneWords doneWordsOf(PeerProtocol.DoneWord w, String decodeEngineId) {
+    if (unusableDoneWords.contains(w.file())) {
+      return null;
+    }
+    SharedDoneWords words = doneWords.get(w.file());
+    if (words == null) {
+      try {
+        words = SharedDoneWords.openPeerWords(w.file(), w.slots());
+        doneWords.put(w.file(), words);
+        doneWordsOwner.put(w.file(), decodeEngineId);
+      } catch (RuntimeException e) {
+        unusableDoneWords.add(w.file());
+        log.info("done words {} unusable here ({}); D learns from WriteDone", w.file(),
+            e.getMessage());
+        return null;
+      }
+    }
+    return words;
+  }
+
+  /**
+   * A peer worker incarnation left: its transport state is released and, when its whole engine
+   * is gone ({@code engineGone}) and we mapped its done words, those are unmapped after its copy
+   * streams have drained (a store into them may still be queued).
+   */
+  void peerGone(AgentMetadata metadata, boolean engineGone) {
+    if (metadata.layers().isEmpty()) {
+      return;
+    }
+    RegionDescriptor any = metadata.layers().get(0);
+    String engine = metadata.engineId();
+    List<SharedDoneWords> unmap = new ArrayList<>();
+    if (engineGone) {
+      doneWordsOwner.entrySet().removeIf(e -> {
+        if (e.getValue().equals(engine)) {
+          SharedDoneWords w = doneWords.remove(e.getKey());
+          if (w != null) {
+            unmap.add(w);
+          }
+          return true;
+        }
+        return false;
+      });
+    }
+    // Blocking native calls (a copy stream waits for its queued copies): off the actor thread,
+    // and in this order: streams drained, then the words their stores target unmapped.
+    io.execute(() -> {
+      try {
+        transport.peerGone(any);
+      } catch (RuntimeException e) {
+        log.warn("releasing transport state of {}: {}", engine, e.toString());
+      }
+      unmap.forEach(SharedDoneWords::close);
+    });
+  }
+
+  /** The writer stopped: every done-word file is unmapped. */
+  void close() {
+    doneWords.values().forEach(SharedDoneWords::close);
+  }
+}

@@ -1,0 +1,127 @@
+package dev.kvferry.actors;
+
+import dev.kvferry.actors.engine.ConnectorSettings;
+import dev.kvferry.actors.engine.EngineDirectory;
+import dev.kvferry.actors.engine.PeerKey;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.OptionalInt;
+import java.util.function.IntConsumer;
+import org.slf4j.Logger;
+
+/**
+ * What one actor sends to peer engines, and what it holds for peers not listed yet (they may have
+ * just joined): messages, and work that needs a peer's TP size. Both are held no longer than a
+ * transfer may take and never more than the terminal-id capacity, so a peer naming engines that
+ * never come (bad kv_transfer_params, a typo) cannot grow them without bound. The owner hands it
+ * each new directory and then calls {@link #flush}. Not thread-safe: owned by one actor.
+ */
+final class PeerOutbox {
+
+  private record Held(PeerKey to, PeerProtocol.Message message, long heldSinceNanos) {}
+
+  /** Work that needs a peer engine's TP size; dropped when its transfer ends. */
+  private record AwaitingTpSize(String engineId, String transferId, IntConsumer action) {}
+
+  private final Logger log;
+  private final ConnectorSettings settings;
+  private final ArrayDeque<Held> held = new ArrayDeque<>();
+  private final ArrayDeque<AwaitingTpSize> awaitingTpSize = new ArrayDeque<>();
+  private EngineDirectory directory = EngineDirectory.EMPTY;
+
+  PeerOutbox(Logger log, ConnectorSettings settings) {
+    this.log = log;
+    this.settings = settings;
+  }
+
+  EngineDirectory directory() {
+    return directory;
+  }
+
+  /** Takes a new directory and returns the one before; {@link #flush} then sends what it can. */
+  EngineDirectory replaceDirectory(EngineDirectory now) {
+    EngineDirectory before = directory;
+    directory = now;
+    return before;
+  }
+
+  /** Sends {@code message} to worker {@code tpRank} of {@code engineId}, or holds it. */
+  void send(String engineId, int tpRank, PeerProtocol.Message message) {
+    send(new Held(new PeerKey(engineId, tpRank), message, System.nanoTime()));
+  }
+
+  private void send(Held h) {
+    var entry = directory.find(h.to().engineId(), h.to().tpRank());
+    if (entry.isPresent()) {
+      entry.get().ref().tell(h.message());
+      return;
+    }
+    if (System.nanoTime() - h.heldSinceNanos() > settings.transferTimeout().toNanos()) {
+      log.warn("{} never joined; dropping {}", h.to().engineId(), h.message());
+      return;
+    }
+    if (held.size() >= settings.terminalIdCapacity()) {
+      Held oldest = held.poll();
+      log.warn("too many messages held for engines not listed; dropping {} for {}",
+          oldest.message(), oldest.to().engineId());
+    }
+    log.debug("{} not listed yet; holding {}", h.to().engineId(), h.message());
+    held.add(h);
+  }
+
+  /**
+   * Runs {@code action} with the TP size of {@code engineId} now if it is listed, else once it is
+   * (dropped when transfer {@code transferId} ends, see {@link #drop}).
+   */
+  void withTpSizeOf(String engineId, String transferId, IntConsumer action) {
+    OptionalInt tp = PeerPlanning.tpSizeOf(directory, engineId);
+    if (tp.isPresent()) {
+      action.accept(tp.getAsInt());
+      return;
+    }
+    log.debug("{} not listed yet; holding work that needs its TP size", engineId);
+    if (awaitingTpSize.size() >= settings.terminalIdCapacity()) {
+      AwaitingTpSize oldest = awaitingTpSize.poll();
+      log.warn("too much work held for engines not listed; dropping work of transfer {} for {}",
+          oldest.transferId(), oldest.engineId());
+    }
+    awaitingTpSize.add(new AwaitingTpSize(engineId, transferId, action));
+  }
+
+  /** Whether work of {@code transferId} waits for a peer's TP size. */
+  boolean holdsWorkFor(String transferId) {
+    for (AwaitingTpSize a : awaitingTpSize) {
+      if (transferId.equals(a.transferId())) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  /**
+   * Drops what is held for a transfer that ended: work waiting for a peer's TP size, and our
+   * blocks announced to P workers not listed yet ({@code blocksDropped} hears each such worker's
+   * rank: it can never write now).
+   */
+  void drop(String transferId, IntConsumer blocksDropped) {
+    awaitingTpSize.removeIf(a -> transferId.equals(a.transferId()));
+    held.removeIf(h -> {
+      if (h.message() instanceof PeerProtocol.RemoteBlocks b && b.transferId().equals(transferId)) {
+        blocksDropped.accept(h.to().tpRank());
+        return true;
+      }
+      return false;
+    });
+  }
+
+  /** After a directory change: runs the work whose peer is listed now, then sends what was held. */
+  void flush() {
+    List<AwaitingTpSize> needTp = new ArrayList<>(awaitingTpSize);
+    awaitingTpSize.clear();
+    needTp.forEach(a -> withTpSizeOf(a.engineId(), a.transferId(), a.action()));
+    List<Held> waiting = new ArrayList<>(held);
+    held.clear();
+    waiting.forEach(this::send);
+  }
+}

@@ -1,0 +1,353 @@
+package dev.kvferry.actors;
+
+import dev.kvferry.actors.connector.ReqMeta;
+import dev.kvferry.actors.engine.AgentMetadata;
+import dev.kvferry.actors.engine.EngineDirectory;
+import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.actors.engine.PeerKey;
+import dev.kvferry.actors.engine.TerminalIds;
+import dev.kvferry.actors.plan.InvalidBlockIdsException;
+import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.actors.plan.TransferPlanner;
+import dev.kvferry.rdma.MemoryRegion;
+import dev.kvferry.rdma.RegionDescriptor;
+import dev.kvferry.rdma.TransferBatch;
+import dev.kvferry.rdma.TransferStatus;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.Executor;
+import java.util.concurrent.atomic.AtomicBoolean;
+import org.apache.pekko.actor.typed.ActorRef;
+import org.apache.pekko.actor.typed.Behavior;
+import org.apache.pekko.actor.typed.PostStop;
+import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
+import org.apache.pekko.actor.typed.javadsl.ActorContext;
+import org.apache.pekko.actor.typed.javadsl.Behaviors;
+import org.apache.pekko.actor.typed.javadsl.Receive;
+import org.jspecify.annotations.Nullable;
+
+/**
+ * D's side of READ mode: once P's metadata is in (through the {@link HandshakeActor}), reads every
+ * layer of P's blocks on the I/O dispatcher, reports each layer to {@code waitForLayerLoad}, and
+ * releases P's blocks when done or failed ({@link ReleaseActor} counts the releases on P). A read
+ * that ends early waits for its reads in flight before the blocks go back.
+ */
+public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
+
+  public sealed interface Command extends LocalOnly
+      permits StartLoad, DirectoryChanged, PeerReady, LayerRead, ReceiveEnding {}
+
+  /** Start this step's reads (the worker's StartLoad; it told the tracker to expect them). */
+  public record StartLoad(List<ReqMeta> requests) implements Command {}
+
+  public record DirectoryChanged(EngineDirectory directory) implements Command {}
+
+  private record PeerReady(HandshakeActor.Result result) implements Command {}
+
+  private record LayerRead(String transferId, int prefillTpRank, int layer, TransferStatus status)
+      implements Command {}
+
+  /** D: one transfer being read. */
+  private static final class ReadJob {
+    final ReqMeta request;
+    /** P's workers this worker reads from (one, unless the TP sizes differ). */
+    final int[] sources;
+    int remaining;
+    /** By layer: reads (one per source) not yet landed. */
+    final int[] layerRemaining;
+    long bytes;
+    /** Layer reads handed to the transport and not finished. */
+    int inFlight;
+    /** Why it is ending; non-null: no read starts, the ending waits for inFlight == 0. */
+    @Nullable String failure;
+    /** Seen by reads still queued on the io pool: they skip their copies. */
+    final AtomicBoolean cancelled = new AtomicBoolean();
+
+    ReadJob(ReqMeta request, int[] sources, int layers) {
+      this.request = request;
+      this.sources = sources;
+      this.remaining = layers * sources.length;
+      this.layerRemaining = new int[layers];
+      Arrays.fill(layerRemaining, sources.length);
+    }
+  }
+
+  private final EngineActor.Setup setup;
+  private final EngineIdentity self;
+  private final boolean mla;
+  private final Executor io;
+  private final ActorRef<HandshakeActor.Command> handshake;
+  private final ActorRef<RequestTrackerActor.Command> tracker;
+  private final ActorRef<HandshakeActor.Result> handshakeAdapter;
+  private final PeerOutbox outbox;
+  private final TransferPlanner planner = new TransferPlanner(); // not thread-safe: one per actor
+  private final Map<String, ReadJob> reads = new HashMap<>();
+  private final Map<PeerKey, List<ReqMeta>> readsAwaitingPeer = new HashMap<>();
+  /** D: transfers a P worker ended before this worker began them; they never begin. */
+  private final TerminalIds endedEarly;
+
+  public static Behavior<Command> create(
+      EngineActor.Setup setup,
+      Executor io,
+      ActorRef<HandshakeActor.Command> handshake,
+      ActorRef<RequestTrackerActor.Command> tracker) {
+    return Behaviors.setup(ctx -> new ReaderActor(ctx, setup, io, handshake, tracker));
+  }
+
+  private ReaderActor(
+      ActorContext<Command> ctx,
+      EngineActor.Setup setup,
+      Executor io,
+      ActorRef<HandshakeActor.Command> handshake,
+      ActorRef<RequestTrackerActor.Command> tracker) {
+    super(ctx);
+    this.setup = setup;
+    this.self = setup.identity();
+    this.mla = setup.geometry().layout() == KvCacheGeometry.Layout.MLA;
+    this.io = io;
+    this.handshake = handshake;
+    this.tracker = tracker;
+    this.outbox = new PeerOutbox(ctx.getLog(), setup.settings());
+    this.endedEarly = new TerminalIds(setup.settings().terminalIdCapacity());
+    this.handshakeAdapter = ctx.messageAdapter(HandshakeActor.Result.class, PeerReady::new);
+  }
+
+  @Override
+  public Receive<Command> createReceive() {
+    return newReceiveBuilder()
+        .onMessage(StartLoad.class, this::onStartLoad)
+        .onMessage(PeerReady.class, this::onPeerReady)
+        .onMessage(LayerRead.class, this::onLayerRead)
+        .onMessage(ReceiveEnding.PeerFailed.class, this::onPeerFailed)
+        .onMessage(ReceiveEnding.Overdue.class, this::onOverdue)
+        .onMessage(ReceiveEnding.Aborted.class, this::onAborted)
+        .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
+        .onSignal(PostStop.class, this::onPostStop)
+        .build();
+  }
+
+  private Behavior<Command> onStartLoad(StartLoad m) {
+    for (ReqMeta r : m.requests()) {
+      if (r.localBlockIds().length == 0) {
+        // Aborted before it was scheduled (or nothing to load): still tell P to free its blocks.
+        outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> {
+          for (int source : PeerPlanning.sourcesFor(self, prefillTp, mla)) {
+            outbox.send(r.remoteEngineId(), source, release(r.transferId()));
+          }
+        });
+        continue;
+      }
+      // The worker told the tracker to expect it.
+      if (endedEarly.contains(r.transferId()) || reads.containsKey(r.transferId())
+          || outbox.holdsWorkFor(r.transferId())) {
+        continue; // P gave up already, or a duplicate id: the tracker reports it; nothing is read
+      }
+      outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> {
+        int[] sources = PeerPlanning.sourcesFor(self, prefillTp, mla);
+        reads.put(r.transferId(), new ReadJob(r, sources, setup.layerRegions().size()));
+        for (int source : sources) {
+          readsAwaitingPeer
+              .computeIfAbsent(new PeerKey(r.remoteEngineId(), source), k -> new ArrayList<>())
+              .add(r);
+          handshake.tell(new HandshakeActor.Fetch(r.remoteEngineId(), source, handshakeAdapter));
+        }
+      });
+    }
+    return this;
+  }
+
+  private Behavior<Command> onPeerReady(PeerReady m) {
+    HandshakeActor.Result result = m.result();
+    List<ReqMeta> waiting = readsAwaitingPeer.remove(new PeerKey(result.engineId(), result.tpRank()));
+    if (waiting == null) {
+      return this;
+    }
+    for (ReqMeta r : waiting) {
+      ReadJob job = reads.get(r.transferId());
+      if (job == null) {
+        continue; // failed already through another P worker
+      }
+      if (result instanceof HandshakeActor.Failed f) {
+        endRead(job, f.reason());
+      } else if (result instanceof HandshakeActor.Ready ready) {
+        startReads(job, ready.metadata());
+      }
+    }
+    return this;
+  }
+
+  private void startReads(ReadJob job, AgentMetadata peer) {
+    ReqMeta r = job.request;
+    if (job.failure != null) {
+      return; // ending: nothing new starts
+    }
+    TransferBatch plan;
+    try {
+      // A prefix-cache hit on D leaves fewer local blocks: read the tail of P's list.
+      plan =
+          PeerPlanning.plan(
+              planner, setup.geometry(), self.tpRank(), self.tpSize(), peer, r.localBlockIds(),
+              r.remoteBlockIds(), true);
+    } catch (InvalidBlockIdsException e) {
+      endRead(job, "request " + r.requestId() + ": " + e.getMessage());
+      return;
+    }
+    List<MemoryRegion> regions = setup.layerRegions();
+    int source = peer.tpRank();
+    for (int layer = 0; layer < regions.size(); layer++) {
+      MemoryRegion local = regions.get(layer);
+      RegionDescriptor remote = peer.layers().get(layer);
+      int l = layer;
+      AtomicBoolean cancelled = job.cancelled;
+      job.inFlight++;
+      CompletableFuture<TransferStatus> done =
+          CompletableFuture.supplyAsync(
+                  () ->
+                      cancelled.get()
+                          ? TransferStatus.failed("transfer ended before this layer was read")
+                          : setup.transport().read(local, remote, plan),
+                  io)
+              .thenCompose(TransferStatus::completion);
+      getContext()
+          .pipeToSelf(
+              done,
+              (status, error) ->
+                  new LayerRead(
+                      r.transferId(),
+                      source,
+                      l,
+                      error != null ? TransferStatus.failed("read raised " + error) : status));
+    }
+  }
+
+  private Behavior<Command> onLayerRead(LayerRead m) {
+    ReadJob job = reads.get(m.transferId());
+    if (job == null) {
+      return this;
+    }
+    job.inFlight--;
+    if (job.failure != null) {
+      endRead(job, job.failure);
+      return this;
+    }
+    if (!m.status().succeeded()) {
+      String from =
+          m.prefillTpRank() == self.tpRank()
+              ? job.request.remoteEngineId()
+              : new PeerKey(job.request.remoteEngineId(), m.prefillTpRank()).toString();
+      endRead(job, "reading layer " + m.layer() + " from " + from + " failed: "
+          + m.status().failureMessage());
+      return this;
+    }
+    job.bytes += m.status().bytesMoved();
+    if (--job.layerRemaining[m.layer()] == 0) {
+      setup.sink().layerLoads().layerLanded(m.transferId(), m.layer()); // waitForLayerLoad
+    }
+    if (--job.remaining == 0) {
+      reads.remove(m.transferId());
+      tracker.tell(new RequestTrackerActor.ReceiveSucceeded(m.transferId(), job.bytes));
+      for (int source : job.sources) {
+        outbox.send(job.request.remoteEngineId(), source, release(m.transferId()));
+      }
+    }
+    return this;
+  }
+
+  /**
+   * Ends a read that will not complete. Reads already handed to the transport may still land in
+   * our blocks (and read P's), so the failure is reported and P released only once every one of
+   * them has finished.
+   */
+  private void endRead(ReadJob job, String reason) {
+    String failure = job.failure;
+    if (failure == null) {
+      failure = reason;
+      job.failure = reason;
+      job.cancelled.set(true);
+    }
+    if (job.inFlight > 0) {
+      return;
+    }
+    ReqMeta r = job.request;
+    reads.remove(r.transferId());
+    tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(), failure));
+    // P keeps the blocks for us until released: let them go now rather than at its deadline.
+    for (int source : job.sources) {
+      outbox.send(r.remoteEngineId(), source, release(r.transferId()));
+    }
+  }
+
+  /** D: ends a receive that will not complete; with no read of ours in flight, at once. */
+  private void endTransfer(String transferId, String reason) {
+    ReadJob job = reads.get(transferId);
+    if (job != null) {
+      endRead(job, reason);
+    } else {
+      outbox.drop(transferId, rank -> {});
+      tracker.tell(new RequestTrackerActor.TransferFailed(transferId, reason));
+    }
+  }
+
+  private Behavior<Command> onPeerFailed(ReceiveEnding.PeerFailed m) {
+    PeerProtocol.TransferFailed f = m.failed();
+    String reason = "engine " + f.engineId() + ": " + f.reason();
+    if (reads.containsKey(f.transferId()) || outbox.holdsWorkFor(f.transferId())) {
+      endTransfer(f.transferId(), reason); // P wants its blocks back: stop reading, then release
+    } else {
+      // Not begun here (or over): it never begins, and P, if it waits for a release, gets one.
+      endedEarly.add(f.transferId());
+      tracker.tell(new RequestTrackerActor.TransferFailed(f.transferId(), reason));
+      outbox.send(f.engineId(), f.senderTpRank(), release(f.transferId()));
+    }
+    return this;
+  }
+
+  private Behavior<Command> onOverdue(ReceiveEnding.Overdue m) {
+    endTransfer(m.transferId(), m.reason()); // a request to end it, not a licence to free
+    return this;
+  }
+
+  private Behavior<Command> onAborted(ReceiveEnding.Aborted m) {
+    boolean reading = reads.containsKey(m.transferId()) || outbox.holdsWorkFor(m.transferId());
+    if (!ReceiveEnding.reportedAtOnce(m, reading, tracker)) {
+      endTransfer(m.transferId(), m.reason());
+    }
+    return this;
+  }
+
+  /**
+   * D: reads from a P engine that was listed and is gone (downed) end; they still wait for the
+   * copies in flight before the blocks go back. Then what waited for a listing goes out.
+   */
+  private Behavior<Command> onDirectoryChanged(DirectoryChanged m) {
+    EngineDirectory now = m.directory();
+    EngineDirectory before = outbox.replaceDirectory(now);
+    List<ReadJob> ending = new ArrayList<>();
+    for (ReadJob job : reads.values()) {
+      String p = job.request.remoteEngineId();
+      if (before.contains(p) && !now.contains(p)) {
+        ending.add(job);
+      }
+    }
+    for (ReadJob job : ending) {
+      endTransfer(job.request.transferId(),
+          "prefill engine " + job.request.remoteEngineId() + " left the cluster during transfer "
+              + job.request.transferId());
+    }
+    outbox.flush();
+    return this;
+  }
+
+  private Behavior<Command> onPostStop(PostStop signal) {
+    reads.values().forEach(j -> j.cancelled.set(true)); // queued reads skip their copies
+    return this;
+  }
+
+  private PeerProtocol.Release release(String transferId) {
+    return new PeerProtocol.Release(transferId, self.engineId(), self.tpRank(), self.tpSize());
+  }
+}

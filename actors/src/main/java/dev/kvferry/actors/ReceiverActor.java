@@ -1,0 +1,331 @@
+package dev.kvferry.actors;
+
+import dev.kvferry.actors.connector.ReqMeta;
+import dev.kvferry.actors.engine.EngineDirectory;
+import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.actors.engine.TerminalIds;
+import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.rdma.EventOrderedTransport;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Optional;
+import org.agrona.collections.IntHashSet;
+import org.apache.pekko.actor.typed.ActorRef;
+import org.apache.pekko.actor.typed.Behavior;
+import org.apache.pekko.actor.typed.PostStop;
+import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
+import org.apache.pekko.actor.typed.javadsl.ActorContext;
+import org.apache.pekko.actor.typed.javadsl.Behaviors;
+import org.apache.pekko.actor.typed.javadsl.Receive;
+import org.jspecify.annotations.Nullable;
+
+/**
+ * D's side of WRITE mode: tells P's workers which of our blocks to write into ({@link
+ * PeerProtocol.RemoteBlocks}) and waits for each to say it is done ({@link PeerProtocol.WriteDone}
+ * or, cuda transport, the done word its copy stream stores). A receive's blocks go back to the
+ * engine only once no P worker can still write into them: each has said WriteDone or
+ * TransferFailed, or its engine left the cluster (DESIGN.md section 3, block lifetime).
+ */
+public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command> {
+
+  public sealed interface Command extends LocalOnly
+      permits Announce, WriterDone, DirectoryChanged, DoneWordSeen, ReceiveEnding {}
+
+  /**
+   * Tell P which of our blocks to write into, and expect its writes (from the scheduler; the
+   * worker has told the tracker to expect the receive).
+   */
+  public record Announce(ReqMeta request) implements Command {}
+
+  /** A P worker wrote every layer of a transfer. */
+  public record WriterDone(PeerProtocol.WriteDone done) implements Command {}
+
+  public record DirectoryChanged(EngineDirectory directory) implements Command {}
+
+  /** From the {@link DoneWordWatcher}: the one P worker's copies of a transfer landed. */
+  private record DoneWordSeen(String transferId) implements Command {}
+
+  /** A receive this worker began and has not ended. */
+  private static final class Incoming {
+    final ReqMeta request;
+    /** P workers told our blocks that have not finished; null until P's TP size is known. */
+    @Nullable IntHashSet mayWrite;
+    /** Why it is ending; non-null: P was asked to abandon and we wait for mayWrite to empty. */
+    @Nullable String failure;
+
+    Incoming(ReqMeta request) {
+      this.request = request;
+    }
+
+    boolean nobodyMayWrite() {
+      return mayWrite == null || mayWrite.isEmpty();
+    }
+  }
+
+  private final EngineIdentity self;
+  private final boolean mla;
+  private final ActorRef<RequestTrackerActor.Command> tracker;
+  private final ClusterMessageLimit messageLimit;
+  private final PeerOutbox outbox;
+  private final Map<String, Incoming> incoming = new HashMap<>();
+  /** Transfers a P worker ended before this worker began them; they never begin. */
+  private final TerminalIds endedEarly;
+  /** Whether P's transport can store a done word behind its copies (resolved once). */
+  private final boolean peersCanStoreDoneWords;
+  /** Cuda transport: done words P's copy streams store into (null until first needed). */
+  private @Nullable DoneWordWatcher doneWords;
+  private boolean doneWordsUnavailable;
+
+  public static Behavior<Command> create(
+      EngineActor.Setup setup, ActorRef<RequestTrackerActor.Command> tracker) {
+    return Behaviors.setup(ctx -> new ReceiverActor(ctx, setup, tracker));
+  }
+
+  private ReceiverActor(
+      ActorContext<Command> ctx, EngineActor.Setup setup,
+      ActorRef<RequestTrackerActor.Command> tracker) {
+    super(ctx);
+    this.self = setup.identity();
+    this.mla = setup.geometry().layout() == KvCacheGeometry.Layout.MLA;
+    this.tracker = tracker;
+    this.messageLimit = ClusterMessageLimit.of(ctx.getSystem());
+    this.outbox = new PeerOutbox(ctx.getLog(), setup.settings());
+    this.endedEarly = new TerminalIds(setup.settings().terminalIdCapacity());
+    // The same transport kind on both sides: ours tells what P's can do.
+    this.peersCanStoreDoneWords = setup.transport() instanceof EventOrderedTransport;
+  }
+
+  @Override
+  public Receive<Command> createReceive() {
+    return newReceiveBuilder()
+        .onMessage(Announce.class, this::onAnnounce)
+        .onMessage(WriterDone.class, this::onWriterDone)
+        .onMessage(DoneWordSeen.class, this::onDoneWordSeen)
+        .onMessage(ReceiveEnding.PeerFailed.class, this::onPeerFailed)
+        .onMessage(ReceiveEnding.Overdue.class, this::onOverdue)
+        .onMessage(ReceiveEnding.Aborted.class, this::onAborted)
+        .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
+        .onSignal(PostStop.class, this::onPostStop)
+        .build();
+  }
+
+  private Behavior<Command> onAnnounce(Announce m) {
+    ReqMeta r = m.request(); // the worker told the tracker to expect it
+    if (endedEarly.contains(r.transferId()) || incoming.containsKey(r.transferId())) {
+      // P gave up already (the tracker fails it at once), or the id is a duplicate (refused):
+      // nobody is told these blocks.
+      return this;
+    }
+    Incoming in = new Incoming(r);
+    incoming.put(r.transferId(), in);
+    outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> tellBlocks(in, prefillTp));
+    return this;
+  }
+
+  /** Every P worker whose heads overlap ours writes its slice, and says when it is done. */
+  private void tellBlocks(Incoming in, int prefillTp) {
+    ReqMeta r = in.request;
+    if (incoming.get(r.transferId()) != in || in.failure != null) {
+      return;
+    }
+    int[] sources = PeerPlanning.sourcesFor(self, prefillTp, mla);
+    PeerProtocol.DoneWord word = sources.length == 1 ? doneWordFor(r.transferId()) : null;
+    PeerProtocol.RemoteBlocks blocks =
+        new PeerProtocol.RemoteBlocks(
+            r.transferId(), r.requestId(), r.localBlockIds(), self.engineId(), self.dpRank(),
+            self.tpRank(), word);
+    Optional<String> tooBig =
+        messageLimit.whyNotSendable(blocks, r.localBlockIds().length,
+            () -> "the list of " + r.localBlockIds().length + " block ids of request "
+                + r.requestId());
+    if (tooBig.isPresent()) {
+      forgetDoneWord(r.transferId());
+      // Artery would drop it and P would wait for its defer timeout: fail both sides now (P never
+      // had our blocks, so nothing can land in them).
+      incoming.remove(r.transferId());
+      tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(), tooBig.get()));
+      for (int source : sources) {
+        outbox.send(r.remoteEngineId(), source,
+            new PeerProtocol.TransferFailed(r.transferId(), self.engineId(), tooBig.get(),
+                self.tpRank()));
+      }
+      return;
+    }
+    IntHashSet due = new IntHashSet(sources.length);
+    for (int source : sources) {
+      due.add(source);
+    }
+    in.mayWrite = due;
+    for (int source : sources) {
+      outbox.send(r.remoteEngineId(), source, blocks);
+    }
+  }
+
+  /** A done word for a transfer written by one P worker over the cuda transport; else null. */
+  private PeerProtocol.@Nullable DoneWord doneWordFor(String transferId) {
+    if (!peersCanStoreDoneWords) {
+      return null;
+    }
+    if (doneWords == null && !doneWordsUnavailable) {
+      ActorRef<Command> me = getContext().getSelf();
+      doneWords = DoneWordWatcher.tryCreate(self.label(), id -> me.tell(new DoneWordSeen(id)));
+      doneWordsUnavailable = doneWords == null;
+    }
+    DoneWordWatcher watcher = doneWords;
+    if (watcher == null) {
+      return null;
+    }
+    DoneWordWatcher.Ticket t = watcher.register(transferId);
+    return new PeerProtocol.DoneWord(t.name(), t.slots(), t.slot(), t.value());
+  }
+
+  private void forgetDoneWord(String transferId) {
+    if (doneWords != null) {
+      doneWords.forget(transferId);
+    }
+  }
+
+  private Behavior<Command> onDoneWordSeen(DoneWordSeen m) {
+    // Words are handed out only for one writer, so its rank is the one still due; nothing is due
+    // once its WriteDone overtook the word.
+    Incoming in = incoming.get(m.transferId());
+    IntHashSet due = in == null ? null : in.mayWrite;
+    if (due != null && due.size() == 1) {
+      writerDone(m.transferId(), due.iterator().nextValue());
+    }
+    return this;
+  }
+
+  private Behavior<Command> onWriterDone(WriterDone m) {
+    writerDone(m.done().transferId(), m.done().producerTpRank());
+    return this;
+  }
+
+  private void writerDone(String transferId, int producerTpRank) {
+    forgetDoneWord(transferId);
+    Incoming in = incoming.get(transferId);
+    if (in == null) {
+      tracker.tell(new RequestTrackerActor.ReceiveSucceeded(transferId, 0)); // ignored if ended
+      return;
+    }
+    if (in.mayWrite != null) {
+      in.mayWrite.remove(producerTpRank);
+      if (!in.mayWrite.isEmpty()) {
+        return; // other P workers still write their heads
+      }
+    }
+    incoming.remove(transferId);
+    outbox.drop(transferId, rank -> {});
+    String failure = in.failure;
+    if (failure != null) {
+      // Ending already (we asked P to abandon): the engine was promised a failure.
+      tracker.tell(new RequestTrackerActor.TransferFailed(transferId, failure));
+    } else {
+      tracker.tell(new RequestTrackerActor.ReceiveSucceeded(transferId, 0));
+    }
+  }
+
+  private Behavior<Command> onPeerFailed(ReceiveEnding.PeerFailed m) {
+    PeerProtocol.TransferFailed f = m.failed();
+    String reason = "engine " + f.engineId() + ": " + f.reason();
+    forgetDoneWord(f.transferId());
+    Incoming in = incoming.get(f.transferId());
+    if (in != null) {
+      if (in.mayWrite != null) {
+        in.mayWrite.remove(f.senderTpRank()); // that P worker writes no more
+      }
+      endTransfer(f.transferId(), reason);
+    } else if (outbox.holdsWorkFor(f.transferId())) {
+      endTransfer(f.transferId(), reason);
+    } else {
+      // Not begun here (or over): it never begins.
+      endedEarly.add(f.transferId());
+      tracker.tell(new RequestTrackerActor.TransferFailed(f.transferId(), reason));
+    }
+    return this;
+  }
+
+  private Behavior<Command> onOverdue(ReceiveEnding.Overdue m) {
+    endTransfer(m.transferId(), m.reason()); // a request to end it, not a licence to free
+    return this;
+  }
+
+  private Behavior<Command> onAborted(ReceiveEnding.Aborted m) {
+    boolean receiving =
+        incoming.containsKey(m.transferId()) || outbox.holdsWorkFor(m.transferId());
+    if (!ReceiveEnding.reportedAtOnce(m, receiving, tracker)) {
+      endTransfer(m.transferId(), m.reason());
+    }
+    return this;
+  }
+
+  /**
+   * Ends a receive that will not complete (timeout, abort, P's failure, P gone). Work held for it
+   * is dropped; P is asked to abandon; the failure (with the blocks as load errors) is reported
+   * once every P worker told our blocks confirmed or left.
+   */
+  private void endTransfer(String transferId, String reason) {
+    Incoming in = incoming.get(transferId);
+    if (in == null) {
+      outbox.drop(transferId, rank -> {});
+      tracker.tell(new RequestTrackerActor.TransferFailed(transferId, reason));
+      return;
+    }
+    String failure = in.failure;
+    if (failure == null) {
+      failure = reason;
+      in.failure = reason;
+      forgetDoneWord(transferId);
+      IntHashSet due = in.mayWrite;
+      // Blocks still held for P workers not listed: those can never write now.
+      outbox.drop(transferId, rank -> {
+        if (due != null) {
+          due.remove(rank);
+        }
+      });
+      if (due != null) {
+        due.forEachInt(source -> outbox.send(in.request.remoteEngineId(), source,
+            new PeerProtocol.TransferFailed(transferId, self.engineId(), reason, self.tpRank())));
+      }
+    }
+    if (in.nobodyMayWrite()) {
+      incoming.remove(transferId);
+      tracker.tell(new RequestTrackerActor.TransferFailed(transferId, failure));
+    }
+  }
+
+  /**
+   * Receives from a P engine that was listed and is gone (downed) end: it writes no more. Then
+   * what waited for a listing goes out.
+   */
+  private Behavior<Command> onDirectoryChanged(DirectoryChanged m) {
+    EngineDirectory now = m.directory();
+    EngineDirectory before = outbox.replaceDirectory(now);
+    List<Incoming> ending = new ArrayList<>();
+    for (Incoming in : incoming.values()) {
+      String p = in.request.remoteEngineId();
+      if (before.contains(p) && !now.contains(p)) {
+        if (in.mayWrite != null) {
+          in.mayWrite.clear();
+        }
+        ending.add(in);
+      }
+    }
+    for (Incoming in : ending) {
+      String transferId = in.request.transferId();
+      endTransfer(transferId, "prefill engine " + in.request.remoteEngineId()
+          + " left the cluster during transfer " + transferId);
+    }
+    outbox.flush();
+    return this;
+  }
+
+  private Behavior<Command> onPostStop(PostStop signal) {
+    if (doneWords != null) {
+      doneWords.close();
+    }
+    return this;
+  }
+}
