@@ -415,6 +415,7 @@ class KvferryScheduler:
                                  http_url=extra.get("http_url"))
         self.client.reconnect(wait_s=float(extra.get("connect_timeout_s", 60)))
         self.pending_sends: set[str] = set()
+        self.seen: set[str] = set()  # named to the node, not finished yet
 
     def _ensure_connected(self) -> None:
         if not self.client.connected:
@@ -422,6 +423,7 @@ class KvferryScheduler:
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         tokens = getattr(request, "prompt_token_ids", None) or []
+        self.seen.add(request.request_id)
         count, is_async = self.client.get_num_new_matched_tokens(
             request.request_id, len(tokens), getattr(request, "kv_transfer_params", None), num_computed_tokens)
         return count, bool(is_async and count > 0)
@@ -450,6 +452,13 @@ class KvferryScheduler:
         return KvferryConnectorMetadata(self.client.build_connector_meta(new_reqs, cached_reqs))
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        rid = request.request_id
+        if rid not in self.seen:
+            # vLLM finishes a request aborted before its first scheduling without ever asking
+            # get_num_new_matched_tokens; the node only knows requests named there, and
+            # request_finished carries no kv_transfer_params: name it first so P is told to free.
+            self.get_num_new_matched_tokens(request, 0)
+        self.seen.discard(rid)
         delay, params = self.client.request_finished(request.request_id, [int(b) for b in block_ids],
                                                      _request_status(request))
         if delay:

@@ -313,3 +313,13 @@ def test_missing_socket_config_is_a_clear_error():
     os.environ.pop("KVFERRY_ENGINE_SOCKET", None)
     with pytest.raises(ValueError, match="kv_connector_extra_config.socket"):
         kv.KvferryConnector(cfg, kv.KVConnectorRole.SCHEDULER)
+
+
+def test_a_request_aborted_before_scheduling_is_named_to_the_node_before_it_finishes(node):
+    c = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.SCHEDULER)
+    req = Request("gone", list(range(30)), {"do_remote_prefill": True, "transfer_id": "t9", "remote_engine_id": "p0"},
+                  RequestStatus.FINISHED_ABORTED)
+    c.request_finished(req, [])  # vLLM: abort of a waiting request, the connector never saw it
+    assert node.ops("scheduler")[1:] == ["get_num_new_matched_tokens", "request_finished"]
+    assert node.calls("get_num_new_matched_tokens")[0]["kv_transfer_params"]["transfer_id"] == "t9"
+    assert node.calls("request_finished") == [{"request_id": "gone", "block_ids": [], "status": "aborted"}]

@@ -85,6 +85,7 @@ class Request:
     hashed_blocks: int = 0
     verification: Verification | None = None
     load_error_blocks: set[int] = field(default_factory=set)
+    node_knows: bool = False  # named to the node in get_num_new_matched_tokens
 
     @property
     def all_tokens(self) -> list[int]:
@@ -264,7 +265,7 @@ class ReferenceEngine:
         if r.phase == Phase.WAITING and not r.blocks:
             self.waiting.remove(r)
             if self.connector is not None:
-                self.connector.scheduler.request_finished(r.request_id, [], "aborted")
+                self._tell_node_aborted_before_scheduling(r)
             self._end(r, Event("done", finish_reason="abort", info=self._info(r)))
             self._counters["aborted"] += 1
             return
@@ -343,6 +344,7 @@ class ReferenceEngine:
                     try:
                         count, is_async = self.connector.scheduler.get_num_new_matched_tokens(
                             r.request_id, n, r.kv_transfer_params, hit_tokens)
+                        r.node_knows = True
                     except PortError as e:  # this request's params, not the engine: refuse it
                         self.waiting.pop(0)
                         self._refuse(r, e)
@@ -482,6 +484,20 @@ class ReferenceEngine:
         if not keep:
             self.by_id.pop(r.request_id, None)
         r.events.put(event)
+
+    def _tell_node_aborted_before_scheduling(self, r: Request) -> None:
+        """request_finished(r, [], "aborted") so the node tells P to free. The port's
+        request_finished carries no kv_transfer_params and the node only knows requests named in
+        get_num_new_matched_tokens, so a request aborted before its first scheduling is named
+        there first (vLLM calls request_finished alone here; reported as a port issue)."""
+        sched = self.connector.scheduler  # type: ignore[union-attr]
+        try:
+            if not r.node_knows:
+                sched.get_num_new_matched_tokens(r.request_id, len(r.prompt), r.kv_transfer_params, 0)
+                r.node_knows = True
+            sched.request_finished(r.request_id, [], "aborted")
+        except PortError as e:
+            log.warning("request %s aborted before scheduling; the node refused: %s", r.request_id, e)
 
     def _refuse(self, r: Request, e: PortError) -> None:
         """The node refused a scheduler op for this request (bad params, unknown request): the
