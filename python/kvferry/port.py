@@ -345,7 +345,27 @@ class PortClient:
         except socket.timeout as e:
             raise self._lost(f"send timed out after {self.timeout_s} s") from e
         except OSError as e:
+            refusal = self._pending_refusal()
+            if refusal is not None:
+                raise refusal from e
             raise self._lost(f"connection lost while sending ({os.strerror(e.errno or errno.EPIPE)})") from e
+
+    def _pending_refusal(self) -> PortError | None:
+        """After a failed send: the error frame the node sent before closing (bad_frame,
+        unauthorized), if one is waiting to be read; it says more than the broken pipe."""
+        if self._sock is None or self._reader is None:
+            return None
+        try:
+            self._sock.settimeout(0.2)
+            reply = self._reader.read()
+        except (OSError, EOFError, ProtocolViolation):
+            return None
+        if reply.get("id") is not None or "error" not in reply:
+            return None
+        err = reply["error"] or {}
+        self._close_socket()
+        self._broken = f"refused: {err.get('code')}"
+        return error_for(str(err.get("code", "internal")), str(err.get("message", "")))
 
     def _call(self, op: str, args: dict[str, Any] | None = None, request_id: int | None = None) -> Any:
         if request_id is None:

@@ -108,7 +108,7 @@ class Engine:
         self.name = name
         self.log = os.path.join(workdir, f"engine-{name}-{time.monotonic_ns()}.log")
         env = dict(os.environ, PYTHONPATH=PYTHON_DIR, PYTHONDONTWRITEBYTECODE="1")
-        self.cmd = [sys.executable, "-m", "kvferry.reference", "--http-port", "0", *args]
+        self.cmd = [sys.executable, "-m", "kvferry.reference", "--http-port", "0", "--log-level", "INFO", *args]
         self._out = open(self.log, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=self._out, text=True, env=env)
         self.url: str | None = None

@@ -464,6 +464,8 @@ class ReferenceEngine:
                 delay, params = self.connector.scheduler.request_finished(r.request_id, list(r.blocks), status)
             except PortError as e:  # the node holds nothing for it: free now
                 log.warning("request_finished(%s) refused: %s", r.request_id, e)
+            log.info("request_finished(%s, %d blocks, %s) in phase %s: delay_free=%s", r.request_id,
+                     len(r.blocks), status, r.phase.value, delay)
         if r in self.running:
             self.running.remove(r)
         if r in self.waiting:
@@ -558,6 +560,7 @@ class ReferenceEngine:
             return
         del self._rank_reports[rid]
         failure = entry[1]
+        log.info("every rank reported %s over%s", rid, f" (failed: {failure})" if failure else "")
         r = self.delayed_free.pop(rid, None)
         if r is not None:
             self.pool.free(r.blocks)
