@@ -28,6 +28,7 @@ One object per role, as vLLM's own connectors: ``KvferryScheduler`` on the sched
 
 from __future__ import annotations
 
+import atexit
 import enum
 import fcntl
 import logging
@@ -140,6 +141,7 @@ __all__ = [
     "CudaKvCacheNotSupported",
     "shm_tensor",
     "register_shm_region",
+    "stop_started_nodes",
     "HAVE_VLLM",
 ]
 
@@ -315,6 +317,22 @@ def _socket_path(extra: dict[str, Any]) -> str:
 
 
 _started_nodes: list[subprocess.Popen] = []
+
+
+def stop_started_nodes(timeout_s: float = 20.0) -> None:
+    """Stops the nodes ``start_node`` started in this process (also run at exit)."""
+    while _started_nodes:
+        proc = _started_nodes.pop()
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+atexit.register(stop_started_nodes)
 
 
 def ensure_node(socket_path: str, extra: dict[str, Any], identity: dict[str, Any]) -> subprocess.Popen | None:

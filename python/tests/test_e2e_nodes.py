@@ -364,3 +364,26 @@ def test_mla_layout_moves_verified_kv_tp2_to_tp1(cluster):
         p.stop()
         d.stop()
         base.stop()
+
+
+def test_connector_starts_a_node_beside_the_engine_when_none_answers(tmp_path):
+    from kvferry import vllm as kv
+
+    from .cluster import JAR, JAVA, free_port
+    from .test_vllm_adapter import VllmConfig, KVTransferConfig
+
+    sock = str(tmp_path / "started.sock")
+    extra = {"socket": sock, "mode": "write", "start_node": True, "kvferry_jar": JAR, "java": JAVA,
+             "node_args": ["--port", str(free_port()), "--management-port", str(free_port())]}
+    cfg = VllmConfig(KVTransferConfig("KvferryConnector", "kv_producer", extra))
+    try:
+        c = kv.KvferryConnector(cfg, kv.KVConnectorRole.SCHEDULER)
+        assert c.connector_scheduler.client.node_info["role"] == "prefill"
+        assert len(kv._started_nodes) == 1 and kv._started_nodes[0].poll() is None
+        # A second connector finds the node answering and starts none.
+        kv.ensure_node(sock, extra, {"role": "prefill", "mode": "write"})
+        assert len(kv._started_nodes) == 1
+        c.shutdown()
+    finally:
+        kv.stop_started_nodes()
+    assert not kv._started_nodes
