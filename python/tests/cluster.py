@@ -3,6 +3,7 @@ end-to-end tests. The jar comes from env KVFERRY_JAR, default ../cli/target/kvfe
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -136,6 +137,9 @@ class Engine:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(30)
+        # A killed engine cannot remove its cache files; the test does (they are its pid's).
+        for f in glob.glob(f"/dev/shm/kvferry-ref-*-{self.proc.pid}-*-rank*"):
+            os.unlink(f)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
