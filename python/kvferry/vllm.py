@@ -38,8 +38,8 @@ import shlex
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from .port import NodeUnavailable, PortClient, PortError
 
@@ -131,9 +131,6 @@ except Exception:  # vLLM absent (tests, tools): a stand-in with the same method
         @classmethod
         def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
             return None
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "KvferryConnector",

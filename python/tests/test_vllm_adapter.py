@@ -6,7 +6,6 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 

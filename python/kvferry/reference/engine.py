@@ -423,7 +423,6 @@ class ReferenceEngine:
         return b"".join(parts)
 
     def _sample(self, scheduled: list[Request]) -> None:
-        g = self.geometry
         for r in scheduled:
             if r.phase != Phase.RUNNING:
                 continue  # aborted meanwhile
@@ -444,7 +443,6 @@ class ReferenceEngine:
             r.events.put(Event("token", token=token))
             if len(r.output) >= r.max_tokens:
                 self._finish(r, "length_capped")
-        del g
 
     def _cache_full_blocks(self, r: Request) -> None:
         g = self.geometry
