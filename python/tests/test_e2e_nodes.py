@@ -387,3 +387,53 @@ def test_connector_starts_a_node_beside_the_engine_when_none_answers(tmp_path):
     finally:
         kv.stop_started_nodes()
     assert not kv._started_nodes
+
+
+def test_abort_after_the_kv_landed_but_before_d_computed_frees_both_sides(cluster):
+    """The narrow window: D's node reported the KV in (done_receiving), then the client leaves
+    before D's next step schedules the request. D's request_finished(aborted) must not leave its
+    blocks waiting for a report that already came."""
+    from kvferry.reference import Geometry, ReferenceEngine, Request
+
+    pair = cluster.use("write")
+    pair.d.stop()  # an in-process D instead, to abort at that exact point
+    g = Geometry(layers=2, num_blocks=160, block_size=16, kv_heads=4, head_dim=16, tp_size=D_TP)
+    d = ReferenceEngine(g, role="decode", mode="write", socket_path=cluster.d_node.socket, max_num_batched_tokens=64)
+    try:
+        d.connect(wait_s=30)
+        received = d._received
+
+        def received_then_abort(r):
+            received(r)
+            d.abort(r.request_id)  # drained before the next step schedules it
+
+        d._received = received_then_abort
+        d.start()
+        for i in range(3):
+            p = prompt(300, 70 + i)
+            rid = uuid.uuid4().hex[:8]
+            tid = f"xfer-{rid}"
+            t = threading.Thread(target=complete_quietly, args=(pair.p.url, {
+                "prompt": p, "max_tokens": 1,
+                "kv_transfer_params": {"do_remote_decode": True, "transfer_id": tid,
+                                       "remote_engine_id": d.stats()["engine_id"]}}, rid))
+            t.start()
+            r = d.submit(Request(f"cmpl-{rid}", p, 5, {"do_remote_prefill": True, "transfer_id": tid,
+                                                       "remote_engine_id": pair.p_id}))
+            events = [r.events.get(timeout=120)]
+            while events[-1].kind == "token":
+                events.append(r.events.get(timeout=120))
+            assert events[-1].kind == "done" and events[-1].finish_reason == "abort", events[-1]
+            t.join(60)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            s = d.stats()
+            if s["free_blocks"] == s["num_blocks"] and not s["delayed_free"]:
+                break
+            time.sleep(0.1)
+        assert (s["free_blocks"], s["delayed_free"], s["running"]) == (160, 0, 0), s
+        assert_no_leak(pair.p)
+    finally:
+        d.stop()
+        pair.p.stop()
+        cluster.current = None
