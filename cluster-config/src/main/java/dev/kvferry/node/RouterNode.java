@@ -1,5 +1,10 @@
 package dev.kvferry.node;
 
+import dev.kvferry.router.ProxyServer;
+import java.net.InetSocketAddress;
+import java.util.Optional;
+import org.jspecify.annotations.Nullable;
+
 import com.typesafe.config.Config;
 import dev.kvferry.actors.connector.ConnectorWorker;
 import dev.kvferry.router.RouterActor;
@@ -16,13 +21,32 @@ public final class RouterNode implements NodeRuntime, AutoCloseable {
   private final NodeMetrics metrics = new NodeMetrics();
   private final ActorRef<RouterActor.Command> router;
 
-  private RouterNode(Config config) {
+  private @Nullable ProxyServer proxy;
+
+  private RouterNode(Config config) throws Exception {
     this.system = ActorSystem.create(Behaviors.empty(), "kvferry", config);
     NodeRuntime.register(this);
     this.router = system.systemActorOf(RouterActor.create(), "router", Props.empty());
+    Config http = config.getConfig("kvferry.router.http");
+    if (http.getInt("port") >= 0) {
+      try {
+        proxy = ProxyServer.start(system, new ProxyServer.Settings(http.getString("host"),
+            http.getInt("port"), http.getInt("max-in-flight-per-engine"),
+            http.getDuration("leg-timeout")), metrics.registry());
+      } catch (Exception e) {
+        close();
+        throw e;
+      }
+    }
   }
 
-  public static RouterNode start(Config config) {
+  /** The proxy's address, when {@code kvferry.router.http.port} turned it on. */
+  public Optional<InetSocketAddress> httpAddress() {
+    ProxyServer p = proxy;
+    return p == null ? Optional.empty() : Optional.of(p.address());
+  }
+
+  public static RouterNode start(Config config) throws Exception {
     return new RouterNode(config);
   }
 
@@ -62,6 +86,10 @@ public final class RouterNode implements NodeRuntime, AutoCloseable {
 
   @Override
   public void close() {
+    ProxyServer p = proxy;
+    if (p != null) {
+      p.close();
+    }
     NodeRuntime.unregister(this);
     system.terminate();
   }

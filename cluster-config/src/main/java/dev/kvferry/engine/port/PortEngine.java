@@ -8,9 +8,11 @@ import dev.kvferry.actors.connector.Role;
 import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.engine.HttpEndpoint;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionRegistry;
 import java.io.IOException;
+import java.net.URI;
 import java.nio.file.Path;
 import java.time.Clock;
 import java.time.Duration;
@@ -21,6 +23,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
+import org.apache.pekko.actor.typed.ActorRef;
 import org.jspecify.annotations.Nullable;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -55,6 +58,10 @@ final class PortEngine {
   private final int tpSize;
   private final Slot[] slots;
   private @Nullable PortSession schedulerSession;
+  /** The engine's OpenAI-compatible base URL, from the scheduler's hello, if it serves one. */
+  private @Nullable URI httpUrl;
+  /** Its listing for routers' proxies, while the engine is attached. */
+  private @Nullable ActorRef<HttpEndpoint.Command> listedEndpoint;
   private @Nullable ConnectorScheduler scheduler;
   private boolean detaching;
   /** The scheduler's requests by id, from get_num_new_matched_tokens to request_finished. */
@@ -101,13 +108,24 @@ final class PortEngine {
     return detaching;
   }
 
-  synchronized void joinScheduler(PortSession session) throws PortException {
+  synchronized void joinScheduler(PortSession session, @Nullable URI url) throws PortException {
     checkOpen();
     if (schedulerSession != null) {
       throw new PortException(PortError.ENGINE_BUSY,
           "engine " + engineId + " already has a scheduler connection");
     }
     schedulerSession = session;
+    httpUrl = url;
+    listEndpoint();
+  }
+
+  /** Lists the engine's HTTP endpoint once it has a URL and every worker. */
+  private void listEndpoint() {
+    URI url = httpUrl;
+    if (url != null && scheduler != null && listedEndpoint == null) {
+      listedEndpoint = new HttpEndpoint(role, engineId, host.dpRank(), host.dpSize(), mode, url)
+          .list(host.system());
+    }
   }
 
   /** Maps the worker's memory, registers it with a new worker and lists the worker. */
@@ -150,6 +168,7 @@ final class PortEngine {
               geometry.blockSize(), workers.stream().map(ConnectorWorker::engineRef).toList(),
               host.connector(), Clock.systemUTC());
           host.engineAttached(engineId, mode, workers, scheduler);
+          listEndpoint();
           notifyAll();
         }
       }
@@ -285,6 +304,10 @@ final class PortEngine {
       }
       if (schedulerSession != null) {
         sessions.add(schedulerSession);
+      }
+      if (listedEndpoint != null) {
+        HttpEndpoint.unlist(listedEndpoint); // routers stop sending it requests first
+        listedEndpoint = null;
       }
     }
     log.info("engine {} ({}) detaches: {}", engineId, mode.configName(), why);

@@ -12,7 +12,10 @@ import dev.kvferry.actors.connector.KvTransferParams;
 import dev.kvferry.actors.connector.MatchedTokens;
 import dev.kvferry.actors.connector.SchedulerOutput;
 import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.engine.HttpEndpoint;
 import java.io.IOException;
+import java.net.URI;
+import java.net.URISyntaxException;
 import java.nio.channels.SocketChannel;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -175,7 +178,17 @@ final class PortSession implements Runnable {
     PortArgs identity = a.nested("engine");
     PortEngine e = server.engineFor(identity);
     if (s == Side.SCHEDULER) {
-      e.joinScheduler(this);
+      URI url = null;
+      String named = a.optionalString("http_url");
+      if (named != null) {
+        try {
+          url = new URI(named);
+          new HttpEndpoint(e.role(), e.engineId(), 0, 1, e.mode(), url); // checks the URL
+        } catch (URISyntaxException | IllegalArgumentException ex) {
+          throw PortException.badArgs("args.http_url: " + ex.getMessage());
+        }
+      }
+      e.joinScheduler(this, url);
     } else {
       int tpRank = a.integer("tp_rank", 0);
       if (tpRank >= e.tpSize()) {

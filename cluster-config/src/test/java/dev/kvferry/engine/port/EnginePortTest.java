@@ -204,6 +204,39 @@ class EnginePortTest {
     assertEquals(Map.of("node", c.ok("ping", Map.of()).get("node")), w.ok("ping", Map.of()));
   }
 
+  /**
+   * A process of another uid is refused by its credentials even where the socket's mode would
+   * let it connect (here opened to everyone on purpose): one unauthorized frame, then the end.
+   */
+  @Test
+  void anotherUidIsRefused() throws Exception {
+    org.junit.jupiter.api.Assumptions.assumeTrue(
+        "root".equals(System.getProperty("user.name")), "needs root to run a client as nobody");
+    org.junit.jupiter.api.Assumptions.assumeTrue(
+        Files.isExecutable(Path.of("/usr/bin/setpriv")), "needs setpriv (util-linux)");
+    int port = FreePorts.next();
+    Path socket = dir.resolve("p.sock");
+    node("prefill", "p0", "write", socket, port, port);
+    Files.setPosixFilePermissions(dir, PosixFilePermissions.fromString("rwxr-xr-x"));
+    Files.setPosixFilePermissions(socket, PosixFilePermissions.fromString("rw-rw-rw-"));
+    String client = "import socket,sys\n"
+        + "s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); data=b''\n"
+        + "while True:\n"
+        + "  b=s.recv(4096)\n"
+        + "  if not b: break\n"
+        + "  data+=b\n"
+        + "print('refused' if b'unauthorized' in data else 'served', len(data))\n";
+    Process p = new ProcessBuilder("/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+        "--clear-groups", "/usr/bin/python3", "-c", client, socket.toString())
+        .redirectErrorStream(true).start();
+    assertTrue(p.waitFor(30, java.util.concurrent.TimeUnit.SECONDS), "client hung");
+    String out = new String(p.getInputStream().readAllBytes(),
+        java.nio.charset.StandardCharsets.UTF_8);
+    assertTrue(out.startsWith("refused"), out);
+    // The node's own user is still served.
+    client(socket).ok("ping", Map.of());
+  }
+
   @Test
   void writeModeMovesPrefillBytesIntoDecodeBlocksAndAnEngineCanComeBack() throws Exception {
     transfer("write");

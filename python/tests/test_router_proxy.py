@@ -1,0 +1,248 @@
+"""The router as the disaggregation proxy, end to end: a router JVM serving OpenAI-compatible
+HTTP (`kvferry router --http-port`), a P and a D node (JVMs), reference engines beside them that
+register their HTTP URL through the engine port, and a baseline engine without kvferry. A client
+talks only to the router: answers must equal the baseline's, streaming or not; a client that goes
+mid-stream must leave no block in use; an engine that dies gives the client an OpenAI-style error,
+never a hang. Skipped, with the reason, when the jar is absent."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import time
+import urllib.parse
+
+import pytest
+
+from .cluster import JAR, JAVA, Engine, Node, complete, free_port, needs_node, settle, workdir
+
+pytestmark = needs_node
+
+GEOMETRY = ["--layers", "2", "--kv-heads", "4", "--head-dim", "16", "--block-size", "16",
+            "--num-blocks", "160", "--max-num-batched-tokens", "64"]
+
+
+class Router:
+    """`kvferry router --http-port` as a JVM."""
+
+    def __init__(self, wd: str):
+        self.port = free_port()
+        self.http_port = free_port()
+        self.management_port = free_port()
+        self.log = os.path.join(wd, f"router-{time.monotonic_ns()}.log")
+        cmd = [JAVA or "java", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-jar", JAR,
+               "router", "--port", str(self.port), "--management-port", str(self.management_port),
+               "--seed-nodes", f"127.0.0.1:{self.port}", "--http-port", str(self.http_port)]
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.url = f"http://127.0.0.1:{self.http_port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def tail(self, n: int = 40) -> str:
+        with open(self.log, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+
+
+def post(url: str, path: str, body: dict, headers: dict | None = None,
+         timeout: float = 120) -> tuple[int, dict, dict]:
+    """(status, headers, parsed body); a streaming answer is parsed into its chunks' texts."""
+    u = urllib.parse.urlparse(url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    try:
+        c.request("POST", path, json.dumps(body), {"Content-Type": "application/json", **(headers or {})})
+        r = c.getresponse()
+        raw = r.read().decode()
+        hdrs = {k.lower(): v for k, v in r.getheaders()}
+        if hdrs.get("content-type", "").startswith("text/event-stream"):
+            texts, ids, errors = [], [], []
+            for line in raw.splitlines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        errors.append(chunk["error"])
+                        continue
+                    for ch in chunk.get("choices", []):
+                        texts.append(ch.get("text", ""))
+                        ids.extend(ch.get("token_ids", []))
+            return r.status, hdrs, {"text": "".join(texts), "token_ids": ids, "errors": errors,
+                                    "done": "data: [DONE]" in raw}
+        return r.status, hdrs, json.loads(raw) if raw else {}
+    finally:
+        c.close()
+
+
+class Deployment:
+    """Router, P node, D node (both modes), and the engines of one mode."""
+
+    def __init__(self, mode: str = "write"):
+        self.wd = workdir()
+        self.router = Router(self.wd)
+        self.p_node = Node(self.wd, "prefill", engine_id="p0", seed_port=self.router.port)
+        self.d_node = Node(self.wd, "decode", engine_id="d0", seed_port=self.router.port)
+        self.p_node.wait_ready()
+        self.d_node.wait_ready()
+        self.baseline = Engine(self.wd, "baseline", *GEOMETRY, "--no-connector")
+        self.engines: list[Engine] = [self.baseline]
+        self.start_engines(mode)
+
+    def start_engines(self, mode: str) -> None:
+        self.p = Engine(self.wd, f"p-{mode}", *GEOMETRY, "--socket", self.p_node.socket, "--role", "prefill",
+                        "--mode", mode)
+        self.d = Engine(self.wd, f"d-{mode}", *GEOMETRY, "--socket", self.d_node.socket, "--role", "decode",
+                        "--mode", mode)
+        self.engines += [self.p, self.d]
+        self.await_routable()
+
+    def await_routable(self, timeout_s: float = 90) -> None:
+        """Until the router lists a P and a D of one mode (it learns them from membership)."""
+        deadline = time.monotonic() + timeout_s
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                status, _, body = post(self.router.url, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 1})
+                if status == 200:
+                    return
+                last = (status, body)
+            except OSError as e:
+                last = e
+            time.sleep(0.3)
+        raise AssertionError(f"router never routed: {last}\n{self.router.tail()}")
+
+    def close(self) -> None:
+        for e in self.engines:
+            e.stop()
+        for n in (self.d_node, self.p_node):
+            n.stop()
+        self.router.stop()
+
+
+@pytest.fixture(scope="module")
+def deployment():
+    d = Deployment("write")
+    yield d
+    d.close()
+
+
+def prompt(n: int, salt: int = 0) -> list[int]:
+    return [(i * 31 + salt * 7 + 5) % 250 + 1 for i in range(n)]
+
+
+def test_answers_through_the_router_equal_the_undisaggregated_ones(deployment: Deployment) -> None:
+    for n, salt in [(5, 1), (40, 2), (97, 3), (200, 4)]:
+        expected = complete(deployment.baseline.url, prompt(n, salt), 6)["choices"][0]
+        status, headers, body = post(deployment.router.url, "/v1/completions",
+                                     {"prompt": prompt(n, salt), "max_tokens": 6},
+                                     {"X-Request-Id": f"keep-me-{n}"})
+        assert status == 200, body
+        assert headers.get("x-request-id") == f"keep-me-{n}"
+        assert body["choices"][0]["token_ids"] == expected["token_ids"], n
+        assert body["kvferry"]["kv_verified"] is True or body["kvferry"].get("verified_bytes", 1) > 0, body
+        # Streaming: the same tokens, chunk by chunk, then [DONE].
+        status, _, streamed = post(deployment.router.url, "/v1/completions",
+                                   {"prompt": prompt(n, salt), "max_tokens": 6, "stream": True})
+        assert status == 200
+        assert streamed["done"] and not streamed["errors"]
+        assert streamed["token_ids"] == expected["token_ids"], n
+    assert settle(deployment.p)["free_blocks"] == settle(deployment.p)["num_blocks"]
+    assert settle(deployment.d)["free_blocks"] == settle(deployment.d)["num_blocks"]
+
+
+def test_models_and_unknown_routes(deployment: Deployment) -> None:
+    u = urllib.parse.urlparse(deployment.router.url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    c.request("GET", "/v1/models")
+    r = c.getresponse()
+    models = json.loads(r.read())
+    assert r.status == 200 and models["data"], models
+    c.request("GET", "/v1/nothing")
+    r = c.getresponse()
+    err = json.loads(r.read())
+    assert r.status == 404 and err["error"]["type"] == "invalid_request_error"
+    c.close()
+    u = urllib.parse.urlparse(deployment.router.url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    c.request("POST", "/v1/completions", "{not json", {"Content-Type": "application/json"})
+    r = c.getresponse()
+    err = json.loads(r.read())
+    assert r.status == 400 and "bad JSON" in err["error"]["message"]
+    c.close()
+
+
+def test_a_client_that_goes_mid_stream_leaves_no_block_in_use(deployment: Deployment) -> None:
+    u = urllib.parse.urlparse(deployment.router.url)
+    for n in (64, 150):
+        c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        c.request("POST", "/v1/completions",
+                  json.dumps({"prompt": prompt(n, 9), "max_tokens": 200, "stream": True}),
+                  {"Content-Type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 200
+        assert r.read(6) == b"data: "  # D is generating
+        c.close()  # the client goes
+    for e in (deployment.p, deployment.d):
+        s = settle(e)
+        assert s["free_blocks"] == s["num_blocks"], (e.name, s)
+    # The router still serves.
+    status, _, _ = post(deployment.router.url, "/v1/completions", {"prompt": prompt(10), "max_tokens": 2})
+    assert status == 200
+
+
+def test_metrics_count_outcomes_and_time_to_first_token(deployment: Deployment) -> None:
+    u = f"http://127.0.0.1:{deployment.router.management_port}/metrics"
+    import urllib.request
+    text = urllib.request.urlopen(u, timeout=30).read().decode()
+    ok = [l for l in text.splitlines() if l.startswith('kvferry_router_requests_total{outcome="ok"}')]
+    assert ok and float(ok[0].split()[-1]) > 0, text[:2000]
+    assert "kvferry_router_ttft_seconds_bucket" in text
+
+
+def test_read_mode_and_an_engine_that_dies_mid_request() -> None:
+    dep = Deployment("read")
+    try:
+        expected = complete(dep.baseline.url, prompt(90, 5), 5)["choices"][0]["token_ids"]
+        status, _, body = post(dep.router.url, "/v1/completions", {"prompt": prompt(90, 5), "max_tokens": 5})
+        assert status == 200, body
+        assert body["choices"][0]["token_ids"] == expected
+        # D dies while the client reads a long answer: the stream ends without [DONE] (or with an
+        # error event), it does not hang.
+        u = urllib.parse.urlparse(dep.router.url)
+        c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        c.request("POST", "/v1/completions",
+                  json.dumps({"prompt": prompt(120, 6), "max_tokens": 2000, "stream": True}),
+                  {"Content-Type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 200
+        assert r.read(6) == b"data: "  # D is generating
+        dep.d.kill9()
+        started = time.monotonic()
+        try:
+            rest = r.read().decode(errors="replace")
+        except http.client.IncompleteRead as e:  # a chunked answer cut off: also an end
+            rest = e.partial.decode(errors="replace")
+        c.close()
+        assert time.monotonic() - started < 60, "the client waited over a minute after D died"
+        assert "data: [DONE]" not in rest, rest[-500:]
+        # The router takes D off its list: a new request gets an OpenAI-style error, not a hang.
+        deadline = time.monotonic() + 60
+        while True:
+            status, _, body = post(dep.router.url, "/v1/completions", {"prompt": prompt(9), "max_tokens": 2},
+                                   timeout=60)
+            if status != 200:
+                assert body["error"]["message"], body
+                break
+            assert time.monotonic() < deadline, "the router kept routing to a dead engine"
+            time.sleep(0.5)
+        # P frees everything once its transfer ends (D's worker left the cluster).
+        s = settle(dep.p, 90)
+        assert s["free_blocks"] == s["num_blocks"], s
+    finally:
+        dep.close()
