@@ -47,13 +47,15 @@ class Node:
     """One `kvferry node --engine port` JVM."""
 
     def __init__(self, workdir: str, role: str, *, engine_id: str, modes: str = "write,read", tp: int = 1,
-                 seed_port: int | None = None, port: int | None = None, socket_path: str | None = None):
+                 seed_port: int | None = None, port: int | None = None, socket_path: str | None = None,
+                 config: dict[str, str] | None = None):
         self.role = role
         self.port = port or free_port()
         self.socket = socket_path or os.path.join(workdir, f"{role}-{engine_id}.sock")
         self.log = os.path.join(workdir, f"node-{role}-{engine_id}-{time.monotonic_ns()}.log")
         seeds = f"127.0.0.1:{seed_port or self.port}"
-        self.cmd = [JAVA or "java", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-jar", JAR, "node",
+        props = [f"-D{k}={v}" for k, v in (config or {}).items()]  # config overrides (system properties)
+        self.cmd = [JAVA or "java", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", *props, "-jar", JAR, "node",
                     "--role", role, "--engine-id", engine_id, "--mode", modes, "--engine", "port",
                     "--engine-socket", self.socket, "--tp-size", str(tp), "--port", str(self.port),
                     "--management-port", str(free_port()), "--seed-nodes", seeds]
