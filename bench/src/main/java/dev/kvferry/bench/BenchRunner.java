@@ -15,7 +15,7 @@ import java.util.stream.Stream;
 public final class BenchRunner {
 
   /** Suite names, in the order they run. */
-  public static final List<String> SUITES = List.of("cma", "tcp", "ucx", "planner", "notify", "e2e");
+  public static final List<String> SUITES = List.of("cma", "tcp", "ucx", "planner", "notify", "port", "e2e");
 
   /**
    * What to run and how long.
@@ -74,6 +74,10 @@ public final class BenchRunner {
         progress.println("notify round trip vs seed_notify_rtt.py");
         rows.addAll(new NotifyRoundTripSuite(peers, options.roundTrips(), options.warmupNanos(),
             progress).run());
+      }
+      if (options.suites().contains("port")) {
+        progress.println("engine port (Python client) against 5% of a 10 ms engine step");
+        rows.addAll(new EnginePortSuite(Path.of("/usr/bin/python3"), progress).run());
       }
       if (options.suites().contains("e2e")) {
         progress.println("end to end with the simulated engine");

@@ -46,7 +46,7 @@ public final class BenchCommand implements Callable<Integer> {
   boolean json;
 
   @Option(names = "--only", split = ",", paramLabel = "SUITE",
-      description = "Run only these suites (comma-separated): cma, tcp, ucx, planner, notify, e2e.")
+      description = "Run only these suites (comma-separated): cma, tcp, ucx, planner, notify, port, e2e.")
   List<String> only;
 
   @Option(names = "--peers", paramLabel = "DIR",

@@ -57,6 +57,8 @@ public final class PythonEngineDemo implements AutoCloseable {
   private final int tpP;
   private final int tpD;
   private final List<ChildProcess> nodes = new ArrayList<>();
+  /** The decode node's management port: its metrics say how many KV bytes it received. */
+  private int decodeManagementPort;
   private final List<Process> engines = new ArrayList<>();
 
   public PythonEngineDemo(Path python, Path pythonPath, int tpP, int tpD) throws IOException {
@@ -117,6 +119,7 @@ public final class PythonEngineDemo implements AutoCloseable {
       String p = engine("prefill-" + mode, "prefill", mode, pSocket, tpP);
       String d = engine("decode-" + mode, "decode", mode, dSocket, tpD);
       String baseline = engine("baseline-" + mode, "decode", mode, null, 1);
+      long bytesBefore = decodeBytes();
       List<String> cmd = List.of(python.toString(), "-m", "kvferry.demo", "--prefill", p,
           "--decode", d, "--baseline", baseline, "--mode", mode, "--json");
       Process driver = pythonProcess(cmd, logDir.resolve("driver-" + mode + ".log"));
@@ -130,7 +133,13 @@ public final class PythonEngineDemo implements AutoCloseable {
       String last = lines.stream().filter(l -> l.startsWith("{")).reduce((a, b) -> b)
           .orElseThrow(() -> new IllegalStateException("kvferry.demo (" + mode
               + ") printed no JSON (exit " + driver.exitValue() + "); see " + logDir));
-      reports.add(new Report(mode, JSON.readTree(last)));
+      com.fasterxml.jackson.databind.node.ObjectNode driven =
+          (com.fasterxml.jackson.databind.node.ObjectNode) JSON.readTree(last);
+      long bytesAfter = decodeBytes();
+      if (bytesBefore >= 0 && bytesAfter >= 0) {
+        driven.put("bytes", bytesAfter - bytesBefore); // what D's node received this mode
+      }
+      reports.add(new Report(mode, driven));
       stopEngines();
     }
     return reports;
@@ -138,11 +147,37 @@ public final class PythonEngineDemo implements AutoCloseable {
 
   private ChildProcess node(String role, Path socket, String modes, int tp, String seed)
       throws IOException {
+    int management = FreePorts.next();
+    if (role.equals("decode")) {
+      decodeManagementPort = management;
+    }
     return ChildProcess.start(role, logDir, List.of("-Xmx512m", "-XX:+UseSerialGC"), List.of(
         "node", "--role", role, "--engine-id", role + "-0", "--mode", modes,
         "--engine", "port", "--engine-socket", socket.toString(), "--tp-size",
         Integer.toString(tp), "--port", Integer.toString(FreePorts.next()),
-        "--management-port", Integer.toString(FreePorts.next()), "--seed-nodes", seed));
+        "--management-port", Integer.toString(management), "--seed-nodes", seed));
+  }
+
+  /** KV bytes the decode node's workers moved so far (its kvferry_transfer_bytes_total). */
+  private long decodeBytes() {
+    try {
+      java.net.http.HttpResponse<String> r = java.net.http.HttpClient.newHttpClient().send(
+          java.net.http.HttpRequest.newBuilder(java.net.URI.create(
+              "http://127.0.0.1:" + decodeManagementPort + "/metrics"))
+              .timeout(Duration.ofSeconds(10)).build(),
+          java.net.http.HttpResponse.BodyHandlers.ofString());
+      for (String line : r.body().split("\n")) {
+        if (line.startsWith("kvferry_transfer_bytes_total ")) {
+          return (long) Double.parseDouble(line.substring(line.indexOf(' ') + 1).trim());
+        }
+      }
+      return 0;
+    } catch (IOException e) {
+      return -1;
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      return -1;
+    }
   }
 
   /** Starts a reference engine; returns its HTTP base URL once it says it is ready. */
@@ -205,13 +240,14 @@ public final class PythonEngineDemo implements AutoCloseable {
 
   /** The demo's table, one row per mode. */
   public static void printTable(List<Report> reports, PrintStream out) {
-    out.printf("%n%-6s %9s %9s %7s %6s %13s %11s %7s%n", "mode", "requests", "completed",
-        "aborted", "failed", "tokens match", "kv verified", "leaked");
+    out.printf("%n%-6s %9s %9s %7s %6s %12s %13s %11s %7s%n", "mode", "requests", "completed",
+        "aborted", "failed", "KV bytes", "tokens match", "kv verified", "leaked");
     for (Report r : reports) {
       JsonNode d = r.driver();
-      out.printf("%-6s %9d %9d %7d %6d %13s %11s %7d%n", r.mode(), d.path("requests").asInt(),
+      out.printf("%-6s %9d %9d %7d %6d %12d %13s %11s %7d%n", r.mode(), d.path("requests").asInt(),
           d.path("completed").asInt(), d.path("aborted").asInt(), d.path("failed").asInt(),
-          d.path("tokens_match").asBoolean(), d.path("kv_verified").asBoolean(), r.leaked());
+          d.path("bytes").asLong(), d.path("tokens_match").asBoolean(),
+          d.path("kv_verified").asBoolean(), r.leaked());
     }
   }
 

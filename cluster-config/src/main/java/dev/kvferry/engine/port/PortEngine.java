@@ -248,7 +248,9 @@ final class PortEngine {
     long step = nextStep++;
     steps.put(step, metadata);
     try {
-      return PortFrames.encode(Map.of("engine", incarnation, "step", step));
+      // "loads" lets a worker's client skip start_load_kv's round trip when nothing loads.
+      return PortFrames.encode(Map.of("engine", incarnation, "step", step,
+          "loads", metadata.reqsToRecv().size()));
     } catch (IOException e) {
       throw new IllegalStateException("msgpack of two ints failed", e);
     }

@@ -314,7 +314,11 @@ final class PortSession implements Runnable {
           r.intList("new_block_ids", true), r.optionalInt("num_computed_tokens", 0, -1)));
     }
     ConnectorMetadata meta = s.buildConnectorMeta(new SchedulerOutput(fresh, cached));
-    return Map.of("metadata", requireSide(Side.SCHEDULER).putStep(meta));
+    Map<String, Object> out = new LinkedHashMap<>();
+    out.put("metadata", requireSide(Side.SCHEDULER).putStep(meta));
+    // One-way scheduler ops (update_state_after_alloc sent without an id) report here.
+    out.put("op_errors", drainOpErrors());
+    return out;
   }
 
   private Object requestFinished(PortArgs a) throws PortException {
@@ -391,6 +395,12 @@ final class PortSession implements Runnable {
     out.put("done_receiving", List.copyOf(f.doneReceiving()));
     out.put("failed", f.failed());
     out.put("block_ids_with_load_errors", List.copyOf(new TreeSet<>(f.blockIdsWithLoadErrors())));
+    out.put("op_errors", drainOpErrors());
+    return out;
+  }
+
+  /** The errors of one-way ops since the last call, plus a count of those not kept. */
+  private List<Map<String, Object>> drainOpErrors() {
     List<Map<String, Object>> errors = new ArrayList<>(opErrors);
     if (droppedOpErrors > 0) {
       errors.add(Map.of("op", "*", "code", PortError.INTERNAL.code(),
@@ -398,8 +408,7 @@ final class PortSession implements Runnable {
     }
     opErrors.clear();
     droppedOpErrors = 0;
-    out.put("op_errors", errors);
-    return out;
+    return errors;
   }
 
   private Object loadErrors() throws PortException {

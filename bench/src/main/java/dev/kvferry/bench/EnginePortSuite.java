@@ -1,0 +1,113 @@
+package dev.kvferry.bench;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import dev.kvferry.demo.ChildProcess;
+import dev.kvferry.demo.PythonEngineDemo;
+import java.io.IOException;
+import java.io.PrintStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Locale;
+import java.util.Optional;
+
+/**
+ * The engine port's cost (issue 16): a node JVM with {@code --engine port} and the Python client
+ * {@code kvferry.bench_port} timing, on the same socket, a ping, one scheduler call, and the
+ * port's time in one engine step at 256 requests per step (K of them new and finishing). The
+ * goal rows hold that time against 5% of a 10 ms step: the peer column is that budget.
+ */
+public final class EnginePortSuite {
+
+  /** DESIGN/issue 16: the port takes under 5% of a 10 ms engine step. */
+  static final double BUDGET_US = 500.0;
+
+  private static final int[] NEW_PER_STEP = {0, 16, 256};
+
+  private final Path python;
+  private final PrintStream progress;
+
+  public EnginePortSuite(Path python, PrintStream progress) {
+    this.python = python;
+    this.progress = progress;
+  }
+
+  public List<BenchRow> run() {
+    Optional<Path> pkg = PythonEngineDemo.locatePackage();
+    if (pkg.isEmpty()) {
+      return List.of(missing("the kvferry Python package (python/) was not found; set"
+          + " KVFERRY_PYTHON_PATH"));
+    }
+    Path work;
+    try {
+      work = Files.createTempDirectory("kvferry-bench-port-");
+    } catch (IOException e) {
+      return List.of(missing("no temp dir: " + e.getMessage()));
+    }
+    Path socket = work.resolve("port.sock");
+    try (ChildProcess node = ChildProcess.start("port-node", work, List.of("-Xmx384m"), List.of(
+        "node", "--role", "prefill", "--engine-id", "bench-port", "--engine", "port",
+        "--engine-socket", socket.toString(), "--port",
+        Integer.toString(dev.kvferry.node.FreePorts.next()), "--management-port",
+        Integer.toString(dev.kvferry.node.FreePorts.next())))) {
+      long deadline = System.nanoTime() + Duration.ofSeconds(90).toNanos();
+      while (!Files.exists(socket)) {
+        if (!node.isAlive() || System.nanoTime() > deadline) {
+          return List.of(missing("the node did not open its socket; see " + node.log()));
+        }
+        Thread.sleep(100);
+      }
+      List<BenchRow> rows = new ArrayList<>();
+      for (int fresh : NEW_PER_STEP) {
+        progress.printf("  engine port, 256 requests per step, %d new%n", fresh);
+        JsonNode j = measure(pkg.get(), socket, fresh);
+        if (fresh == 0) {
+          rows.add(BenchRow.figure("engine port round trip p50 (ping)", "us",
+              j.get("ping_p50_us").asDouble(), String.format(Locale.ROOT,
+                  "Python client, Unix socket, msgpack; p99 %.1f us",
+                  j.get("ping_p99_us").asDouble())));
+          rows.add(BenchRow.figure("engine port scheduler call p50", "us",
+              j.get("scheduler_call_p50_us").asDouble(), String.format(Locale.ROOT,
+                  "get_num_new_matched_tokens; p99 %.1f us",
+                  j.get("scheduler_call_p99_us").asDouble())));
+        }
+        rows.add(BenchRow.lowerIsBetter(
+            "engine port time in a step, 256 req, " + fresh + " new", "us",
+            j.get("step_port_p50_us").asDouble(), BUDGET_US, 1.0, String.format(Locale.ROOT,
+                "peer = 5%% of a 10 ms step; %.1f%% of it at p50, p99 %.0f us",
+                100 * j.get("share_of_10ms_step_p50").asDouble(),
+                j.get("step_port_p99_us").asDouble())));
+      }
+      return rows;
+    } catch (IOException | RuntimeException e) {
+      return List.of(missing("engine port bench failed: " + e));
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      return List.of(missing("interrupted"));
+    }
+  }
+
+  private JsonNode measure(Path pkg, Path socket, int fresh) throws IOException,
+      InterruptedException {
+    ProcessBuilder b = new ProcessBuilder(python.toString(), "-m", "kvferry.bench_port",
+        "--socket", socket.toString(), "--requests", "256", "--new", Integer.toString(fresh));
+    b.environment().put("PYTHONPATH", pkg.toString());
+    b.environment().put("PYTHONDONTWRITEBYTECODE", "1");
+    b.redirectErrorStream(true);
+    Process p = b.start();
+    String out = new String(p.getInputStream().readAllBytes(), java.nio.charset.StandardCharsets.UTF_8);
+    if (p.waitFor() != 0) {
+      throw new IOException("kvferry.bench_port exit " + p.exitValue() + ": " + out.strip());
+    }
+    String[] lines = out.strip().split("\n");
+    return new ObjectMapper().readTree(lines[lines.length - 1]);
+  }
+
+  private static BenchRow missing(String why) {
+    return new BenchRow("engine port time in a step, 256 req", "us", null, BUDGET_US, null, 1.0,
+        false, why);
+  }
+}

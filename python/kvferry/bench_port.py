@@ -1,0 +1,122 @@
+"""The engine port's cost, measured from a client: `python -m kvferry.bench_port --socket PATH`.
+
+Against a running node (`kvferry node --engine port --engine-socket PATH`), as one engine with
+one worker: the round trip of `ping` and of a scheduler call, and the port's time in one engine
+step at N requests per step, as vLLM would call the connector: the scheduler's
+`build_connector_meta` over N scheduled requests, then the worker's `bind_connector_metadata`,
+`start_load_kv`, one `save_kv_layer` per layer, `wait_for_save` and `get_finished`. With
+`--new K`, K of the N requests are new that step (`get_num_new_matched_tokens` and
+`update_state_after_alloc` each) and K finish (`request_finished`). Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+from .port import PortClient
+
+
+def _percentile(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def _timed(fn, count: int) -> list[float]:
+    out = []
+    for _ in range(count):
+        t0 = time.perf_counter_ns()
+        fn()
+        out.append((time.perf_counter_ns() - t0) / 1000.0)
+    return out
+
+
+def run(socket_path: str, requests: int, new: int, layers: int, steps: int, round_trips: int) -> dict:
+    geometry = {"layout": "standard", "num_blocks": 64, "block_size": 16, "kv_heads": 1, "head_dim": 8,
+                "dtype_bytes": 2}
+    layer_bytes = 2 * 64 * 16 * 1 * 8 * 2
+    fd, path = tempfile.mkstemp(prefix="kvferry-bench-port-", dir="/dev/shm")
+    try:
+        os.fchmod(fd, 0o600)
+        os.ftruncate(fd, layers * layer_bytes)
+        os.close(fd)
+        memory = {"kind": "host", "layers": [{"path": path, "offset": i * layer_bytes, "length": layer_bytes}
+                                             for i in range(layers)]}
+        worker = PortClient(socket_path, "worker", tp_rank=0, geometry=geometry, memory=memory)
+        worker.connect()
+        scheduler = PortClient(socket_path, "scheduler")
+        scheduler.connect()
+        try:
+            return _measure(scheduler, worker, requests, new, layers, steps, round_trips)
+        finally:
+            scheduler.close()
+            worker.close()
+    finally:
+        os.unlink(path)
+
+
+def _measure(scheduler: PortClient, worker: PortClient, requests: int, new: int, layers: int, steps: int,
+             round_trips: int) -> dict:
+    _timed(scheduler.ping, round_trips // 4)  # warm the node's paths
+    ping = _timed(scheduler.ping, round_trips)
+    ids = iter(range(10 ** 9))
+
+    def one_call() -> None:
+        scheduler.get_num_new_matched_tokens(f"rtt-{next(ids)}", 64, None, 0)
+
+    call = _timed(one_call, round_trips)
+    running = [f"run-{i}" for i in range(requests)]
+    for r in running:
+        scheduler.get_num_new_matched_tokens(r, 64, None, 0)
+        scheduler.update_state_after_alloc(r, [1, 2, 3, 4], 0)
+    cached = [{"request_id": r, "new_block_ids": [], "num_computed_tokens": 65} for r in running]
+
+    def step() -> None:
+        fresh = []
+        for _ in range(new):
+            r = f"new-{next(ids)}"
+            scheduler.get_num_new_matched_tokens(r, 64, None, 0)
+            scheduler.update_state_after_alloc(r, [5, 6, 7, 8], 0)
+            fresh.append({"request_id": r, "block_ids": [5, 6, 7, 8], "num_computed_tokens": 64})
+        meta = scheduler.build_connector_meta(fresh, cached[: requests - new])
+        worker.bind_connector_metadata(meta)
+        worker.start_load_kv()
+        for layer in range(layers):
+            worker.save_kv_layer(layer)
+        worker.wait_for_save()
+        worker.get_finished()
+        for f in fresh:
+            scheduler.request_finished(f["request_id"], [5, 6, 7, 8], "stopped")
+
+    _timed(step, max(steps // 4, 5))
+    step_us = _timed(step, steps)
+    p50 = statistics.median(step_us)
+    return {
+        "ping_p50_us": round(_percentile(ping, 0.5), 1), "ping_p99_us": round(_percentile(ping, 0.99), 1),
+        "scheduler_call_p50_us": round(_percentile(call, 0.5), 1),
+        "scheduler_call_p99_us": round(_percentile(call, 0.99), 1),
+        "requests_per_step": requests, "new_per_step": new, "layers": layers,
+        "step_port_p50_us": round(p50, 1), "step_port_p99_us": round(_percentile(step_us, 0.99), 1),
+        "share_of_10ms_step_p50": round(p50 / 10_000.0, 4),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kvferry.bench_port", description=__doc__.split("\n\n")[0])
+    p.add_argument("--socket", required=True)
+    p.add_argument("--requests", type=int, default=256, help="requests scheduled per step")
+    p.add_argument("--new", type=int, default=0, help="of them new (and finishing) each step")
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--round-trips", type=int, default=2000)
+    a = p.parse_args(argv)
+    print(json.dumps(run(a.socket, a.requests, a.new, a.layers, a.steps, a.round_trips)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
