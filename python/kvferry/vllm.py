@@ -431,6 +431,7 @@ class KvferryScheduler:
         self.client.reconnect(wait_s=float(extra.get("connect_timeout_s", 60)))
         self.pending_sends: set[str] = set()
         self.seen: set[str] = set()  # named to the node, not finished yet
+        self.op_errors: list[dict[str, Any]] = []
 
     def _ensure_connected(self) -> None:
         if not self.client.connected:
@@ -464,7 +465,11 @@ class KvferryScheduler:
             for r in cached:
                 cached_reqs.append({"request_id": r.req_id, "new_block_ids": _first_group(r.new_block_ids),
                                     "num_computed_tokens": int(r.num_computed_tokens) + int(scheduled.get(r.req_id, 0))})
-        return KvferryConnectorMetadata(self.client.build_connector_meta(new_reqs, cached_reqs))
+        metadata = self.client.build_connector_meta(new_reqs, cached_reqs, raise_op_errors=False)
+        for e in self.client.last_op_errors:  # a one-way update_state_after_alloc the node refused
+            log.error("kvferry node refused %s: %s: %s", e.get("op"), e.get("code"), e.get("message"))
+        self.op_errors.extend(self.client.last_op_errors)
+        return KvferryConnectorMetadata(metadata)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id

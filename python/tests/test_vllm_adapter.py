@@ -191,6 +191,7 @@ def test_scheduler_side_on_decode_names_only_the_blocks_it_must_receive(node):
     count, is_async = c.get_num_new_matched_tokens(req, 16)  # one block from D's own prefix cache
     assert (count, is_async) == (33, True)
     c.update_state_after_alloc(req, KVCacheBlocks([7, 8, 9], hashed=1), count)
+    c.connector_scheduler.client.ping()  # a round trip: the one-way op before it has been read
     assert node.calls("update_state_after_alloc") == [{"request_id": "r2", "block_ids": [8, 9], "num_external_tokens": 33}]
     for status, want in [(RequestStatus.FINISHED_ABORTED, "aborted"), (RequestStatus.FINISHED_STOPPED, "stopped")]:
         req.status = status

@@ -280,7 +280,8 @@ class ReferenceEngine:
         loads = [0] * self.geometry.tp_size
         finished_reports: list[dict[str, Any]] = []
         if c is not None:
-            metadata = c.scheduler.build_connector_meta(new_reqs, cached_reqs)
+            metadata = c.scheduler.build_connector_meta(new_reqs, cached_reqs, raise_op_errors=False)
+            self._log_op_errors(c.scheduler.last_op_errors)
             for w in c.workers:
                 w.bind_connector_metadata(metadata)
             loads = [w.start_load_kv() for w in c.workers]
@@ -537,10 +538,13 @@ class ReferenceEngine:
 
     # ---- the workers' finished sets ----
 
-    def _apply_finished(self, f: dict[str, Any]) -> None:
-        for e in f["op_errors"]:
+    def _log_op_errors(self, op_errors: list[dict[str, Any]]) -> None:
+        for e in op_errors:
             self._counters["op_errors"] += 1
             log.error("kvferry node refused one-way op %s: %s: %s", e.get("op"), e.get("code"), e.get("message"))
+
+    def _apply_finished(self, f: dict[str, Any]) -> None:
+        self._log_op_errors(f["op_errors"])
         self._load_error_blocks.update(f["block_ids_with_load_errors"])
         for rid in f["done_sending"]:
             self._rank_report(rid, None)
