@@ -1,8 +1,11 @@
 """The engine port's client: one connection to a kvferry node's Unix socket.
 
 Protocol version 1 (docs/engine-port.md). A frame is a 4-byte big-endian length and one msgpack
-map. A request carries an ``id`` and gets one reply with the same id; one-way requests
-(``bind_connector_metadata``, ``save_kv_layer``) carry no id and get no reply.
+map. A request carries an ``id`` and gets one reply with the same id; one-way requests carry no
+id and get no reply: this client sends ``update_state_after_alloc``, ``bind_connector_metadata``,
+``save_kv_layer``, ``wait_for_save`` and (when the bound metadata says nothing loads)
+``start_load_kv`` one-way. Their errors come back in the next ``build_connector_meta``
+(scheduler) or ``get_finished`` (worker) reply and are raised there.
 
 Thread-safety: a ``PortClient`` is one connection and is NOT thread-safe. The protocol is
 synchronous per connection (send a request, read its reply, then the next), so give each thread
@@ -204,6 +207,16 @@ class FrameReader:
         return message
 
 
+def _loads_in(metadata: bytes) -> int | None:
+    """The ``loads`` count the node puts in its metadata (a msgpack map), if it is there."""
+    try:
+        m = msgpack.unpackb(metadata, raw=False)
+    except Exception:
+        return None
+    loads = m.get("loads") if isinstance(m, dict) else None
+    return loads if isinstance(loads, int) and not isinstance(loads, bool) else None
+
+
 # ---- client ----
 
 
@@ -247,6 +260,8 @@ class PortClient:
         self._reader: FrameReader | None = None
         self._next_id = 1
         self._broken: str | None = "not connected"
+        self._expected_loads: int | None = None
+        self.last_op_errors: list[dict[str, Any]] = []
 
     # -- connection --
 
@@ -345,7 +360,27 @@ class PortClient:
         except socket.timeout as e:
             raise self._lost(f"send timed out after {self.timeout_s} s") from e
         except OSError as e:
+            refusal = self._pending_refusal()
+            if refusal is not None:
+                raise refusal from e
             raise self._lost(f"connection lost while sending ({os.strerror(e.errno or errno.EPIPE)})") from e
+
+    def _pending_refusal(self) -> PortError | None:
+        """After a failed send: the error frame the node sent before closing (bad_frame,
+        unauthorized), if one is waiting to be read; it says more than the broken pipe."""
+        if self._sock is None or self._reader is None:
+            return None
+        try:
+            self._sock.settimeout(0.2)
+            reply = self._reader.read()
+        except (OSError, EOFError, ProtocolViolation):
+            return None
+        if reply.get("id") is not None or "error" not in reply:
+            return None
+        err = reply["error"] or {}
+        self._close_socket()
+        self._broken = f"refused: {err.get('code')}"
+        return error_for(str(err.get("code", "internal")), str(err.get("message", "")))
 
     def _call(self, op: str, args: dict[str, Any] | None = None, request_id: int | None = None) -> Any:
         if request_id is None:
@@ -423,19 +458,40 @@ class PortClient:
         return int(ok["count"]), bool(ok["async"])
 
     def update_state_after_alloc(self, request_id: str, block_ids: list[int], num_external_tokens: int) -> None:
-        self._call(
+        """One-way: its error, if any, comes back in the next ``build_connector_meta``."""
+        self._one_way(
             "update_state_after_alloc",
             {"request_id": request_id, "block_ids": list(block_ids), "num_external_tokens": num_external_tokens},
         )
 
     def build_connector_meta(
-        self, scheduled_new_reqs: list[dict[str, Any]], scheduled_cached_reqs: list[dict[str, Any]]
+        self,
+        scheduled_new_reqs: list[dict[str, Any]],
+        scheduled_cached_reqs: list[dict[str, Any]],
+        raise_op_errors: bool = True,
     ) -> bytes:
+        """The step's metadata. Errors of this connection's earlier one-way ops come back here:
+        the first is raised (the metadata attached as ``metadata``, all of them as ``op_errors``)
+        unless ``raise_op_errors`` is false; ``last_op_errors`` holds them either way."""
         ok = self._call(
             "build_connector_meta",
             {"scheduled_new_reqs": scheduled_new_reqs, "scheduled_cached_reqs": scheduled_cached_reqs},
         )
-        return bytes(ok["metadata"])
+        metadata = bytes(ok["metadata"])
+        self.last_op_errors = list(ok.get("op_errors") or [])
+        if raise_op_errors and self.last_op_errors:
+            e = self._op_error(self.last_op_errors)
+            e.metadata = metadata  # type: ignore[attr-defined]
+            raise e
+        return metadata
+
+    @staticmethod
+    def _op_error(op_errors: list[dict[str, Any]]) -> PortError:
+        first = op_errors[0]
+        e = error_for(str(first.get("code")), str(first.get("message")), str(first.get("op")))
+        e.op_errors = op_errors  # type: ignore[attr-defined]
+        e.others = op_errors[1:]  # type: ignore[attr-defined]
+        return e
 
     def request_finished(self, request_id: str, block_ids: list[int], status: str) -> tuple[bool, dict[str, Any] | None]:
         if status not in ("length_capped", "stopped", "aborted"):
@@ -446,10 +502,17 @@ class PortClient:
     # -- worker ops --
 
     def bind_connector_metadata(self, metadata: bytes) -> None:
-        """One-way: its error, if any, comes back in the next ``get_finished``."""
+        """One-way: its error, if any, comes back in the next ``get_finished``. Reads the
+        metadata's ``loads`` so ``start_load_kv`` can skip its round trip when nothing loads."""
+        self._expected_loads = _loads_in(metadata)
         self._one_way("bind_connector_metadata", {"metadata": bytes(metadata)})
 
     def start_load_kv(self) -> int:
+        """Requests this step loads; one-way (0) when the bound metadata says none."""
+        expected, self._expected_loads = self._expected_loads, None
+        if expected == 0:
+            self._one_way("start_load_kv", {})
+            return 0
         return int(self._call("start_load_kv")["loads"])
 
     def wait_for_layer_load(self, layer: int) -> bool:
@@ -460,7 +523,8 @@ class PortClient:
         self._one_way("save_kv_layer", {"layer": layer})
 
     def wait_for_save(self) -> None:
-        self._call("wait_for_save")
+        """One-way: the saves go on in the node; their outcome comes with ``get_finished``."""
+        self._one_way("wait_for_save", {})
 
     def get_finished(self, finished_req_ids: list[str] | None = None, raise_op_errors: bool = True) -> dict[str, Any]:
         """The node's finished sets. One-way ops' errors come back here; they are raised (the
@@ -475,10 +539,8 @@ class PortClient:
             "op_errors": list(ok.get("op_errors") or []),
         }
         if raise_op_errors and result["op_errors"]:
-            first = result["op_errors"][0]
-            e = error_for(str(first.get("code")), str(first.get("message")), str(first.get("op")))
+            e = self._op_error(result["op_errors"])
             e.finished = result  # type: ignore[attr-defined]
-            e.others = result["op_errors"][1:]  # type: ignore[attr-defined]
             raise e
         return result
 

@@ -28,6 +28,7 @@ One object per role, as vLLM's own connectors: ``KvferryScheduler`` on the sched
 
 from __future__ import annotations
 
+import atexit
 import enum
 import fcntl
 import logging
@@ -37,8 +38,8 @@ import shlex
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from .port import NodeUnavailable, PortClient, PortError
 
@@ -131,15 +132,13 @@ except Exception:  # vLLM absent (tests, tools): a stand-in with the same method
         def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
             return None
 
-if TYPE_CHECKING:
-    pass
-
 __all__ = [
     "KvferryConnector",
     "KvferryConnectorMetadata",
     "CudaKvCacheNotSupported",
     "shm_tensor",
     "register_shm_region",
+    "stop_started_nodes",
     "HAVE_VLLM",
 ]
 
@@ -317,6 +316,22 @@ def _socket_path(extra: dict[str, Any]) -> str:
 _started_nodes: list[subprocess.Popen] = []
 
 
+def stop_started_nodes(timeout_s: float = 20.0) -> None:
+    """Stops the nodes ``start_node`` started in this process (also run at exit)."""
+    while _started_nodes:
+        proc = _started_nodes.pop()
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+atexit.register(stop_started_nodes)
+
+
 def ensure_node(socket_path: str, extra: dict[str, Any], identity: dict[str, Any]) -> subprocess.Popen | None:
     """With ``start_node``: starts ``java -jar kvferry_jar node --engine port`` unless a node answers
     on the socket. A lock file beside the socket makes the scheduler and the workers start one."""
@@ -415,6 +430,8 @@ class KvferryScheduler:
                                  http_url=extra.get("http_url"))
         self.client.reconnect(wait_s=float(extra.get("connect_timeout_s", 60)))
         self.pending_sends: set[str] = set()
+        self.seen: set[str] = set()  # named to the node, not finished yet
+        self.op_errors: list[dict[str, Any]] = []
 
     def _ensure_connected(self) -> None:
         if not self.client.connected:
@@ -422,6 +439,7 @@ class KvferryScheduler:
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         tokens = getattr(request, "prompt_token_ids", None) or []
+        self.seen.add(request.request_id)
         count, is_async = self.client.get_num_new_matched_tokens(
             request.request_id, len(tokens), getattr(request, "kv_transfer_params", None), num_computed_tokens)
         return count, bool(is_async and count > 0)
@@ -447,9 +465,20 @@ class KvferryScheduler:
             for r in cached:
                 cached_reqs.append({"request_id": r.req_id, "new_block_ids": _first_group(r.new_block_ids),
                                     "num_computed_tokens": int(r.num_computed_tokens) + int(scheduled.get(r.req_id, 0))})
-        return KvferryConnectorMetadata(self.client.build_connector_meta(new_reqs, cached_reqs))
+        metadata = self.client.build_connector_meta(new_reqs, cached_reqs, raise_op_errors=False)
+        for e in self.client.last_op_errors:  # a one-way update_state_after_alloc the node refused
+            log.error("kvferry node refused %s: %s: %s", e.get("op"), e.get("code"), e.get("message"))
+        self.op_errors.extend(self.client.last_op_errors)
+        return KvferryConnectorMetadata(metadata)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        rid = request.request_id
+        if rid not in self.seen:
+            # vLLM finishes a request aborted before its first scheduling without ever asking
+            # get_num_new_matched_tokens; the node only knows requests named there, and
+            # request_finished carries no kv_transfer_params: name it first so P is told to free.
+            self.get_num_new_matched_tokens(request, 0)
+        self.seen.discard(rid)
         delay, params = self.client.request_finished(request.request_id, [int(b) for b in block_ids],
                                                      _request_status(request))
         if delay:

@@ -3,6 +3,7 @@ end-to-end tests. The jar comes from env KVFERRY_JAR, default ../cli/target/kvfe
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -46,13 +47,15 @@ class Node:
     """One `kvferry node --engine port` JVM."""
 
     def __init__(self, workdir: str, role: str, *, engine_id: str, modes: str = "write,read", tp: int = 1,
-                 seed_port: int | None = None, port: int | None = None, socket_path: str | None = None):
+                 seed_port: int | None = None, port: int | None = None, socket_path: str | None = None,
+                 config: dict[str, str] | None = None):
         self.role = role
         self.port = port or free_port()
         self.socket = socket_path or os.path.join(workdir, f"{role}-{engine_id}.sock")
         self.log = os.path.join(workdir, f"node-{role}-{engine_id}-{time.monotonic_ns()}.log")
         seeds = f"127.0.0.1:{seed_port or self.port}"
-        self.cmd = [JAVA or "java", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-jar", JAR, "node",
+        props = [f"-D{k}={v}" for k, v in (config or {}).items()]  # config overrides (system properties)
+        self.cmd = [JAVA or "java", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", *props, "-jar", JAR, "node",
                     "--role", role, "--engine-id", engine_id, "--mode", modes, "--engine", "port",
                     "--engine-socket", self.socket, "--tp-size", str(tp), "--port", str(self.port),
                     "--management-port", str(free_port()), "--seed-nodes", seeds]
@@ -108,7 +111,7 @@ class Engine:
         self.name = name
         self.log = os.path.join(workdir, f"engine-{name}-{time.monotonic_ns()}.log")
         env = dict(os.environ, PYTHONPATH=PYTHON_DIR, PYTHONDONTWRITEBYTECODE="1")
-        self.cmd = [sys.executable, "-m", "kvferry.reference", "--http-port", "0", *args]
+        self.cmd = [sys.executable, "-m", "kvferry.reference", "--http-port", "0", "--log-level", "INFO", *args]
         self._out = open(self.log, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=self._out, text=True, env=env)
         self.url: str | None = None
@@ -136,6 +139,9 @@ class Engine:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(30)
+        # A killed engine cannot remove its cache files; the test does (they are its pid's).
+        for f in glob.glob(f"/dev/shm/kvferry-ref-*-{self.proc.pid}-*-rank*"):
+            os.unlink(f)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -35,7 +35,6 @@ class FakeNode:
         self.hellos: list[dict] = []
         self.lock = threading.Lock()
         self.finished: dict[int, collections.deque] = collections.defaultdict(collections.deque)
-        self.op_errors: dict[int, list] = collections.defaultdict(list)
         self.metadata: set[bytes] = set()
         self.steps = 0
         self.matched: Callable[[dict], dict] = lambda a: {"count": 0, "async": False}
@@ -136,7 +135,7 @@ class FakeNode:
                     if rid is not None:
                         self._send(conn, {"id": rid, "error": {"code": e.code, "message": e.message}})
                     else:
-                        self.op_errors[state["rank"] or 0].append({"op": op, "code": e.code, "message": e.message})
+                        state.setdefault("op_errors", []).append({"op": op, "code": e.code, "message": e.message})
                     if e.fatal:
                         return
         except (EOFError, OSError):
@@ -177,9 +176,9 @@ class FakeNode:
             return {}
         if op == "build_connector_meta":
             self.steps += 1
-            meta = f"step-{self.steps}".encode()
+            meta = msgpack.packb({"step": self.steps, "loads": self.loads}, use_bin_type=True)
             self.metadata.add(meta)
-            return {"metadata": meta}
+            return {"metadata": meta, "op_errors": state.pop("op_errors", [])}
         if op == "request_finished":
             return self.finish(a)
         if op == "bind_connector_metadata":
@@ -200,7 +199,7 @@ class FakeNode:
             q = self.finished[rank]
             if q:
                 base.update(q.popleft())
-            base["op_errors"] = self.op_errors.pop(rank, [])
+            base["op_errors"] = state.pop("op_errors", [])
             return base
         if op == "get_block_ids_with_load_errors":
             return {"block_ids": []}

@@ -184,7 +184,7 @@ def test_scheduler_ops_send_the_spec_args(tmp_path):
     assert c.get_num_new_matched_tokens("r", 33, {"do_remote_decode": True}, 0) == (32, True)
     c.update_state_after_alloc("r", [3, 4], 0)
     meta = c.build_connector_meta([{"request_id": "r", "block_ids": [3, 4], "num_computed_tokens": 33}], [])
-    assert meta == b"step-1"
+    assert msgpack.unpackb(meta) == {"step": 1, "loads": 0}
     assert c.request_finished("r", [3, 4], "length_capped") == (True, {"do_remote_prefill": True})
     assert node.calls("get_num_new_matched_tokens") == [
         {"request_id": "r", "num_prompt_tokens": 33, "kv_transfer_params": {"do_remote_decode": True},
@@ -208,4 +208,35 @@ def test_an_error_reply_without_id_raises_its_typed_error_and_closes(tmp_path):
     with pytest.raises(port.BadFrame):
         c.ping()
     assert not c.connected
+    node.close()
+
+
+def test_update_state_after_alloc_is_one_way_and_its_error_comes_back_in_build_connector_meta(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = PortClient(node.path, "scheduler")
+    c.hello()
+    c._send({"op": "no_such_one_way_op", "args": {}})  # refused; no reply to a one-way frame
+    c.update_state_after_alloc("r", [1], 0)
+    with pytest.raises(UnknownOp) as e:
+        c.build_connector_meta([], [])
+    assert e.value.metadata and [x["code"] for x in e.value.op_errors] == ["unknown_op"]
+    assert c.build_connector_meta([], [], raise_op_errors=False) and c.last_op_errors == []
+    node.close()
+
+
+def test_start_load_kv_skips_its_round_trip_when_the_metadata_says_nothing_loads(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    s = PortClient(node.path, "scheduler")
+    s.hello()
+    w = worker_client(node.path)
+    w.hello()
+    w.bind_connector_metadata(s.build_connector_meta([], []))
+    assert w.start_load_kv() == 0
+    w.wait_for_save()
+    node.loads = 2
+    w.bind_connector_metadata(s.build_connector_meta([], []))
+    assert w.start_load_kv() == 2  # asked: the metadata says two
+    w.get_finished()
+    assert node.ops("worker", 0) == ["hello", "bind_connector_metadata", "start_load_kv", "wait_for_save",
+                                     "bind_connector_metadata", "start_load_kv", "get_finished"]
     node.close()

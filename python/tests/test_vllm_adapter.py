@@ -6,7 +6,6 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 
@@ -192,6 +191,7 @@ def test_scheduler_side_on_decode_names_only_the_blocks_it_must_receive(node):
     count, is_async = c.get_num_new_matched_tokens(req, 16)  # one block from D's own prefix cache
     assert (count, is_async) == (33, True)
     c.update_state_after_alloc(req, KVCacheBlocks([7, 8, 9], hashed=1), count)
+    c.connector_scheduler.client.ping()  # a round trip: the one-way op before it has been read
     assert node.calls("update_state_after_alloc") == [{"request_id": "r2", "block_ids": [8, 9], "num_external_tokens": 33}]
     for status, want in [(RequestStatus.FINISHED_ABORTED, "aborted"), (RequestStatus.FINISHED_STOPPED, "stopped")]:
         req.status = status
@@ -313,3 +313,13 @@ def test_missing_socket_config_is_a_clear_error():
     os.environ.pop("KVFERRY_ENGINE_SOCKET", None)
     with pytest.raises(ValueError, match="kv_connector_extra_config.socket"):
         kv.KvferryConnector(cfg, kv.KVConnectorRole.SCHEDULER)
+
+
+def test_a_request_aborted_before_scheduling_is_named_to_the_node_before_it_finishes(node):
+    c = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.SCHEDULER)
+    req = Request("gone", list(range(30)), {"do_remote_prefill": True, "transfer_id": "t9", "remote_engine_id": "p0"},
+                  RequestStatus.FINISHED_ABORTED)
+    c.request_finished(req, [])  # vLLM: abort of a waiting request, the connector never saw it
+    assert node.ops("scheduler")[1:] == ["get_num_new_matched_tokens", "request_finished"]
+    assert node.calls("get_num_new_matched_tokens")[0]["kv_transfer_params"]["transfer_id"] == "t9"
+    assert node.calls("request_finished") == [{"request_id": "gone", "block_ids": [], "status": "aborted"}]

@@ -85,6 +85,7 @@ class Request:
     hashed_blocks: int = 0
     verification: Verification | None = None
     load_error_blocks: set[int] = field(default_factory=set)
+    node_knows: bool = False  # named to the node in get_num_new_matched_tokens
 
     @property
     def all_tokens(self) -> list[int]:
@@ -264,7 +265,7 @@ class ReferenceEngine:
         if r.phase == Phase.WAITING and not r.blocks:
             self.waiting.remove(r)
             if self.connector is not None:
-                self.connector.scheduler.request_finished(r.request_id, [], "aborted")
+                self._tell_node_aborted_before_scheduling(r)
             self._end(r, Event("done", finish_reason="abort", info=self._info(r)))
             self._counters["aborted"] += 1
             return
@@ -279,7 +280,8 @@ class ReferenceEngine:
         loads = [0] * self.geometry.tp_size
         finished_reports: list[dict[str, Any]] = []
         if c is not None:
-            metadata = c.scheduler.build_connector_meta(new_reqs, cached_reqs)
+            metadata = c.scheduler.build_connector_meta(new_reqs, cached_reqs, raise_op_errors=False)
+            self._log_op_errors(c.scheduler.last_op_errors)
             for w in c.workers:
                 w.bind_connector_metadata(metadata)
             loads = [w.start_load_kv() for w in c.workers]
@@ -343,6 +345,7 @@ class ReferenceEngine:
                     try:
                         count, is_async = self.connector.scheduler.get_num_new_matched_tokens(
                             r.request_id, n, r.kv_transfer_params, hit_tokens)
+                        r.node_knows = True
                     except PortError as e:  # this request's params, not the engine: refuse it
                         self.waiting.pop(0)
                         self._refuse(r, e)
@@ -421,7 +424,6 @@ class ReferenceEngine:
         return b"".join(parts)
 
     def _sample(self, scheduled: list[Request]) -> None:
-        g = self.geometry
         for r in scheduled:
             if r.phase != Phase.RUNNING:
                 continue  # aborted meanwhile
@@ -442,7 +444,6 @@ class ReferenceEngine:
             r.events.put(Event("token", token=token))
             if len(r.output) >= r.max_tokens:
                 self._finish(r, "length_capped")
-        del g
 
     def _cache_full_blocks(self, r: Request) -> None:
         g = self.geometry
@@ -462,6 +463,8 @@ class ReferenceEngine:
                 delay, params = self.connector.scheduler.request_finished(r.request_id, list(r.blocks), status)
             except PortError as e:  # the node holds nothing for it: free now
                 log.warning("request_finished(%s) refused: %s", r.request_id, e)
+            log.info("request_finished(%s, %d blocks, %s) in phase %s: delay_free=%s", r.request_id,
+                     len(r.blocks), status, r.phase.value, delay)
         if r in self.running:
             self.running.remove(r)
         if r in self.waiting:
@@ -482,6 +485,20 @@ class ReferenceEngine:
         if not keep:
             self.by_id.pop(r.request_id, None)
         r.events.put(event)
+
+    def _tell_node_aborted_before_scheduling(self, r: Request) -> None:
+        """request_finished(r, [], "aborted") so the node tells P to free. The port's
+        request_finished carries no kv_transfer_params and the node only knows requests named in
+        get_num_new_matched_tokens, so a request aborted before its first scheduling is named
+        there first (vLLM calls request_finished alone here; reported as a port issue)."""
+        sched = self.connector.scheduler  # type: ignore[union-attr]
+        try:
+            if not r.node_knows:
+                sched.get_num_new_matched_tokens(r.request_id, len(r.prompt), r.kv_transfer_params, 0)
+                r.node_knows = True
+            sched.request_finished(r.request_id, [], "aborted")
+        except PortError as e:
+            log.warning("request %s aborted before scheduling; the node refused: %s", r.request_id, e)
 
     def _refuse(self, r: Request, e: PortError) -> None:
         """The node refused a scheduler op for this request (bad params, unknown request): the
@@ -521,10 +538,13 @@ class ReferenceEngine:
 
     # ---- the workers' finished sets ----
 
-    def _apply_finished(self, f: dict[str, Any]) -> None:
-        for e in f["op_errors"]:
+    def _log_op_errors(self, op_errors: list[dict[str, Any]]) -> None:
+        for e in op_errors:
             self._counters["op_errors"] += 1
             log.error("kvferry node refused one-way op %s: %s: %s", e.get("op"), e.get("code"), e.get("message"))
+
+    def _apply_finished(self, f: dict[str, Any]) -> None:
+        self._log_op_errors(f["op_errors"])
         self._load_error_blocks.update(f["block_ids_with_load_errors"])
         for rid in f["done_sending"]:
             self._rank_report(rid, None)
@@ -542,6 +562,7 @@ class ReferenceEngine:
             return
         del self._rank_reports[rid]
         failure = entry[1]
+        log.info("every rank reported %s over%s", rid, f" (failed: {failure})" if failure else "")
         r = self.delayed_free.pop(rid, None)
         if r is not None:
             self.pool.free(r.blocks)
