@@ -209,7 +209,7 @@ public final class ConnectorScheduler {
       if (notHandedOver != null) {
         // Scheduled but not handed to the workers yet: nothing reads into its blocks. Read
         // nothing; tell P to free its blocks.
-        reqsNeedRecv.put(request.requestId(), new Pending(request, new int[0]));
+        tellPrefillToFree(request, p);
         return FinishDecision.FREE_NOW;
       }
       if (aborted && lent) {
@@ -227,7 +227,7 @@ public final class ConnectorScheduler {
     if (p.doRemotePrefill()) {
       // Still set: the request was aborted before it was scheduled. Tell P to free its blocks
       // (the seed does this in READ mode; in WRITE mode it also stops P waiting for our blocks).
-      reqsNeedRecv.put(request.requestId(), new Pending(request, new int[0]));
+      tellPrefillToFree(request, p);
       request.setParams(p.withDoRemotePrefill(false));
       return FinishDecision.FREE_NOW;
     }
@@ -261,6 +261,21 @@ public final class ConnectorScheduler {
             true, false, p.transferId(), engineId, dpRank, blockIds.clone(), "", 0,
             Math.max(1, localWorkers.size()));
     return new FinishDecision(delay, forDecode);
+  }
+
+  /**
+   * Tells P, through the workers, that this request reads nothing, so P frees the blocks it keeps
+   * for it. At once, not with the next step's metadata: the engine may have no next step (nothing
+   * else to run), and P would hold the blocks until its abort timeout.
+   */
+  private void tellPrefillToFree(ConnectorRequest request, KvTransferParams p) {
+    reqsNeedRecv.remove(request.requestId());
+    ReqMeta readNothing = new ReqMeta(request.requestId(), p.transferId(), new int[0],
+        p.remoteBlockIds(), p.remoteEngineId(), p.remoteDpRank());
+    ConnectorMetadata meta = new ConnectorMetadata(List.of(), List.of(readNothing), List.of());
+    for (ActorRef<EngineActor.Command> w : localWorkers) {
+      w.tell(new EngineActor.StartLoad(meta));
+    }
   }
 
   private static int[] concat(int[] a, int[] b) {

@@ -323,7 +323,25 @@ final class PortSession implements Runnable {
 
   private Object requestFinished(PortArgs a) throws PortException {
     ConnectorScheduler s = scheduler();
-    ConnectorRequest r = request(a);
+    String id = a.string("request_id");
+    ConnectorRequest r = requireSide(Side.SCHEDULER).requests().get(id);
+    if (r == null) {
+      // vLLM finishes a request aborted while waiting without ever asking about it: with its
+      // params the connector still tells P to free; without, nothing here holds anything.
+      Map<String, Object> raw = a.optionalMap("kv_transfer_params");
+      if (raw == null) {
+        Map<String, Object> none = new LinkedHashMap<>();
+        none.put("delay_free", false);
+        none.put("kv_transfer_params", null);
+        return none;
+      }
+      try {
+        r = new ConnectorRequest(id, a.optionalInt("num_prompt_tokens", 0, 0),
+            KvTransferParams.fromMap(raw));
+      } catch (InvalidTransferParamsException e) {
+        throw PortException.badArgs(String.valueOf(e.getMessage()));
+      }
+    }
     r.setStatus(switch (a.string("status")) {
       case "length_capped" -> ConnectorRequest.Status.FINISHED_LENGTH_CAPPED;
       case "stopped" -> ConnectorRequest.Status.FINISHED_STOPPED;
