@@ -1,5 +1,10 @@
 package dev.kvferry.actors.connector;
 
+import dev.kvferry.actors.EngineActor;
+import org.apache.pekko.actor.testkit.typed.javadsl.ActorTestKit;
+import org.apache.pekko.actor.testkit.typed.javadsl.TestProbe;
+import org.junit.jupiter.api.AfterAll;
+
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
@@ -15,6 +20,13 @@ import org.junit.jupiter.api.Test;
 
 /** Scheduler-side bookkeeping, without actors: what the engine sees from each call. */
 class ConnectorSchedulerTest {
+
+  private static final ActorTestKit KIT = ActorTestKit.create();
+
+  @AfterAll
+  static void stopKit() {
+    KIT.shutdownTestKit();
+  }
 
   private static final int BLOCK = 16;
   private static final Clock CLOCK = Clock.fixed(Instant.ofEpochMilli(1_000_000), ZoneOffset.UTC);
@@ -69,19 +81,28 @@ class ConnectorSchedulerTest {
         m.reqsToSend().get(0).deadlineEpochMs());
   }
 
+  /** The workers hear at once, not with a next step the engine may never run. */
+  private static void assertWorkerToldToReadNothing(TestProbe<EngineActor.Command> worker) {
+    EngineActor.StartLoad told = worker.expectMessageClass(EngineActor.StartLoad.class);
+    assertEquals(1, told.metadata().reqsToRecv().size(), "P is still told to free its blocks");
+    assertEquals(0, told.metadata().reqsToRecv().get(0).localBlockIds().length,
+        "read into blocks the engine freed");
+  }
+
   @Test
   void decodeAbortedBeforeSchedulingStillTellsPrefillToFree() {
+    TestProbe<EngineActor.Command> worker = KIT.createTestProbe();
     ConnectorScheduler s = new ConnectorScheduler(Role.DECODE, TransferMode.READ, "decode-0", 0,
-        BLOCK, List.of(), ConnectorSettings.DEFAULTS, CLOCK);
+        BLOCK, List.of(worker.ref()), ConnectorSettings.DEFAULTS, CLOCK);
     ConnectorRequest r = new ConnectorRequest("r", 20, KvTransferParams.forDecode("tx", "prefill-0", 0));
     r.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
     FinishDecision d = s.requestFinished(r, new int[0]);
     assertFalse(d.delayFreeBlocks());
     assertNull(d.paramsForPeer());
     assertFalse(r.params().doRemotePrefill(), "only one transfer per request");
+    assertWorkerToldToReadNothing(worker);
     ConnectorMetadata m = s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of()));
-    assertEquals(1, m.reqsToRecv().size());
-    assertEquals(0, m.reqsToRecv().get(0).localBlockIds().length);
+    assertEquals(0, m.reqsToRecv().size(), "told once");
   }
 
   @Test
@@ -144,18 +165,18 @@ class ConnectorSchedulerTest {
 
   @Test
   void decodeAbortedAfterAllocationButBeforeItsLoadWasHandedOverReadsNothing() {
+    TestProbe<EngineActor.Command> worker = KIT.createTestProbe();
     ConnectorScheduler s = new ConnectorScheduler(Role.DECODE, TransferMode.READ, "decode-0", 0,
-        BLOCK, List.of(), ConnectorSettings.DEFAULTS, CLOCK);
+        BLOCK, List.of(worker.ref()), ConnectorSettings.DEFAULTS, CLOCK);
     KvTransferParams p = new KvTransferParams(true, false, "tx", "prefill-0", 0, new int[] {8, 9},
         "", 0, 1);
     ConnectorRequest r = new ConnectorRequest("r", 20, p);
     s.updateStateAfterAlloc(r, new int[] {4, 5}, 19);
     r.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
     assertFalse(s.requestFinished(r, new int[] {4, 5}).delayFreeBlocks());
+    assertWorkerToldToReadNothing(worker);
     ConnectorMetadata m = s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of()));
-    assertEquals(1, m.reqsToRecv().size(), "P is still told to free its blocks");
-    assertEquals(0, m.reqsToRecv().get(0).localBlockIds().length,
-        "read into blocks the engine freed");
+    assertEquals(0, m.reqsToRecv().size(), "told once, nothing read into the freed blocks");
   }
 
   @Test
