@@ -97,7 +97,7 @@ def post_then_abandon(url: str, body: dict, request_id: str, after_s: float, str
                   + f"X-Request-Id: {request_id}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
         if stream_tokens:
             got = b""
-            s.settimeout(after_s)
+            s.settimeout(max(after_s, 0.01))  # 0 would make the socket non-blocking
             try:
                 while got.count(b"data: ") < stream_tokens:
                     chunk = s.recv(65536)
@@ -182,9 +182,17 @@ class Workload:
         p_url, p_id = self._pick_prefill()
         try:
             if o.kind == "abort":
-                self._abort(o, p_url, p_id, transfer_id)
+                if a.router:
+                    o.aborted = True  # a client that hangs up on the router mid-stream
+                    post_then_abandon(a.router, {"prompt": o.prompt, "max_tokens": a.max_tokens, "stream": True},
+                                      o.request_id, self.rng.uniform(0.0, 0.05), stream_tokens=1)
+                else:
+                    self._abort(o, p_url, p_id, transfer_id)
                 return o
-            if self.mode == "write":
+            if a.router:
+                # As a client would: the router picks P and D and runs both legs.
+                out = completion(a.router, o.prompt, a.max_tokens, None, o.request_id)
+            elif self.mode == "write":
                 out = self._write(o, p_url, p_id, transfer_id)
             else:
                 out = self._read(o, p_url, p_id, transfer_id)
@@ -334,6 +342,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefill", required=True, help="P engines' base URLs, comma separated")
     p.add_argument("--decode", required=True, help="D engine's base URL")
     p.add_argument("--baseline", required=True, help="an undisaggregated engine's base URL (--no-connector)")
+    p.add_argument("--router", help="send each request to this router (kvferry router --http-port) as a client "
+                                    "would, instead of running P's and D's legs here")
     p.add_argument("--mode", default="write", help="write, read or write,read")
     p.add_argument("--json", action="store_true", help="print one JSON line per mode")
     p.add_argument("--requests", type=int, default=24)

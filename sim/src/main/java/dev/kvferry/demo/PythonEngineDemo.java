@@ -20,8 +20,9 @@ import org.jspecify.annotations.Nullable;
 /**
  * {@code kvferry demo --engine python}: a router, a P node and a D node (JVMs), each node beside a
  * reference engine in its own Python process driving it through the engine port, and a third
- * reference engine without kvferry as the baseline. Per mode, kvferry.demo sends the workload as a
- * disaggregation proxy would and compares D's tokens with the baseline's.
+ * reference engine without kvferry as the baseline. Per mode, kvferry.demo sends the workload to
+ * the router's OpenAI-compatible endpoint as a client would (some clients hang up mid-stream) and
+ * compares D's tokens with the baseline's.
  */
 public final class PythonEngineDemo implements AutoCloseable {
 
@@ -57,8 +58,8 @@ public final class PythonEngineDemo implements AutoCloseable {
   private final int tpP;
   private final int tpD;
   private final List<ChildProcess> nodes = new ArrayList<>();
-  /** The decode node's management port: its metrics say how many KV bytes it received. */
-  private int decodeManagementPort;
+  /** The nodes' management ports: their metrics say how many KV bytes they moved. */
+  private final List<Integer> managementPorts = new ArrayList<>();
   private final List<Process> engines = new ArrayList<>();
 
   public PythonEngineDemo(Path python, Path pythonPath, int tpP, int tpD) throws IOException {
@@ -103,10 +104,14 @@ public final class PythonEngineDemo implements AutoCloseable {
   /** Starts the cluster, then runs each mode with fresh engines; returns a report per mode. */
   public List<Report> run(List<String> modes, PrintStream out) throws Exception {
     int routerPort = FreePorts.next();
+    int httpPort = FreePorts.next();
     String seed = "127.0.0.1:" + routerPort;
+    String router = "http://127.0.0.1:" + httpPort;
+    // The router is the proxy the driver sends every request to, as a client would.
     nodes.add(ChildProcess.start("router", logDir, List.of("-Xmx256m"), List.of("router",
         "--port", Integer.toString(routerPort),
-        "--management-port", Integer.toString(FreePorts.next()), "--seed-nodes", seed)));
+        "--management-port", Integer.toString(FreePorts.next()), "--seed-nodes", seed,
+        "--http-port", Integer.toString(httpPort))));
     String modeList = String.join(",", modes);
     Path pSocket = logDir.resolve("prefill.sock");
     Path dSocket = logDir.resolve("decode.sock");
@@ -119,9 +124,10 @@ public final class PythonEngineDemo implements AutoCloseable {
       String p = engine("prefill-" + mode, "prefill", mode, pSocket, tpP);
       String d = engine("decode-" + mode, "decode", mode, dSocket, tpD);
       String baseline = engine("baseline-" + mode, "decode", mode, null, 1);
-      long bytesBefore = decodeBytes();
+      awaitRoutable(router);
+      long bytesBefore = movedBytes();
       List<String> cmd = List.of(python.toString(), "-m", "kvferry.demo", "--prefill", p,
-          "--decode", d, "--baseline", baseline, "--mode", mode, "--json");
+          "--decode", d, "--baseline", baseline, "--router", router, "--mode", mode, "--json");
       Process driver = pythonProcess(cmd, logDir.resolve("driver-" + mode + ".log"));
       if (!driver.waitFor(10, TimeUnit.MINUTES)) {
         driver.destroyForcibly();
@@ -135,9 +141,9 @@ public final class PythonEngineDemo implements AutoCloseable {
               + ") printed no JSON (exit " + driver.exitValue() + "); see " + logDir));
       com.fasterxml.jackson.databind.node.ObjectNode driven =
           (com.fasterxml.jackson.databind.node.ObjectNode) JSON.readTree(last);
-      long bytesAfter = decodeBytes();
+      long bytesAfter = movedBytes();
       if (bytesBefore >= 0 && bytesAfter >= 0) {
-        driven.put("bytes", bytesAfter - bytesBefore); // what D's node received this mode
+        driven.put("bytes", bytesAfter - bytesBefore); // KV the nodes moved this mode
       }
       reports.add(new Report(mode, driven));
       stopEngines();
@@ -148,9 +154,7 @@ public final class PythonEngineDemo implements AutoCloseable {
   private ChildProcess node(String role, Path socket, String modes, int tp, String seed)
       throws IOException {
     int management = FreePorts.next();
-    if (role.equals("decode")) {
-      decodeManagementPort = management;
-    }
+    managementPorts.add(management);
     return ChildProcess.start(role, logDir, List.of("-Xmx512m", "-XX:+UseSerialGC"), List.of(
         "node", "--role", role, "--engine-id", role + "-0", "--mode", modes,
         "--engine", "port", "--engine-socket", socket.toString(), "--tp-size",
@@ -158,26 +162,64 @@ public final class PythonEngineDemo implements AutoCloseable {
         "--management-port", Integer.toString(management), "--seed-nodes", seed));
   }
 
-  /** KV bytes the decode node's workers moved so far (its kvferry_transfer_bytes_total). */
-  private long decodeBytes() {
-    try {
-      java.net.http.HttpResponse<String> r = java.net.http.HttpClient.newHttpClient().send(
-          java.net.http.HttpRequest.newBuilder(java.net.URI.create(
-              "http://127.0.0.1:" + decodeManagementPort + "/metrics"))
-              .timeout(Duration.ofSeconds(10)).build(),
-          java.net.http.HttpResponse.BodyHandlers.ofString());
-      for (String line : r.body().split("\n")) {
-        if (line.startsWith("kvferry_transfer_bytes_total ")) {
-          return (long) Double.parseDouble(line.substring(line.indexOf(' ') + 1).trim());
+  /**
+   * KV bytes the nodes' workers moved so far (the sum of their kvferry_transfer_bytes_total: the
+   * side that copies counts, P's writer in WRITE mode, D's reader in READ), or -1 if unknown.
+   */
+  private long movedBytes() {
+    long sum = 0;
+    for (int port : managementPorts) {
+      try {
+        java.net.http.HttpResponse<String> r = java.net.http.HttpClient.newHttpClient().send(
+            java.net.http.HttpRequest.newBuilder(java.net.URI.create(
+                "http://127.0.0.1:" + port + "/metrics"))
+                .timeout(Duration.ofSeconds(10)).build(),
+            java.net.http.HttpResponse.BodyHandlers.ofString());
+        for (String line : r.body().split("\n")) {
+          if (line.startsWith("kvferry_transfer_bytes_total ")) {
+            sum += (long) Double.parseDouble(line.substring(line.indexOf(' ') + 1).trim());
+          }
         }
+      } catch (IOException e) {
+        return -1;
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        return -1;
       }
-      return 0;
-    } catch (IOException e) {
-      return -1;
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
-      return -1;
     }
+    return sum;
+  }
+
+  /**
+   * Waits until the router routes (it learns the engines, and their URLs, from cluster
+   * membership): a one-token completion answers 200.
+   */
+  private void awaitRoutable(String router) throws Exception {
+    java.net.http.HttpClient client = java.net.http.HttpClient.newHttpClient();
+    java.net.http.HttpRequest probe = java.net.http.HttpRequest.newBuilder(
+            java.net.URI.create(router + "/v1/completions"))
+        .timeout(Duration.ofSeconds(30))
+        .header("Content-Type", "application/json")
+        .POST(java.net.http.HttpRequest.BodyPublishers.ofString(
+            "{\"prompt\": [1, 2, 3], \"max_tokens\": 1}"))
+        .build();
+    long deadline = System.nanoTime() + READY_TIMEOUT.toNanos();
+    String last = "no answer";
+    while (System.nanoTime() < deadline) {
+      try {
+        java.net.http.HttpResponse<String> r =
+            client.send(probe, java.net.http.HttpResponse.BodyHandlers.ofString());
+        if (r.statusCode() == 200) {
+          return;
+        }
+        last = r.statusCode() + " " + r.body();
+      } catch (IOException e) {
+        last = e.toString();
+      }
+      Thread.sleep(300);
+    }
+    throw new IllegalStateException("the router at " + router + " never routed: " + last
+        + "; see " + logDir);
   }
 
   /** Starts a reference engine; returns its HTTP base URL once it says it is ready. */
