@@ -71,7 +71,7 @@ def post(url: str, path: str, body: dict, headers: dict | None = None,
                         errors.append(chunk["error"])
                         continue
                     for ch in chunk.get("choices", []):
-                        texts.append(ch.get("text", ""))
+                        texts.append(ch.get("text") or (ch.get("delta") or {}).get("content") or "")
                         ids.extend(ch.get("token_ids", []))
             return r.status, hdrs, {"text": "".join(texts), "token_ids": ids, "errors": errors,
                                     "done": "data: [DONE]" in raw}
@@ -246,3 +246,20 @@ def test_read_mode_and_an_engine_that_dies_mid_request() -> None:
         assert s["free_blocks"] == s["num_blocks"], s
     finally:
         dep.close()
+
+
+def test_chat_completions_through_the_router(deployment: Deployment) -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    u = urllib.parse.urlparse(deployment.baseline.url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    c.request("POST", "/v1/chat/completions", json.dumps({"messages": messages, "max_tokens": 5}),
+              {"Content-Type": "application/json"})
+    expected = json.loads(c.getresponse().read())["choices"][0]["message"]["content"]
+    c.close()
+    status, _, body = post(deployment.router.url, "/v1/chat/completions", {"messages": messages, "max_tokens": 5})
+    assert status == 200, body
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["content"] == expected
+    status, _, streamed = post(deployment.router.url, "/v1/chat/completions",
+                               {"messages": messages, "max_tokens": 5, "stream": True})
+    assert status == 200 and streamed["done"]

@@ -23,6 +23,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-connector", action="store_true", help="run undisaggregated: no node (the baseline)")
     p.add_argument("--http-host", default="127.0.0.1")
     p.add_argument("--http-port", type=int, default=0, help="0 picks a free port (default)")
+    p.add_argument("--advertise-url", help="the base URL routers call this engine at (default: "
+                                           "http://HTTP_HOST:PORT; set it when binding 0.0.0.0)")
     p.add_argument("--mode", choices=["write", "read"], default="write")
     p.add_argument("--role", choices=["prefill", "decode"], default="decode")
     p.add_argument("--engine-id", help="must match the node's engine id when given")
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                                  engine_id=args.engine_id, max_num_batched_tokens=args.max_num_batched_tokens,
                                  prefix_caching=not args.no_prefix_caching, shm_dir=args.shm_dir)
         server = serve(engine, args.http_host, args.http_port, args.model)
-        url = f"http://{args.http_host}:{server.server_address[1]}"
+        url = args.advertise_url or f"http://{args.http_host}:{server.server_address[1]}"
         if engine.connector is not None:
             engine.connector.scheduler.http_url = url
             engine.connect(wait_s=args.node_wait)

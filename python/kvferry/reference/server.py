@@ -1,6 +1,7 @@
 """The reference engine's OpenAI-compatible HTTP endpoint (standard library only).
 
 POST /v1/completions  prompt (string or token ids), max_tokens, stream, kv_transfer_params
+POST /v1/chat/completions  messages (as "role: content" lines), the same options
 GET  /v1/models, /health, /kvferry/stats
 A client that disconnects before its answer aborts its request.
 """
@@ -47,9 +48,29 @@ def parse_prompt(prompt: Any) -> list[int]:
     return tokens
 
 
+def chat_prompt(messages: Any) -> str:
+    """The prompt a chat request stands for: each message as "role: content" on its own line,
+    then the assistant's turn (the reference model has no chat template of its own)."""
+    if not isinstance(messages, list) or not messages:
+        raise CompletionError(400, "messages must be a non-empty list")
+    lines = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise CompletionError(400, "each message needs a string content")
+        lines.append(f"{m.get('role', 'user')}: {m['content']}")
+    return "\n".join(lines) + "\nassistant:"
+
+
 class EngineHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client (or the router's connection pool) resetting an idle connection is routine.
+        import sys
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
 
     def __init__(self, address: tuple[str, int], engine: ReferenceEngine, model: str):
         super().__init__(address, Handler)
@@ -109,15 +130,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?", 1)[0]
-        if path != "/v1/completions":
+        if path not in ("/v1/completions", "/v1/chat/completions"):
             self._error(404, f"no route {path}", "not_found")
             return
+        chat = path == "/v1/chat/completions"
         try:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
             if not isinstance(body, dict):
                 raise CompletionError(400, "the body must be a JSON object")
-            tokens = parse_prompt(body.get("prompt"))
+            tokens = parse_prompt(chat_prompt(body.get("messages")) if chat else body.get("prompt"))
             max_tokens = body.get("max_tokens", 16)
             if not isinstance(max_tokens, int) or max_tokens < 1:
                 raise CompletionError(400, "max_tokens must be a positive integer")
@@ -135,9 +157,9 @@ class Handler(BaseHTTPRequestHandler):
         r = Request(request_id, tokens, max_tokens, dict(params) if params else None)
         self.server.engine.submit(r)
         if body.get("stream"):
-            self._stream(r, body)
+            self._stream(r, body, chat)
         else:
-            self._complete(r, body)
+            self._complete(r, body, chat)
 
     def _next_event(self, r: Request) -> Event | None:
         """The request's next event; None if the client went away (the request is aborted)."""
@@ -159,7 +181,7 @@ class Handler(BaseHTTPRequestHandler):
     def _base(self, r: Request) -> dict[str, Any]:
         return {"id": r.request_id, "created": int(time.time()), "model": self.server.model}
 
-    def _complete(self, r: Request, body: dict) -> None:
+    def _complete(self, r: Request, body: dict, chat: bool = False) -> None:
         tokens: list[int] = []
         while True:
             ev = self._next_event(r)
@@ -173,11 +195,15 @@ class Handler(BaseHTTPRequestHandler):
                 return
             else:
                 out = self._base(r)
+                if chat:
+                    choice = {"index": 0, "message": {"role": "assistant", "content": detokenize(tokens)},
+                              "finish_reason": ev.finish_reason, "token_ids": tokens}
+                else:
+                    choice = {"index": 0, "text": detokenize(tokens), "logprobs": None,
+                              "finish_reason": ev.finish_reason, "stop_reason": None, "token_ids": tokens}
                 out.update({
-                    "object": "text_completion",
-                    "choices": [{"index": 0, "text": detokenize(tokens), "logprobs": None,
-                                 "finish_reason": ev.finish_reason, "stop_reason": None,
-                                 "token_ids": tokens}],
+                    "object": "chat.completion" if chat else "text_completion",
+                    "choices": [choice],
                     "usage": {"prompt_tokens": len(r.prompt), "completion_tokens": len(tokens),
                               "total_tokens": len(r.prompt) + len(tokens)},
                     "kv_transfer_params": ev.kv_transfer_params,
@@ -186,7 +212,7 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(200, out)
                 return
 
-    def _stream(self, r: Request, body: dict) -> None:
+    def _stream(self, r: Request, body: dict, chat: bool = False) -> None:
         started = False
 
         def start() -> None:
@@ -220,19 +246,27 @@ class Handler(BaseHTTPRequestHandler):
                 start()
                 started = True
             chunk = self._base(r)
-            chunk["object"] = "text_completion"
+            chunk["object"] = "chat.completion.chunk" if chat else "text_completion"
             if ev.kind == "token":
                 count += 1
-                chunk["choices"] = [{"index": 0, "text": detokenize([ev.token]), "logprobs": None,  # type: ignore[list-item]
-                                     "finish_reason": None, "stop_reason": None, "token_ids": [ev.token]}]
+                text = detokenize([ev.token])  # type: ignore[list-item]
+                if chat:
+                    chunk["choices"] = [{"index": 0, "delta": {"content": text}, "finish_reason": None,
+                                         "token_ids": [ev.token]}]
+                else:
+                    chunk["choices"] = [{"index": 0, "text": text, "logprobs": None,
+                                         "finish_reason": None, "stop_reason": None, "token_ids": [ev.token]}]
                 if not send(chunk):
                     return
                 continue
             if ev.kind == "error":
                 send({"error": {"message": ev.message, "type": "kv_transfer_error", "code": 500}})
                 return
-            chunk["choices"] = [{"index": 0, "text": "", "logprobs": None,
-                                 "finish_reason": ev.finish_reason, "stop_reason": None, "token_ids": []}]
+            if chat:
+                chunk["choices"] = [{"index": 0, "delta": {}, "finish_reason": ev.finish_reason, "token_ids": []}]
+            else:
+                chunk["choices"] = [{"index": 0, "text": "", "logprobs": None,
+                                     "finish_reason": ev.finish_reason, "stop_reason": None, "token_ids": []}]
             chunk["kv_transfer_params"] = ev.kv_transfer_params
             chunk["kvferry"] = ev.info
             if body.get("stream_options", {}).get("include_usage"):
