@@ -150,10 +150,10 @@ final class WriteJob {
   }
 
   /** How the write looks to /kvferry/transfers ("writing"). */
-  RequestTrackerActor.TransferView view(long nowMs) {
-    return new RequestTrackerActor.TransferView(
+  TransferView view(long nowMs) {
+    return new TransferView(
         requestId, transferId, "writing", decodeEngineId, nowMs - startedMs,
-        new RequestTrackerActor.WriteProgress(firedLayers.size(), completed, inFlight));
+        new WriteProgress(firedLayers.size(), completed, inFlight));
   }
 
   /** What the job still waits for, for the defer timeout's message. */

@@ -72,12 +72,12 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
 
   /**
    * Lists the writes in progress (state "writing", with their {@link
-   * RequestTrackerActor.WriteProgress}) and hands them to {@code tracker}, which answers {@code
+   * WriteProgress}) and hands them to {@code tracker}, which answers {@code
    * replyTo} with them and its own transfers.
    */
   public record ListWrites(
       ActorRef<RequestTrackerActor.Command> tracker,
-      ActorRef<RequestTrackerActor.Snapshot> replyTo) implements Command {}
+      ActorRef<TransferSnapshot> replyTo) implements Command {}
 
   private record LayerFired(String transferId, int layer) implements Command {}
 
@@ -288,7 +288,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   }
 
   private Behavior<Command> onListWrites(ListWrites m) {
-    List<RequestTrackerActor.TransferView> writes = new ArrayList<>();
+    List<TransferView> writes = new ArrayList<>();
     long now = System.currentTimeMillis();
     for (WriteJob j : jobs.values()) {
       if (!j.saved()) {
