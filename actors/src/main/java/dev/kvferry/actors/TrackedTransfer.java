@@ -52,8 +52,8 @@ final class TrackedTransfer {
   }
 
   /**
-   * P, READ: the decode engine that would read our blocks was listed in {@code before} and is not in
-   * {@code now}, so it left; one not listed yet may still join.
+   * P, READ: the decode engine that would read our blocks was listed in {@code before} and is not
+   * in {@code now}, so it left; one not listed yet may still join.
    */
   boolean readerLeft(EngineDirectory before, EngineDirectory now) {
     return state == State.AWAITING_RELEASE

@@ -5,8 +5,8 @@ import java.util.Map;
 import java.util.TreeMap;
 
 /**
- * A worker's transfers in flight, by state, for /kvferry/transfers: the {@link RequestTrackerActor}'s
- * transfers and P's writes in progress (from its {@link WriterActor}).
+ * A worker's transfers in flight, by state, for /kvferry/transfers: its {@link
+ * RequestTrackerActor}'s transfers and P's writes in progress (from its {@link WriterActor}).
  */
 public record TransferSnapshot(Map<String, Integer> countsByState, List<TransferView> transfers)
     implements LocalOnly {
