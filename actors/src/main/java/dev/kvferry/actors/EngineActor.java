@@ -100,7 +100,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   public record PeerGone(AgentMetadata metadata) implements Command, LocalOnly {}
 
   /** Transfers in flight, for management endpoints. */
-  public record GetTransfers(ActorRef<RequestTrackerActor.Snapshot> replyTo) implements Command, LocalOnly {}
+  public record GetTransfers(ActorRef<TransferSnapshot> replyTo) implements Command, LocalOnly {}
 
   /** Stops the worker and its children. */
   public record Stop() implements Command, LocalOnly {}

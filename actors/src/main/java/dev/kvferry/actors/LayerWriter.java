@@ -18,6 +18,7 @@ import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
 import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.function.ObjIntConsumer;
 import org.jspecify.annotations.Nullable;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -72,6 +73,35 @@ final class LayerWriter {
       t.submitted.add(submission); // the done word is stored behind every layer's copies
     }
     return submission.thenCompose(TransferStatus::completion);
+  }
+
+  /**
+   * Writes to {@code t} every fired layer of {@code j} not issued to it yet, in firing order, each
+   * handed to {@code issued} with its completion; then stores D's done word if it is due.
+   */
+  void writeFired(
+      WriteJob j, WriteJob.Target t, AgentMetadata peer, TransferBatch plan,
+      ObjIntConsumer<CompletableFuture<TransferStatus>> issued) {
+    while (t.issued < j.firedLayers.size()) {
+      int layer = j.firedLayers.getInt(t.issued++);
+      j.inFlight++;
+      issued.accept(write(j, t, peer, plan, layer), layer);
+    }
+    storeDoneWordIfDue(j, t);
+  }
+
+  /** After the seal: each target's done word is stored once all its layers are queued. */
+  void storeDoneWordsIfDue(WriteJob j) {
+    int[] ranks = j.targetRanks;
+    if (ranks == null) {
+      return;
+    }
+    for (int rank : ranks) {
+      WriteJob.Target t = j.targets.get(rank);
+      if (t != null) {
+        storeDoneWordIfDue(j, t);
+      }
+    }
   }
 
   /** Once every layer of a target is queued: D's done word is stored behind them all. */

@@ -9,7 +9,6 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.TreeMap;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
 import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
@@ -73,38 +72,17 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
 
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
 
-  /** Transfers in flight, by state, for /kvferry/transfers. */
   /**
+   * Transfers in flight, by state, for /kvferry/transfers.
+   *
    * @param writes P's writes in progress (from its writer), listed with this tracker's transfers
    */
-  public record GetSnapshot(ActorRef<Snapshot> replyTo, List<TransferView> writes)
+  public record GetSnapshot(ActorRef<TransferSnapshot> replyTo, List<TransferView> writes)
       implements Command {
-    public GetSnapshot(ActorRef<Snapshot> replyTo) {
+    public GetSnapshot(ActorRef<TransferSnapshot> replyTo) {
       this(replyTo, List.of());
     }
   }
-
-  public record Snapshot(Map<String, Integer> countsByState, List<TransferView> transfers)
-      implements LocalOnly {}
-
-  /**
-   * One transfer in flight.
-   *
-   * @param progress for P's writes ("writing"): how far they got; null for other states
-   */
-  public record TransferView(
-      String requestId, String transferId, String state, String peerEngineId, long ageMs,
-      @Nullable WriteProgress progress) {}
-
-  /**
-   * How far P's writes of one transfer got, so an observer can tell a transfer whose bytes are
-   * moving from one that has not started or has finished.
-   *
-   * @param layersFired layers whose compute event fired (their KV exists on P)
-   * @param layerWritesDone layer writes completed, over every D worker written to
-   * @param layerWritesInFlight layer writes issued and not completed
-   */
-  public record WriteProgress(int layersFired, int layerWritesDone, int layerWritesInFlight) {}
 
   private record DeadlinePassed(String transferId) implements Command {}
 
@@ -179,9 +157,8 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
 
   private boolean refuseDuplicate(String requestId, String transferId, boolean sending) {
     if (active.containsKey(transferId) || terminal.contains(transferId)) {
-      String reason =
-          "duplicate transfer id " + transferId + " for request " + requestId + " on " + selfLabel
-              + ": refused";
+      String reason = "duplicate transfer id " + transferId + " for request " + requestId + " on "
+          + selfLabel + ": refused";
       getContext().getLog().warn(reason);
       sink.failed(requestId, reason, sending);
       return true;
@@ -202,10 +179,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
       sink.observer().transferEnded(TransferObserver.Outcome.FAILED, 0, -1);
       return this;
     }
-    active.put(
-        m.transferId(),
-        new TrackedTransfer(m.requestId(), m.transferId(), TrackedTransfer.State.RECEIVING, m.producerEngineId(),
-            m.localBlockIds()));
+    active.put(m.transferId(), TrackedTransfer.receiving(m));
     timers.startSingleTimer(
         m.transferId(), new DeadlinePassed(m.transferId()), settings.transferTimeout());
     return this;
@@ -259,10 +233,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     if (refuseDuplicate(m.requestId(), m.transferId(), true)) {
       return this;
     }
-    active.put(
-        m.transferId(),
-        new TrackedTransfer(m.requestId(), m.transferId(), TrackedTransfer.State.AWAITING_RELEASE, m.consumerEngineId(),
-            new int[0]));
+    active.put(m.transferId(), TrackedTransfer.awaitingRelease(m));
     long delayMs = Math.max(0, m.deadlineEpochMs() - System.currentTimeMillis());
     timers.startSingleTimer(
         m.transferId(), new DeadlinePassed(m.transferId()), Duration.ofMillis(delayMs));
@@ -328,11 +299,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     // A timeout is a request to end the transfer, not a licence to free: the owner asks P to
     // abandon and reports the failure once no copy can land in our blocks.
     t.overdue = true;
-    owner.tell(
-        new EngineActor.ReceiveOverdue(
-            t.transferId,
-            "transfer " + t.transferId + " from " + t.peerEngineId + " did not finish within "
-                + settings.transferTimeout().toMillis() + " ms"));
+    owner.tell(new EngineActor.ReceiveOverdue(t.transferId, t.overdue(settings.transferTimeout())));
     return this;
   }
 
@@ -340,17 +307,9 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     EngineDirectory before = directory;
     EngineDirectory dir = m.directory();
     directory = dir;
-    List<TrackedTransfer> lost = new ArrayList<>();
-    for (TrackedTransfer t : active.values()) {
-      // Only an engine that was listed and is gone has left; one not listed yet may still join.
-      // Receives end through the owner, which first waits for its own reads to stop.
-      if (t.state == TrackedTransfer.State.AWAITING_RELEASE
-          && !t.peerEngineId.isEmpty()
-          && before.contains(t.peerEngineId)
-          && !dir.contains(t.peerEngineId)) {
-        lost.add(t);
-      }
-    }
+    // Receives end through the owner, which first waits for its own reads to stop.
+    List<TrackedTransfer> lost =
+        active.values().stream().filter(t -> t.readerLeft(before, dir)).toList();
     for (TrackedTransfer t : lost) {
       take(t.transferId, "peer left");
       // D is gone: nobody will read these blocks; free them now instead of at the deadline.
@@ -377,17 +336,13 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onSnapshot(GetSnapshot m) {
-    Map<String, Integer> counts = new TreeMap<>();
     List<TransferView> views = new ArrayList<>();
     long now = System.currentTimeMillis();
     for (TrackedTransfer t : active.values()) {
       views.add(t.view(now));
     }
     views.addAll(m.writes());
-    for (TransferView v : views) {
-      counts.merge(v.state(), 1, Integer::sum);
-    }
-    m.replyTo().tell(new Snapshot(counts, views));
+    m.replyTo().tell(TransferSnapshot.of(views));
     return this;
   }
 }

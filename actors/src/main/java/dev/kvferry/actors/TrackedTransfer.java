@@ -1,5 +1,7 @@
 package dev.kvferry.actors;
 
+import dev.kvferry.actors.engine.EngineDirectory;
+import java.time.Duration;
 import java.util.Locale;
 
 /** One transfer a {@link RequestTrackerActor} tracks, on either side, until it ends. */
@@ -31,10 +33,38 @@ final class TrackedTransfer {
     this.localBlockIds = localBlockIds;
   }
 
+  /** D: a receive begins. */
+  static TrackedTransfer receiving(RequestTrackerActor.ExpectReceive m) {
+    return new TrackedTransfer(
+        m.requestId(), m.transferId(), State.RECEIVING, m.producerEngineId(), m.localBlockIds());
+  }
+
+  /** P, READ: our blocks are kept for D. */
+  static TrackedTransfer awaitingRelease(RequestTrackerActor.ExpectRelease m) {
+    return new TrackedTransfer(
+        m.requestId(), m.transferId(), State.AWAITING_RELEASE, m.consumerEngineId(), new int[0]);
+  }
+
   /** How it looks to /kvferry/transfers. */
-  RequestTrackerActor.TransferView view(long nowMs) {
+  TransferView view(long nowMs) {
     String shown = overdue ? "ending" : state.name().toLowerCase(Locale.ROOT);
-    return new RequestTrackerActor.TransferView(
-        requestId, transferId, shown, peerEngineId, nowMs - startedMs, null);
+    return new TransferView(requestId, transferId, shown, peerEngineId, nowMs - startedMs, null);
+  }
+
+  /**
+   * P, READ: the decode engine that would read our blocks was listed in {@code before} and is not
+   * in {@code now}, so it left; one not listed yet may still join.
+   */
+  boolean readerLeft(EngineDirectory before, EngineDirectory now) {
+    return state == State.AWAITING_RELEASE
+        && !peerEngineId.isEmpty()
+        && before.contains(peerEngineId)
+        && !now.contains(peerEngineId);
+  }
+
+  /** D: why a receive is being ended when its deadline passed. */
+  String overdue(Duration transferTimeout) {
+    return "transfer " + transferId + " from " + peerEngineId + " did not finish within "
+        + transferTimeout.toMillis() + " ms";
   }
 }

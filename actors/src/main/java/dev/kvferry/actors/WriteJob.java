@@ -3,8 +3,10 @@ package dev.kvferry.actors;
 import dev.kvferry.actors.connector.ReqMeta;
 import dev.kvferry.actors.engine.AgentMetadata;
 import dev.kvferry.actors.engine.PeerKey;
+import dev.kvferry.actors.engine.EngineDirectory;
 import dev.kvferry.rdma.TransferBatch;
 import dev.kvferry.rdma.cuda.CudaEvent;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
@@ -78,6 +80,18 @@ final class WriteJob {
     this.decodeEngineId = decodeEngineId;
   }
 
+  /** Layer {@code layer}'s copies wait on the GPU for {@code event}: ready as far as we care. */
+  void firedOnGpu(int layer, CudaEvent event) {
+    gpuEvents.put(layer, event);
+    firedLayers.addInt(layer);
+  }
+
+  /** One layer write to one target completed, moving {@code bytesMoved}. */
+  void written(long bytesMoved) {
+    completed++;
+    bytes += bytesMoved;
+  }
+
   /** The engine handed us the request to save: its own ids win over what D's message said. */
   void save(ReqMeta r) {
     if (localBlockIds == null) {
@@ -130,6 +144,16 @@ final class WriteJob {
     return false;
   }
 
+  /** Whether D's worker {@code tpRank}'s handshake concerns it (any, while targets are unknown). */
+  boolean awaitsHandshake(int tpRank) {
+    return targetRanks == null || isTarget(tpRank);
+  }
+
+  /** Only an engine that was listed and is gone has left; one not listed yet may still join. */
+  boolean decodeEngineLeft(EngineDirectory before, EngineDirectory now) {
+    return before.contains(decodeEngineId) && !now.contains(decodeEngineId);
+  }
+
   /** Whether every layer was written to every target and nothing is in flight. */
   boolean allWritten() {
     int[] ranks = targetRanks;
@@ -150,14 +174,31 @@ final class WriteJob {
   }
 
   /** How the write looks to /kvferry/transfers ("writing"). */
-  RequestTrackerActor.TransferView view(long nowMs) {
-    return new RequestTrackerActor.TransferView(
+  TransferView view(long nowMs) {
+    return new TransferView(
         requestId, transferId, "writing", decodeEngineId, nowMs - startedMs,
-        new RequestTrackerActor.WriteProgress(firedLayers.size(), completed, inFlight));
+        new WriteProgress(firedLayers.size(), completed, inFlight));
+  }
+
+  /** Why writing {@code layer} to D's worker {@code decodeTpRank} failed. */
+  String writeFailed(int ownTpRank, int decodeTpRank, int layer, @Nullable String why) {
+    return "writing layer " + layer + " of transfer " + transferId + " to "
+        + decodeWorker(decodeTpRank, ownTpRank) + " failed: " + why;
+  }
+
+  /** Why the job fails at the defer timeout. */
+  String deferExpired(int ownTpRank, Duration deferTimeout) {
+    return "transfer " + transferId + " still waits for " + missing(ownTpRank) + " after "
+        + deferTimeout.toMillis() + " ms";
+  }
+
+  /** D's worker of {@code rank}, named by its engine alone when it has our rank. */
+  private String decodeWorker(int rank, int ownTpRank) {
+    return rank == ownTpRank ? decodeEngineId : new PeerKey(decodeEngineId, rank).toString();
   }
 
   /** What the job still waits for, for the defer timeout's message. */
-  String missing(int ownTpRank) {
+  private String missing(int ownTpRank) {
     int[] ranks = targetRanks;
     if (ranks == null) {
       for (Target t : targets.values()) {
@@ -169,7 +210,7 @@ final class WriteJob {
     }
     for (int rank : ranks) {
       Target t = targets.get(rank);
-      String who = rank == ownTpRank ? decodeEngineId : new PeerKey(decodeEngineId, rank).toString();
+      String who = decodeWorker(rank, ownTpRank);
       if (t == null || t.remoteBlockIds == null) {
         return "remote blocks from " + who;
       }

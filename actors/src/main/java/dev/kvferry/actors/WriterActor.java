@@ -7,15 +7,9 @@ import dev.kvferry.actors.engine.AgentMetadata;
 import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineDirectory;
 import dev.kvferry.actors.engine.EngineIdentity;
-import dev.kvferry.actors.engine.PeerKey;
-import dev.kvferry.actors.engine.TerminalIds;
 import dev.kvferry.actors.plan.KvCacheGeometry;
-import dev.kvferry.rdma.TransferBatch;
 import dev.kvferry.rdma.TransferStatus;
-import java.util.ArrayList;
-import java.util.HashMap;
 import java.util.List;
-import java.util.Map;
 import java.util.concurrent.Executor;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
@@ -71,13 +65,12 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       implements Command {}
 
   /**
-   * Lists the writes in progress (state "writing", with their {@link
-   * RequestTrackerActor.WriteProgress}) and hands them to {@code tracker}, which answers {@code
-   * replyTo} with them and its own transfers.
+   * Lists the writes in progress (state "writing", with their {@link WriteProgress}) and hands them
+   * to {@code tracker}, which answers {@code replyTo} with them and its own transfers.
    */
   public record ListWrites(
-      ActorRef<RequestTrackerActor.Command> tracker,
-      ActorRef<RequestTrackerActor.Snapshot> replyTo) implements Command {}
+      ActorRef<RequestTrackerActor.Command> tracker, ActorRef<TransferSnapshot> replyTo)
+      implements Command {}
 
   private record LayerFired(String transferId, int layer) implements Command {}
 
@@ -86,17 +79,14 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private record LayerWritten(String transferId, int decodeTpRank, int layer, TransferStatus status)
       implements Command {}
 
-  private record DeferExpired(String transferId) implements Command {}
+  /** The seed's defer timeout (started and cancelled by {@link WriteJobs}). */
+  record DeferExpired(String transferId) implements Command {}
 
   private final EngineIdentity self;
-  private final KvCacheGeometry geometry;
   private final LayerWriter layers;
   private final ConnectorSettings settings;
-  private final ActorRef<RequestTrackerActor.Command> tracker;
-  private final TimerScheduler<Command> timers;
   private final WriteEndings endings;
-  private final Map<String, WriteJob> jobs = new HashMap<>();
-  private final TerminalIds terminal;
+  private final WriteJobs jobs;
   private final WriteTargets targets;
   /** What goes to D's workers that may not be listed yet (failures). */
   private final PeerOutbox outbox;
@@ -119,15 +109,14 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       ActorRef<HandshakeActor.Command> handshake,
       ActorRef<RequestTrackerActor.Command> tracker) {
     super(ctx);
-    this.timers = timers;
     this.self = setup.identity();
-    this.geometry = setup.geometry();
     this.layers = new LayerWriter(setup.layerRegions(), setup.transport(), io);
     this.settings = setup.settings();
-    this.tracker = tracker;
-    this.terminal = new TerminalIds(settings.terminalIdCapacity());
     this.outbox = new PeerOutbox(ctx.getLog(), settings);
-    this.endings = new WriteEndings(self, mla(), outbox, tracker);
+    KvCacheGeometry geometry = setup.geometry();
+    boolean mla = geometry.layout() == KvCacheGeometry.Layout.MLA;
+    this.endings = new WriteEndings(self, mla, outbox, tracker);
+    this.jobs = new WriteJobs(settings, endings, timers, ctx.getLog());
     // The handshake result names the engine, not the transfer: fan it out to waiting jobs.
     this.targets = new WriteTargets(self, geometry, outbox, handshake,
         ctx.messageAdapter(HandshakeActor.Result.class, PeerReady::new), ctx.getLog());
@@ -151,29 +140,18 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
         .build();
   }
 
-  private WriteJob job(String transferId, String requestId, String decodeEngineId) {
-    WriteJob j = jobs.get(transferId);
-    if (j == null) {
-      j = new WriteJob(transferId, requestId, decodeEngineId);
-      jobs.put(transferId, j);
-      // The seed's defer timeout: a write whose remote blocks never come fails.
-      timers.startSingleTimer(transferId, new DeferExpired(transferId), settings.deferTimeout());
-    }
-    return j;
-  }
-
   private Behavior<Command> onSaveLayer(SaveLayer m) {
     ReqMeta r = m.request();
-    if (terminal.contains(r.transferId())) {
+    if (jobs.ended(r.transferId())) {
       // Ended before this layer was saved (D left, D aborted): P must still free its blocks.
       endings.alreadyEnded(r.requestId(), r.transferId());
       return this;
     }
-    WriteJob j = job(r.transferId(), r.requestId(), r.remoteEngineId());
+    WriteJob j = jobs.getOrStart(r.transferId(), r.requestId(), r.remoteEngineId());
     j.save(r);
     if (m.layer() < 0 || m.layer() >= layers.layers()) {
       // Saved (handed to us by the engine), so its blocks are freed when the job has ended.
-      fail(j, "layer " + m.layer() + " is not registered (have " + layers.layers() + ")");
+      jobs.fail(j, "layer " + m.layer() + " is not registered (have " + layers.layers() + ")");
       return this;
     }
     if (j.failure != null) {
@@ -183,14 +161,12 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     int layer = m.layer();
     if (m.event() instanceof CudaLayerEvent gpu && layers.ordersOnGpu()) {
       // The copy stream waits for the event (cudaStreamWaitEvent): ready now, as far as we care.
-      j.gpuEvents.put(layer, gpu.event());
-      j.firedLayers.addInt(layer);
+      j.firedOnGpu(layer, gpu.event());
       issueReady(j);
       return this;
     }
     ActorRef<Command> me = getContext().getSelf();
-    String id = r.transferId();
-    m.event().whenComplete(() -> me.tell(new LayerFired(id, layer)));
+    m.event().whenComplete(() -> me.tell(new LayerFired(r.transferId(), layer)));
     return this;
   }
 
@@ -205,11 +181,11 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
 
   private Behavior<Command> onRemoteBlocks(RemoteBlocksArrived m) {
     PeerProtocol.RemoteBlocks b = m.blocks();
-    if (terminal.contains(b.transferId())) {
+    if (jobs.ended(b.transferId())) {
       getContext().getLog().debug("late remote blocks for finished transfer {}", b.transferId());
       return this;
     }
-    WriteJob j = job(b.transferId(), b.requestId(), b.decodeEngineId());
+    WriteJob j = jobs.getOrStart(b.transferId(), b.requestId(), b.decodeEngineId());
     if (!j.remoteBlocks(b, layers.ordersOnGpu())) {
       getContext().getLog().warn("duplicate remote blocks for transfer {} ignored", b.transferId());
       return this;
@@ -220,19 +196,16 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
 
   private Behavior<Command> onPeerReady(PeerReady m) {
     HandshakeActor.Result r = m.result();
-    for (WriteJob j : new ArrayList<>(jobs.values())) {
-      if (!r.engineId().equals(j.decodeEngineId)) {
-        continue;
-      }
+    for (WriteJob j : jobs.writingTo(r.engineId())) {
       if (r instanceof HandshakeActor.Failed f) {
-        if (j.targetRanks == null || j.isTarget(r.tpRank())) {
-          fail(j, f.reason());
+        if (j.awaitsHandshake(r.tpRank())) {
+          jobs.fail(j, f.reason());
         }
       } else if (r instanceof HandshakeActor.Ready ready) {
         if (targets.ready(j, ready)) {
-          completeIfDone(j); // MLA: a rank with nobody to write to is done once sealed
+          jobs.completeIfDone(j); // MLA: a rank with nobody to write to is done once sealed
         }
-        if (jobs.containsKey(j.transferId)) {
+        if (jobs.live(j)) {
           issueReady(j);
         }
       }
@@ -243,7 +216,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   /** Learns D's TP size if it can; a rank with nobody to write to (MLA) is done once sealed. */
   private void learnTargets(WriteJob j) {
     if (targets.learn(j)) {
-      completeIfDone(j);
+      jobs.completeIfDone(j);
     }
   }
 
@@ -258,7 +231,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     }
     learnTargets(j);
     int[] ranks = j.targetRanks;
-    if (ranks == null || j.firedLayers.isEmpty() || !jobs.containsKey(j.transferId)) {
+    if (ranks == null || j.firedLayers.isEmpty() || !jobs.live(j)) {
       return;
     }
     for (int rank : ranks) {
@@ -268,34 +241,20 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       }
       WriteTargets.Check check = targets.check(j, t, local);
       if (check instanceof WriteTargets.Unwritable u) {
-        fail(j, u.reason());
+        jobs.fail(j, u.reason());
         return;
       }
       if (!(check instanceof WriteTargets.Writable w)) {
         continue; // its blocks or metadata have not come
       }
-      AgentMetadata peer = w.peer();
-      TransferBatch plan = w.plan();
-      while (t.issued < j.firedLayers.size()) {
-        int layer = j.firedLayers.getInt(t.issued++);
-        j.inFlight++;
-        getContext().pipeToSelf(layers.write(j, t, peer, plan, layer),
-            (status, error) -> new LayerWritten(j.transferId, t.tpRank, layer,
-                error != null ? TransferStatus.failed("write raised " + error) : status));
-      }
-      layers.storeDoneWordIfDue(j, t);
+      layers.writeFired(j, t, w.peer(), w.plan(), (written, layer) -> getContext().pipeToSelf(
+          written, (status, error) -> new LayerWritten(j.transferId, t.tpRank, layer,
+              error != null ? TransferStatus.failed("write raised " + error) : status)));
     }
   }
 
   private Behavior<Command> onListWrites(ListWrites m) {
-    List<RequestTrackerActor.TransferView> writes = new ArrayList<>();
-    long now = System.currentTimeMillis();
-    for (WriteJob j : jobs.values()) {
-      if (!j.saved()) {
-        continue; // only D's block ids so far: nothing of ours exists yet
-      }
-      writes.add(j.view(now));
-    }
+    List<TransferView> writes = jobs.views(System.currentTimeMillis());
     m.tracker().tell(new RequestTrackerActor.GetSnapshot(m.replyTo(), writes));
     return this;
   }
@@ -307,19 +266,16 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     }
     j.inFlight--;
     if (j.failure != null) {
-      endIfDrained(j);
+      jobs.endIfDrained(j);
       return this;
     }
     if (!m.status().succeeded()) {
-      String to = m.decodeTpRank() == self.tpRank() ? j.decodeEngineId
-          : new PeerKey(j.decodeEngineId, m.decodeTpRank()).toString();
-      fail(j, "writing layer " + m.layer() + " of transfer " + j.transferId + " to " + to
-          + " failed: " + m.status().failureMessage());
+      jobs.fail(j, j.writeFailed(self.tpRank(), m.decodeTpRank(), m.layer(),
+          m.status().failureMessage()));
       return this;
     }
-    j.completed++;
-    j.bytes += m.status().bytesMoved();
-    completeIfDone(j);
+    j.written(m.status().bytesMoved());
+    jobs.completeIfDone(j);
     return this;
   }
 
@@ -329,63 +285,17 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       if (j != null && j.failure == null) {
         // Sealed after the forward pass: hybrid models fire fewer save hooks than layers.
         j.expected = m.layers();
-        int[] ranks = j.targetRanks;
-        if (ranks != null) {
-          for (int rank : ranks) {
-            WriteJob.Target t = j.targets.get(rank);
-            if (t != null) {
-              layers.storeDoneWordIfDue(j, t);
-            }
-          }
-        }
-        completeIfDone(j);
+        layers.storeDoneWordsIfDue(j);
+        jobs.completeIfDone(j);
       }
     }
     return this;
   }
 
-  private void completeIfDone(WriteJob j) {
-    int[] ranks = j.targetRanks;
-    if (ranks == null || !j.allWritten()) {
-      return;
-    }
-    jobs.remove(j.transferId);
-    timers.cancel(j.transferId);
-    terminal.add(j.transferId);
-    endings.written(j, ranks);
-  }
-
-  /**
-   * Ends a job that will not complete. Nothing new is written from here on; copies already handed
-   * to the transport may still land in D's blocks and read ours, so D is told and our blocks are
-   * freed only once every one of them has finished (DESIGN.md section 3, block lifetime).
-   */
-  private void fail(WriteJob j, String reason) {
-    if (j.failure != null) {
-      return;
-    }
-    j.failure = reason;
-    j.cancelled.set(true);
-    timers.cancel(j.transferId);
-    getContext().getLog().warn("write failed: {}", reason);
-    endIfDrained(j);
-  }
-
-  private void endIfDrained(WriteJob j) {
-    String failure = j.failure;
-    if (j.inFlight > 0 || failure == null) {
-      return;
-    }
-    jobs.remove(j.transferId);
-    terminal.add(j.transferId);
-    endings.failed(j, failure);
-  }
-
   private Behavior<Command> onDeferExpired(DeferExpired m) {
     WriteJob j = jobs.get(m.transferId());
     if (j != null) {
-      fail(j, "transfer " + j.transferId + " still waits for " + j.missing(self.tpRank())
-          + " after " + settings.deferTimeout().toMillis() + " ms");
+      jobs.fail(j, j.deferExpired(self.tpRank(), settings.deferTimeout()));
     }
     return this;
   }
@@ -394,10 +304,10 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     WriteJob j = jobs.get(m.transferId());
     String reason = "transfer " + m.transferId() + " abandoned: " + m.reason();
     if (j != null) {
-      fail(j, reason);
+      jobs.fail(j, reason);
       return this;
     }
-    terminal.add(m.transferId()); // saves that come later are refused and reported
+    jobs.endWithoutJob(m.transferId()); // saves that come later are refused and reported
     String decodeEngineId = m.decodeEngineId();
     if (decodeEngineId != null && !decodeEngineId.isEmpty()) {
       // Nothing of ours is in flight: confirm at once, so D can free its blocks.
@@ -415,10 +325,9 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private Behavior<Command> onDirectoryChanged(DirectoryChanged m) {
     EngineDirectory now = m.directory();
     EngineDirectory before = outbox.replaceDirectory(now);
-    for (WriteJob j : new ArrayList<>(jobs.values())) {
-      // Only an engine that was listed and is gone has left; one not listed yet may still join.
-      if (before.contains(j.decodeEngineId) && !now.contains(j.decodeEngineId)) {
-        fail(j, "decode engine " + j.decodeEngineId + " left the cluster during transfer "
+    for (WriteJob j : jobs.all()) {
+      if (j.decodeEngineLeft(before, now)) {
+        jobs.fail(j, "decode engine " + j.decodeEngineId + " left the cluster during transfer "
             + j.transferId);
       } else if (j.targetRanks == null && j.saved()) {
         issueReady(j); // D may just have been listed: its TP size is known now
@@ -429,13 +338,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   }
 
   private Behavior<Command> onPostStop(PostStop signal) {
-    // Submissions still queued on the io pool skip their copies: the transport may close.
-    jobs.values().forEach(j -> j.cancelled.set(true));
+    jobs.cancelAll(); // the transport may close
     layers.close();
     return this;
-  }
-
-  private boolean mla() {
-    return geometry.layout() == KvCacheGeometry.Layout.MLA;
   }
 }

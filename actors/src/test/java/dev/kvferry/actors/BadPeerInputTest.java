@@ -182,7 +182,7 @@ class BadPeerInputTest {
    * worker (held, or sent), so the peer listed next cannot overtake them.
    */
   private void awaitNoticesQueued(ConnectorWorker p) {
-    org.apache.pekko.actor.testkit.typed.javadsl.TestProbe<RequestTrackerActor.Snapshot> listing =
+    org.apache.pekko.actor.testkit.typed.javadsl.TestProbe<TransferSnapshot> listing =
         fx.kit.createTestProbe();
     p.engineRef().tell(new EngineActor.GetTransfers(listing.ref()));
     listing.receiveMessage(WITHIN);

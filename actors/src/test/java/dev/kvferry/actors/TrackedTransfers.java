@@ -11,16 +11,16 @@ final class TrackedTransfers {
   private TrackedTransfers() {}
 
   static void assertNone(PeerFixture fx, ConnectorWorker w) {
-    TestProbe<RequestTrackerActor.Snapshot> p = fx.kit.createTestProbe();
+    TestProbe<TransferSnapshot> p = fx.kit.createTestProbe();
     w.engineRef().tell(new EngineActor.GetTransfers(p.ref()));
-    RequestTrackerActor.Snapshot s = p.receiveMessage(Duration.ofSeconds(5));
+    TransferSnapshot s = p.receiveMessage(Duration.ofSeconds(5));
     assertTrue(s.transfers().isEmpty(), "still tracked: " + s.transfers());
   }
 
   static void assertCount(PeerFixture fx, ConnectorWorker w, int count) {
-    TestProbe<RequestTrackerActor.Snapshot> p = fx.kit.createTestProbe();
+    TestProbe<TransferSnapshot> p = fx.kit.createTestProbe();
     w.engineRef().tell(new EngineActor.GetTransfers(p.ref()));
-    RequestTrackerActor.Snapshot s = p.receiveMessage(Duration.ofSeconds(5));
+    TransferSnapshot s = p.receiveMessage(Duration.ofSeconds(5));
     org.junit.jupiter.api.Assertions.assertEquals(count, s.transfers().size(), s.transfers().toString());
   }
 }

@@ -1,7 +1,9 @@
 package dev.kvferry.management;
 
 import dev.kvferry.actors.EngineActor;
-import dev.kvferry.actors.RequestTrackerActor;
+import dev.kvferry.actors.TransferSnapshot;
+import dev.kvferry.actors.TransferView;
+import dev.kvferry.actors.WriteProgress;
 import dev.kvferry.actors.connector.ConnectorWorker;
 import dev.kvferry.node.NodeRuntime;
 import org.jspecify.annotations.Nullable;
@@ -40,7 +42,7 @@ public record TransfersReport(
       String peerEngineId,
       long ageMs,
       String engine,
-      RequestTrackerActor.@Nullable WriteProgress progress) {}
+      @Nullable WriteProgress progress) {}
 
   public TransfersReport {
     counts = Map.copyOf(counts);
@@ -58,7 +60,7 @@ public record TransfersReport(
       }
       String label = worker.identity().label();
       asks.add(
-          AskPattern.<EngineActor.Command, RequestTrackerActor.Snapshot>ask(
+          AskPattern.<EngineActor.Command, TransferSnapshot>ask(
                   worker.engineRef(), EngineActor.GetTransfers::new, timeout, system.scheduler())
               .toCompletableFuture()
               .handle((snapshot, error) -> new WorkerAnswer(label, snapshot, error, timeout)));
@@ -78,7 +80,7 @@ public record TransfersReport(
   }
 
   private record WorkerAnswer(
-      String engine, RequestTrackerActor.@Nullable Snapshot snapshot, @Nullable Throwable error,
+      String engine, @Nullable TransferSnapshot snapshot, @Nullable Throwable error,
       Duration timeout) {
 
     void addTo(Map<String, Integer> counts, List<TransferLine> lines, List<String> unanswered) {
@@ -87,7 +89,7 @@ public record TransfersReport(
         return;
       }
       snapshot.countsByState().forEach((state, n) -> counts.merge(state, n, Integer::sum));
-      for (RequestTrackerActor.TransferView t : snapshot.transfers()) {
+      for (TransferView t : snapshot.transfers()) {
         lines.add(
             new TransferLine(
                 t.requestId(), t.transferId(), t.state(), t.peerEngineId(), t.ageMs(), engine,

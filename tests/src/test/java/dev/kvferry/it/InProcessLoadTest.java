@@ -6,7 +6,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.typesafe.config.ConfigFactory;
 import dev.kvferry.actors.EngineActor;
-import dev.kvferry.actors.RequestTrackerActor;
+import dev.kvferry.actors.TransferSnapshot;
 import dev.kvferry.actors.connector.ConnectorScheduler;
 import dev.kvferry.actors.connector.ConnectorWorker;
 import dev.kvferry.actors.connector.Role;
@@ -200,7 +200,7 @@ class InProcessLoadTest {
       });
     }
     for (ConnectorWorker w : workers) {
-      RequestTrackerActor.Snapshot s = AskPattern.<EngineActor.Command, RequestTrackerActor.Snapshot>ask(
+      TransferSnapshot s = AskPattern.<EngineActor.Command, TransferSnapshot>ask(
               w.engineRef(), EngineActor.GetTransfers::new, Duration.ofSeconds(5), kit.scheduler())
           .toCompletableFuture().get(10, TimeUnit.SECONDS);
       assertTrue(s.transfers().isEmpty(), w.identity().label() + " has open transfers: " + s.countsByState());
