@@ -149,7 +149,7 @@ def router_overhead(router_url: str, engines: list, seed: int, concurrency: int,
                                          "transfer_id": tid, "remote_engine_id": ids[pe.name]}, timeout=120)
         t.join(120)
 
-    def timed(fn, count: int) -> list[float]:
+    def timed(fn, count: int, concurrency: int) -> list[float]:
         out: list[float] = []
         todo = iter(range(count))
 
@@ -171,21 +171,26 @@ def router_overhead(router_url: str, engines: list, seed: int, concurrency: int,
             th.join()
         return out
 
-    router_ms: list[float] = []
-    direct_ms: list[float] = []
-    for _ in range(2):
-        router_ms += timed(via_router, n // 2)
-        direct_ms += timed(direct, n // 2)
-
     def pct(v: list[float], q: float) -> float:
         v = sorted(v)
         return round(v[min(len(v) - 1, int(q * len(v)))], 2)
 
-    return {"overhead_requests_each_way": len(router_ms),
-            "router_p50_ms": pct(router_ms, 0.5), "router_p99_ms": pct(router_ms, 0.99),
-            "direct_p50_ms": pct(direct_ms, 0.5), "direct_p99_ms": pct(direct_ms, 0.99),
-            "p50_ratio_router_over_direct": round(pct(router_ms, 0.5) / pct(direct_ms, 0.5), 3),
-            "p99_ratio_router_over_direct": round(pct(router_ms, 0.99) / pct(direct_ms, 0.99), 3)}
+    out: dict = {}
+    # One client at a time shows the router's own cost; the load run's concurrency adds what
+    # its CPU time costs the engines sharing the machine.
+    for c, tag in ((1, "c1_"), (concurrency, "")):
+        nonlocal_c = c
+        router_ms: list[float] = []
+        direct_ms: list[float] = []
+        for _ in range(2):
+            router_ms += timed(via_router, n // 2, nonlocal_c)
+            direct_ms += timed(direct, n // 2, nonlocal_c)
+        out.update({f"{tag}overhead_requests_each_way": len(router_ms), f"{tag}concurrency": c,
+                    f"{tag}router_p50_ms": pct(router_ms, 0.5), f"{tag}router_p99_ms": pct(router_ms, 0.99),
+                    f"{tag}direct_p50_ms": pct(direct_ms, 0.5), f"{tag}direct_p99_ms": pct(direct_ms, 0.99),
+                    f"{tag}p50_ratio_router_over_direct": round(pct(router_ms, 0.5) / pct(direct_ms, 0.5), 3),
+                    f"{tag}p99_ratio_router_over_direct": round(pct(router_ms, 0.99) / pct(direct_ms, 0.99), 3)})
+    return out
 
 
 def prometheus(wd: str, targets: list[str]) -> tuple[subprocess.Popen, str]:
