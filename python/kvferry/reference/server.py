@@ -79,6 +79,11 @@ class EngineHTTPServer(ThreadingHTTPServer):
 
 
 class Handler(BaseHTTPRequestHandler):
+    # Headers and body go out as separate small writes: with Nagle's algorithm the body waits for
+    # the client's delayed ACK of the headers (up to 40 ms on Linux) whenever the client does not
+    # ACK at once, as a JVM client behind the router did not.
+    disable_nagle_algorithm = True
+
     protocol_version = "HTTP/1.1"
     server: EngineHTTPServer
     _next_check = 0.0
