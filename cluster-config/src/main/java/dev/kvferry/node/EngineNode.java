@@ -107,15 +107,8 @@ public final class EngineNode implements NodeRuntime, PortHost, AutoCloseable {
       throw new IllegalArgumentException(
           "kvferry.node.engine = \"port\" needs kvferry.node.engine-port.socket (--engine-socket)");
     }
-    if (settingsGpu(node) >= 0) {
-      throw new IllegalArgumentException("the engine port serves host memory only for now; "
-          + "drop kvferry.node.gpu (--gpu): the engine owns its KV cache");
-    }
+    // With kvferry.node.gpu the engine may share GPU memory (cuda_ipc), opened on that GPU.
     return Path.of(socket).toAbsolutePath();
-  }
-
-  private static int settingsGpu(Config node) {
-    return node.getInt("gpu");
   }
 
   private void startEngine(TransferMode mode) throws IOException {
@@ -269,6 +262,11 @@ public final class EngineNode implements NodeRuntime, PortHost, AutoCloseable {
   @Override
   public String transportName() {
     return settings.transport();
+  }
+
+  @Override
+  public int gpu() {
+    return settings.gpu();
   }
 
   @Override
