@@ -10,6 +10,7 @@ import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.engine.port.EnginePortServer;
 import dev.kvferry.engine.port.PortHost;
+import dev.kvferry.rdma.CudaTransport;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionRegistry;
 import dev.kvferry.rdma.Transport;
@@ -161,11 +162,13 @@ public final class EngineNode implements NodeRuntime, PortHost, AutoCloseable {
    * allocation only once per process (a second cudaIpcOpenMemHandle of the same handle fails),
    * and with TP > 1 several workers reach the same peer layers.
    */
-  private Transport openTransport(RegionRegistry registry) throws IOException {
+  private synchronized Transport openTransport(RegionRegistry registry) throws IOException {
     if (!settings.transport().equals("cuda")) {
       return Transports.open(settings.transport(), registry, settings.transportOptions());
     }
-    if (cudaTransport == null) {
+    // An engine served through the port closes its workers' transport when it detaches; the
+    // engine that attaches next gets a fresh one.
+    if (cudaTransport == null || cudaTransport instanceof CudaTransport c && c.isClosed()) {
       cudaTransport = Transports.open("cuda", registry, settings.transportOptions());
     }
     return cudaTransport;

@@ -419,6 +419,11 @@ public final class CudaTransport implements EventOrderedTransport {
     return d.owner().isEmpty() ? "pid " + d.pid() : d.owner();
   }
 
+  /** True once {@link #close} ran: nothing more moves through it. */
+  public boolean isClosed() {
+    return closed;
+  }
+
   /** Number of remote allocations opened through IPC so far (each once per local device). */
   public int openedAllocations() {
     return openedAllocations.size();
