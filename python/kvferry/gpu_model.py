@@ -63,7 +63,6 @@ def build_llama(spec: ModelSpec, device: torch.device) -> Any:
         num_key_value_heads=spec.kv_heads, head_dim=spec.head_dim,
         max_position_embeddings=spec.max_positions, tie_word_embeddings=False,
         pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    config._attn_implementation = "sdpa"
     torch.manual_seed(spec.seed)
     model = LlamaForCausalLM(config)
     model = model.to(device=device, dtype=torch.bfloat16).eval()
@@ -114,6 +113,9 @@ class PagedKvCache:
         # (device, handle, size, offset in the allocation, ...): the caching allocator's block.
         shared = self.kv.untyped_storage()._share_cuda_()
         handle, storage_offset = bytes(shared[1]), int(shared[3])
+        if len(handle) != 64:
+            raise RuntimeError(f"PyTorch shared this cache with a {len(handle)}-byte handle, not a "
+                               "64-byte cudaIpcMemHandle_t: unset PYTORCH_CUDA_ALLOC_CONF's expandable_segments")
         base = storage_offset + self.kv.storage_offset() * self.kv.element_size()
         return {"kind": "cuda_ipc", "device_uuid": device_uuid(self.device),
                 "layers": [{"handle": handle, "offset": base + layer * self.layer_bytes,
@@ -387,17 +389,18 @@ class ModelEngine:
             self.pool.cache_block(blocks[i], h)
 
     def drain(self, rids: list[str], timeout_s: float = 30.0) -> dict[str, str]:
-        """P: steps (nothing to compute) until the node reports each of ``rids`` sent or failed;
-        then frees their blocks. Returns rid -> "sent" / failure / "timeout"."""
+        """Steps (nothing to compute) until the node reports each of ``rids`` over (sent,
+        received or failed); the caller frees their blocks then. Returns rid -> "sent" /
+        "received" / "failed: why" / "timeout"."""
         left = set(rids)
         out: dict[str, str] = {}
         deadline = time.monotonic() + timeout_s
         while left and time.monotonic() < deadline:
             self._step_begin([], [])
             f = self._step_end()
-            for rid in f["done_sending"]:
+            for rid in f["done_sending"] + f["done_receiving"]:
                 if rid in left:
-                    out[rid] = "sent"
+                    out[rid] = "sent" if rid in f["done_sending"] else "received"
                     left.discard(rid)
             for rid, why in f["failed"].items():
                 if rid in left:
