@@ -391,6 +391,11 @@ def run_mode(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
             rec["error"] = str(ex)[-2000:]
         results.append(rec)
         log(_line(rec))
+        if "error" in rec:
+            log(rec["error"])
+            if sum(1 for r in results if "error" in r) >= args.max_errors:
+                log(f"[{mode}] {args.max_errors} errors: the rest of this mode is skipped")
+                break
     leaks = {"P": p.call("detach"), "D": d.call("detach")}
     return {"mode": mode, "requests": results, "blocks_at_end": leaks}
 
@@ -542,6 +547,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-generate", action="store_true", help="skip transformers' generate() comparison")
     p.add_argument("--ttft-lengths", type=lambda s: [int(x) for x in s.split(",") if x], default=[256, 1024, 2048, 4096])
     p.add_argument("--ttft-reps", type=int, default=5)
+    p.add_argument("--max-errors", type=int, default=3, help="per mode, then the mode stops")
     p.add_argument("--json", help="write the full report here")
     return p.parse_args(argv)
 

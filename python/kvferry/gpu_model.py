@@ -388,7 +388,7 @@ class ModelEngine:
         for i, h in enumerate(block_hashes(prompt[: full * bs], bs)):
             self.pool.cache_block(blocks[i], h)
 
-    def drain(self, rids: list[str], timeout_s: float = 30.0) -> dict[str, str]:
+    def drain(self, rids: list[str], timeout_s: float = 20.0) -> dict[str, str]:
         """Steps (nothing to compute) until the node reports each of ``rids`` over (sent,
         received or failed); the caller frees their blocks then. Returns rid -> "sent" /
         "received" / "failed: why" / "timeout"."""
@@ -430,7 +430,7 @@ class ModelEngine:
         return {"request_id": rid, "blocks": hit + added, "hit_tokens": hit_tokens, "count": count,
                 "async": is_async}
 
-    def receive(self, rid: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    def receive(self, rid: str, timeout_s: float = 20.0) -> dict[str, Any]:
         """Steps until the node reports ``rid`` received (or failed); per-layer waits when the
         node says this step loads (READ)."""
         deadline = time.monotonic() + timeout_s
