@@ -120,6 +120,9 @@ class _EngineState:
             out["kv"] = kv.view(torch.int16).cpu().numpy().tobytes()
         return out
 
+    def cmd_timeline(self, on: bool) -> None:
+        self._e().record_timeline = on
+
     def cmd_drain(self, rids: list[str], timeout_s: float = 30.0) -> dict:
         return self._e().drain(rids, timeout_s)
 
@@ -446,7 +449,10 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
     rows = []
     for n in args.ttft_lengths:
         dis, base = [], []
-        for rep in range(args.ttft_reps + 1):
+        timeline = None
+        for rep in range(args.ttft_reps + 2):
+            last = rep == args.ttft_reps + 1  # an extra run with timing events, not counted
+            p.call("timeline", on=last)
             prompt = [rng.randrange(3, args.vocab) for _ in range(n)]
             rid = f"ttft-{mode}-{n}-{rep}"
             xfer = f"xfer-{rid}"
@@ -474,6 +480,9 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                 raise RuntimeError(f"{rid}: {first['why']}")
             d.call("finish_first", rid=rid)
             b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)])
+            if last:
+                timeline = _timeline(pre, first)
+                continue
             if rep == 0:
                 continue  # warm-up
             dis.append((first["received_at"] - pre["start"]) + (first["first_end"] - first["first_start"]))
@@ -483,6 +492,10 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                "ttft_disagg_ms": statistics.median(dis) * 1e3, "ttft_baseline_ms": statistics.median(base) * 1e3,
                "layer_bytes": layer["bytes"], "layer_copy_ms": layer["ms"]}
         row["added_ms"] = row["ttft_disagg_ms"] - row["ttft_baseline_ms"]
+        row["timeline"] = timeline
+        if timeline:
+            for line in timeline["lines"]:
+                log(f"  timeline {mode} n={n}: {line}")
         if layer["ms"] is not None:
             row["goal_ms"] = layer["ms"] + 1.0
             row["within_goal"] = row["added_ms"] <= row["goal_ms"]
@@ -494,6 +507,19 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
     p.call("detach")
     d.call("detach")
     return rows
+
+
+def _timeline(pre: dict, first: dict) -> dict:
+    """P's last chunk, layer by layer (KV written, its save sent; the node's copy of the layer
+    queues behind that event), against when D had all of it and its first token: from P's start."""
+    ends = pre.get("layer_ends_ms") or []
+    received = (first["received_at"] - pre["start"]) * 1e3
+    p_done = (pre["end"] - pre["start"]) * 1e3
+    lines = [f"P layer {i} KV written at {ms:.3f} ms" for i, ms in enumerate(ends)]
+    lines.append(f"P prefill done (synchronized, request_finished next) at {p_done:.3f} ms")
+    lines.append(f"D has every layer (get_finished lists it) at {received:.3f} ms")
+    lines.append(f"D first token at {received + (first['first_end'] - first['first_start']) * 1e3:.3f} ms")
+    return {"layer_ends_ms": ends, "p_done_ms": p_done, "d_received_ms": received, "lines": lines}
 
 
 def mla_probe(device: str) -> dict:

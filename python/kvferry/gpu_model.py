@@ -110,13 +110,9 @@ class PagedKvCache:
             return {"kind": "host", "layers": [
                 {"path": self.shm_path, "offset": layer * self.layer_bytes, "length": self.layer_bytes}
                 for layer in range(self.spec.layers)]}
-        # (device, handle, size, offset in the allocation, ...): the caching allocator's block.
-        shared = self.kv.untyped_storage()._share_cuda_()
-        handle, storage_offset = bytes(shared[1]), int(shared[3])
-        if len(handle) != 64:
-            raise RuntimeError(f"PyTorch shared this cache with a {len(handle)}-byte handle, not a "
-                               "64-byte cudaIpcMemHandle_t: unset PYTORCH_CUDA_ALLOC_CONF's expandable_segments")
-        base = storage_offset + self.kv.storage_offset() * self.kv.element_size()
+        # The allocation holding the cache and the cache's offset in it, from the driver, as the
+        # node opens it (PyTorch's own _share_cuda_ handle carries a version/type prefix).
+        handle, base = ipc_mem_handle(self.kv.data_ptr())
         return {"kind": "cuda_ipc", "device_uuid": device_uuid(self.device),
                 "layers": [{"handle": handle, "offset": base + layer * self.layer_bytes,
                             "length": self.layer_bytes} for layer in range(self.spec.layers)]}
@@ -147,6 +143,23 @@ class PagedKvCache:
                 os.unlink(self.shm_path)
             except FileNotFoundError:
                 pass
+
+
+def ipc_mem_handle(pointer: int) -> tuple[bytes, int]:
+    """The 64-byte cudaIpcMemHandle_t of the allocation holding ``pointer`` and the pointer's
+    offset in it (cuMemGetAddressRange, cuIpcGetMemHandle; the caller's context is current)."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    rc = cuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(pointer))
+    if rc != 0:
+        raise RuntimeError(f"cuMemGetAddressRange failed: CUresult {rc}")
+    handle = (ctypes.c_char * 64)()
+    rc = cuda.cuIpcGetMemHandle(handle, ctypes.c_uint64(base.value))
+    if rc != 0:
+        raise RuntimeError(f"cuIpcGetMemHandle failed: CUresult {rc}")
+    return bytes(handle.raw), pointer - base.value
 
 
 def device_uuid(device: torch.device) -> str:
@@ -252,6 +265,9 @@ class ModelEngine:
         self.events: list[Any] = []
         self._slot = 0
         self._finished_ids: list[str] = []
+        # With record_timeline (GPU): a timing event after each layer's KV is written, per step.
+        self.record_timeline = False
+        self._timeline: list[tuple[int, Any]] = []
         self.engine_id: str | None = None
         if socket_path is not None:
             if self.gpu:
@@ -310,6 +326,10 @@ class ModelEngine:
             return worker.save_kv_layer
 
         def saved(layer: int) -> None:
+            if self.record_timeline:
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                self._timeline.append((layer, ev))
             slot = self._slot
             self._slot = (self._slot + 1) % len(self.events)
             self.events[slot].record()
@@ -330,6 +350,11 @@ class ModelEngine:
         bs = self.cache.block_size
         n = len(prompt)
         t = Timing(start=time.perf_counter())
+        self._timeline = []
+        start_ev = None
+        if self.record_timeline and self.gpu:
+            start_ev = torch.cuda.Event(enable_timing=True)
+            start_ev.record()
         hashes = block_hashes(prompt, bs)[: (n - 1) // bs]
         hit = self.pool.lookup(hashes)
         hit_tokens = len(hit) * bs
@@ -361,6 +386,11 @@ class ModelEngine:
             if abort_after_chunks is not None and i + 1 >= abort_after_chunks and e < n:
                 return self._finish(rid, blocks, "aborted", t, hit_tokens, chunks[: i + 1], None)
         self._cache_full_blocks(prompt, blocks, n)
+        if start_ev is not None:
+            self._sync()
+            # Milliseconds from the prefill's start to each layer's KV being written (last chunk).
+            last = self._timeline[-self.spec.layers:]
+            t.layer_ends_ms = [start_ev.elapsed_time(ev) for _, ev in last]
         if not finish:
             self._sync()
             t.end = time.perf_counter()
@@ -380,7 +410,7 @@ class ModelEngine:
             self.pool.free(blocks)
         return {"request_id": rid, "blocks": list(blocks), "delay_free": delay, "kv_transfer_params": params,
                 "hit_tokens": hit_tokens, "chunks": [list(c) for c in chunks], "start": t.start, "end": t.end,
-                "status": status}
+                "status": status, "layer_ends_ms": t.layer_ends_ms}
 
     def _cache_full_blocks(self, prompt: list[int], blocks: list[int], computed: int) -> None:
         bs = self.cache.block_size
