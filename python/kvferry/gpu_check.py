@@ -176,7 +176,7 @@ class _EngineState:
 
     def cmd_abort(self, rid: str) -> str:
         r = self.reqs.pop(rid)
-        return self._e().abort_remote(rid, r["adm"]["blocks"])
+        return self._e().abort_remote(rid, r["adm"]["blocks"], timeout_s=5.0)
 
     def cmd_abort_unscheduled(self, rid: str, prompt: list[int], params: dict) -> str:
         """vLLM's path for a request aborted while waiting: named, never allocated, finished."""
@@ -337,7 +337,11 @@ def run_mode(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
     lengths = prompt_lengths(args.prompts, rng)
     completed: list[list[int]] = []
     results: list[dict] = []
+    began = time.monotonic()
     for i, n in enumerate(lengths):
+        if time.monotonic() - began > args.mode_budget_s:
+            log(f"[{mode}] time budget of {args.mode_budget_s} s spent: stopping after {i} requests")
+            break
         rid = f"{mode}-{i:03d}"
         kind = "plain"
         prompt = [rng.randrange(3, vocab) for _ in range(n)]
@@ -414,7 +418,7 @@ def _abort(p: _Proc, d: _Proc, mode: str, rid: str, prompt: list[int], p_params:
         pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, abort_after_chunks=1, want_kv=False)
         p_out = "freed"
         if pre["delay_free"]:
-            p_out = p.call("drain", rids=[rid]).get(rid)
+            p_out = p.call("drain", rids=[rid], timeout_s=5.0).get(rid)
             p.call("free_sent", rid=rid, blocks=pre["blocks"])
         d_out = d.call("abort", rid=rid)
         return {"abort": f"P aborted after its first chunk ({p_out}); D aborted while waiting ({d_out})"}
@@ -422,7 +426,7 @@ def _abort(p: _Proc, d: _Proc, mode: str, rid: str, prompt: list[int], p_params:
     params = dict(pre["kv_transfer_params"] or {})
     params.setdefault("transfer_id", p_params["transfer_id"])
     d.call("abort_unscheduled", rid=rid, prompt=prompt, params=params)
-    p_out = p.call("drain", rids=[rid]).get(rid) if pre["delay_free"] else "not delayed"
+    p_out = p.call("drain", rids=[rid], timeout_s=5.0).get(rid) if pre["delay_free"] else "not delayed"
     if pre["delay_free"] and p_out != "timeout":
         p.call("free_sent", rid=rid, blocks=pre["blocks"])
     return {"abort": f"P finished; D aborted before scheduling; P's blocks: {p_out}"}
@@ -574,6 +578,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ttft-lengths", type=lambda s: [int(x) for x in s.split(",") if x], default=[256, 1024, 2048, 4096])
     p.add_argument("--ttft-reps", type=int, default=5)
     p.add_argument("--max-errors", type=int, default=3, help="per mode, then the mode stops")
+    p.add_argument("--mode-budget-s", type=float, default=600.0, help="per mode: no new request after this")
     p.add_argument("--json", help="write the full report here")
     return p.parse_args(argv)
 
