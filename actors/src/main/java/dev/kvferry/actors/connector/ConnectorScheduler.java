@@ -146,7 +146,8 @@ public final class ConnectorScheduler {
       }
       recv.add(
           new ReqMeta(
-              pr.request().requestId(), p.transferId(), pr.blockIds(), p.remoteBlockIds(),
+              pr.request().requestId(), p.transferId(), pr.blockIds(),
+              blocksBeforeLastToken(p.remoteBlockIds(), pr.request().numPromptTokens()),
               p.remoteEngineId(), p.remoteDpRank()));
     }
     Map<String, Integer> computedAfterStep = new HashMap<>();
@@ -171,6 +172,23 @@ public final class ConnectorScheduler {
     reqsNeedSave.clear();
     reqsNeedSend.clear();
     return new ConnectorMetadata(save, recv, send);
+  }
+
+  /**
+   * P's blocks that hold the prompt's tokens before the last, which D reads (D computes the last
+   * token itself). When those tokens end on a block boundary P has one block more, holding only
+   * the last token: dropped, so that cutting P's list to its tail for a prefix hit on D (as the
+   * seed does) lines P's blocks up with D's. Seen with a real model (docs/gpu.md): without this,
+   * a prompt of 17, 97 or 241 tokens (16-token blocks) read every block one block off.
+   */
+  int[] blocksBeforeLastToken(int[] remoteBlockIds, int numPromptTokens) {
+    if (numPromptTokens < 1) {
+      return remoteBlockIds;
+    }
+    int needed = (int) ((numPromptTokens - 1 + (long) blockSize - 1) / blockSize);
+    return remoteBlockIds.length > needed
+        ? java.util.Arrays.copyOf(remoteBlockIds, needed)
+        : remoteBlockIds;
   }
 
   /**
