@@ -39,7 +39,12 @@ public final class ConnectorScheduler {
    */
   private final java.util.Set<String> lentToTransfer = new java.util.HashSet<>();
 
-  private record Pending(ConnectorRequest request, int[] blockIds) {}
+  /** A request with blocks; {@code externalTokens}: the tokens D loads into them (READ). */
+  private record Pending(ConnectorRequest request, int[] blockIds, int externalTokens) {
+    Pending(ConnectorRequest request, int[] blockIds) {
+      this(request, blockIds, 0);
+    }
+  }
 
   /**
    * @param localWorkers this engine's workers (one per TP rank); D's remote-block announcements go
@@ -100,7 +105,8 @@ public final class ConnectorScheduler {
     }
     if (p.doRemotePrefill()) {
       if (mode == TransferMode.READ) {
-        reqsNeedRecv.put(request.requestId(), new Pending(request, blockIds.clone()));
+        reqsNeedRecv.put(request.requestId(),
+            new Pending(request, blockIds.clone(), numExternalTokens));
       } else {
         ReqMeta meta =
             new ReqMeta(
@@ -147,7 +153,8 @@ public final class ConnectorScheduler {
       recv.add(
           new ReqMeta(
               pr.request().requestId(), p.transferId(), pr.blockIds(),
-              blocksBeforeLastToken(p.remoteBlockIds(), pr.request().numPromptTokens()),
+              blocksBeforeLastToken(p.remoteBlockIds(), pr.request().numPromptTokens(),
+                  pr.blockIds().length, pr.externalTokens()),
               p.remoteEngineId(), p.remoteDpRank()));
     }
     Map<String, Integer> computedAfterStep = new HashMap<>();
@@ -175,20 +182,29 @@ public final class ConnectorScheduler {
   }
 
   /**
-   * P's blocks that hold the prompt's tokens before the last, which D reads (D computes the last
-   * token itself). When those tokens end on a block boundary P has one block more, holding only
-   * the last token: dropped, so that cutting P's list to its tail for a prefix hit on D (as the
-   * seed does) lines P's blocks up with D's. Seen with a real model (docs/gpu.md): without this,
-   * a prompt of 17, 97 or 241 tokens (16-token blocks) read every block one block off.
+   * P's blocks for D to read. D loads the prompt's tokens before the last ({@code loadedTokens}
+   * after a prefix hit of {@code n - 1 - loadedTokens}) and computes the last itself. An engine
+   * that allocated blocks for just those tokens (vLLM) has, when they end on a block boundary, one
+   * block fewer than P's list minus the hit: P's last block holds only the last token. It is
+   * dropped, so that cutting P's list to its tail for a prefix hit on D (as the seed does) lines
+   * P's blocks up with D's. Seen with a real model (docs/gpu.md): prompts of 97, 241 or 417 tokens
+   * (16-token blocks) were read one block off. Left as it is when D allocated blocks for the whole
+   * prompt, or when P's list is not as long as this engine's block size gives for the prompt (P's
+   * block size differs: the planner maps tokens).
    */
-  int[] blocksBeforeLastToken(int[] remoteBlockIds, int numPromptTokens) {
-    if (numPromptTokens < 1) {
+  int[] blocksBeforeLastToken(
+      int[] remoteBlockIds, int numPromptTokens, int localBlocks, int loadedTokens) {
+    long hit = (long) numPromptTokens - 1 - loadedTokens;
+    if (numPromptTokens < 1 || loadedTokens < 1 || hit < 0 || hit % blockSize != 0) {
       return remoteBlockIds;
     }
-    int needed = (int) ((numPromptTokens - 1 + (long) blockSize - 1) / blockSize);
-    return remoteBlockIds.length > needed
-        ? java.util.Arrays.copyOf(remoteBlockIds, needed)
-        : remoteBlockIds;
+    long all = ((long) numPromptTokens + blockSize - 1) / blockSize;
+    long beforeLast = ((long) numPromptTokens - 1 + blockSize - 1) / blockSize;
+    if (remoteBlockIds.length != all || beforeLast >= all
+        || localBlocks != beforeLast - hit / blockSize) {
+      return remoteBlockIds;
+    }
+    return java.util.Arrays.copyOf(remoteBlockIds, (int) beforeLast);
   }
 
   /**

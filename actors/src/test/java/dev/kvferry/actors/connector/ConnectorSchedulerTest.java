@@ -198,4 +198,17 @@ class ConnectorSchedulerTest {
     ReqMeta m = s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of())).reqsToRecv().get(0);
     assertArrayEquals(new int[] {10, 11, 12, 13, 14, 15}, m.remoteBlockIds());
   }
+
+  @Test
+  void readIntoBlocksForTheWholePromptKeepsEveryOneOfPrefillsBlocks() {
+    ConnectorScheduler s = new ConnectorScheduler(Role.DECODE, TransferMode.READ, "decode-0", 0,
+        BLOCK, List.of(), ConnectorSettings.DEFAULTS, CLOCK);
+    KvTransferParams p = new KvTransferParams(true, false, "tx", "prefill-0", 0,
+        new int[] {10, 11, 12, 13, 14, 15, 16}, "", 0, 1);
+    ConnectorRequest r = new ConnectorRequest("r", 97, p);
+    s.numNewMatchedTokens(r, 16);
+    s.updateStateAfterAlloc(r, new int[] {1, 2, 3, 4, 5, 6}, 80); // D's blocks reach token 96
+    ReqMeta m = s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of())).reqsToRecv().get(0);
+    assertArrayEquals(new int[] {10, 11, 12, 13, 14, 15, 16}, m.remoteBlockIds());
+  }
 }
