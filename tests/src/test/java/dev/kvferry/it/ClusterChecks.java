@@ -81,10 +81,17 @@ final class ClusterChecks {
    */
   WriteMidway awaitWriteMidway(String peerEngineId, int layers, String... nodes) {
     WriteMidway[] seen = new WriteMidway[1];
+    // What the polls saw instead, for the failure message: (state, peer, fired/done) -> times.
+    Map<String, Integer> sawInstead = new java.util.TreeMap<>();
+    int[] polls = new int[1];
     kit.createTestProbe().awaitAssert(within, Duration.ofMillis(5), () -> {
+      polls[0]++;
       for (String node : nodes) {
         for (JsonNode t : transfers(node).path("transfers")) {
           JsonNode p = t.path("progress");
+          sawInstead.merge(node + " " + t.path("state").asText() + " to "
+              + t.path("peerEngineId").asText() + " fired " + p.path("layersFired").asInt()
+              + " written " + p.path("layerWritesDone").asInt(), 1, Integer::sum);
           if (t.path("state").asText().equals("writing")
               && t.path("peerEngineId").asText().equals(peerEngineId)
               && p.path("layerWritesDone").asInt() >= 1
@@ -97,7 +104,7 @@ final class ClusterChecks {
         }
       }
       throw new AssertionError("no write to " + peerEngineId + " caught mid-way on "
-          + String.join(", ", nodes));
+          + String.join(", ", nodes) + " in " + polls[0] + " polls; they showed " + sawInstead);
     });
     return seen[0];
   }

@@ -51,7 +51,9 @@ class NodeCrashTest {
    * bound leaves room for a loaded two-core host and no more.
    */
   private static final double FREED_AFTER_KILL_BOUND_S = 20;
-  private static final int LAYERS = 3;
+  // Six layers: a write is mid-way (a layer written, two or more not computed) for over a second,
+  // which a poll catches even when D tells P its blocks late (CI once saw none caught with three).
+  private static final int LAYERS = 6;
   private static final Duration ROUTE_TIMEOUT = Duration.ofSeconds(90);
 
   private Demo demo;
