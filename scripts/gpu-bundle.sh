@@ -67,6 +67,18 @@ if ! "$bundler" "$work/kvferry.jar.xz"; then
     || { echo "$bundler failed" >&2; exit 1; }
 fi
 
+# The engine port reads its peer's uid through jdk.net (SO_PEERCRED); the shared bundler's runtime
+# may lack that module: then the runtime is linked again with it.
+if ! tar tzf .device/jre.tgz | grep -q '^jre/lib/modules$' \
+    || ! (mkdir -p "$work/jrecheck" && tar xzf .device/jre.tgz -C "$work/jrecheck" \
+          && "$work/jrecheck/jre/bin/java" --list-modules | grep -q '^jdk.net@'); then
+  echo "bundled runtime lacks jdk.net: linking it again with jdk.net"
+  rm -rf "$work/jre"
+  jlink --add-modules java.base,java.logging,java.management,java.naming,java.xml,java.sql,java.net.http,java.desktop,jdk.unsupported,jdk.crypto.ec,jdk.management,jdk.jfr,jdk.net \
+    --strip-debug --no-header-files --no-man-pages --compress=2 --output "$work/jre"
+  tar czf .device/jre.tgz -C "$work" jre
+fi
+
 # The GPU JUnit classes CI can only skip, for scripts/gpu-junit.sh: every module's test classes,
 # their test-only dependencies and JUnit's console launcher (fetched once from Maven Central).
 m2=${MAVEN_REPO:-$HOME/.m2/repository}
@@ -83,7 +95,9 @@ cp "$console" \
   "$m2/org/apache/pekko/pekko-actor-testkit-typed_2.13/$pekko/pekko-actor-testkit-typed_2.13-$pekko.jar" \
   "$m2/org/apache/pekko/pekko-testkit_2.13/$pekko/pekko-testkit_2.13-$pekko.jar" .device/tests/
 cp scripts/gpu-env.sh scripts/gpu-sim-demo.sh scripts/gpu-junit.sh scripts/gpu-demo.sh \
-  scripts/gpu_torch_peer.py scripts/gpu-actors.sh scripts/gpu-tcp.sh .device/
+  scripts/gpu_torch_peer.py scripts/gpu-actors.sh scripts/gpu-tcp.sh scripts/gpu-model.sh .device/
+rm -rf .device/python && mkdir -p .device/python && cp -r python/kvferry .device/python/
+find .device/python -name __pycache__ -prune -exec rm -rf {} +
 
 # The trimmed jar on the bundled runtime, on the host path: it must still start and verify.
 mkdir -p "$work/run"

@@ -10,6 +10,7 @@ import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.engine.port.EnginePortServer;
 import dev.kvferry.engine.port.PortHost;
+import dev.kvferry.rdma.CudaTransport;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionRegistry;
 import dev.kvferry.rdma.Transport;
@@ -107,15 +108,8 @@ public final class EngineNode implements NodeRuntime, PortHost, AutoCloseable {
       throw new IllegalArgumentException(
           "kvferry.node.engine = \"port\" needs kvferry.node.engine-port.socket (--engine-socket)");
     }
-    if (settingsGpu(node) >= 0) {
-      throw new IllegalArgumentException("the engine port serves host memory only for now; "
-          + "drop kvferry.node.gpu (--gpu): the engine owns its KV cache");
-    }
+    // With kvferry.node.gpu the engine may share GPU memory (cuda_ipc), opened on that GPU.
     return Path.of(socket).toAbsolutePath();
-  }
-
-  private static int settingsGpu(Config node) {
-    return node.getInt("gpu");
   }
 
   private void startEngine(TransferMode mode) throws IOException {
@@ -168,11 +162,13 @@ public final class EngineNode implements NodeRuntime, PortHost, AutoCloseable {
    * allocation only once per process (a second cudaIpcOpenMemHandle of the same handle fails),
    * and with TP > 1 several workers reach the same peer layers.
    */
-  private Transport openTransport(RegionRegistry registry) throws IOException {
+  private synchronized Transport openTransport(RegionRegistry registry) throws IOException {
     if (!settings.transport().equals("cuda")) {
       return Transports.open(settings.transport(), registry, settings.transportOptions());
     }
-    if (cudaTransport == null) {
+    // An engine served through the port closes its workers' transport when it detaches; the
+    // engine that attaches next gets a fresh one.
+    if (cudaTransport == null || cudaTransport instanceof CudaTransport c && c.isClosed()) {
       cudaTransport = Transports.open("cuda", registry, settings.transportOptions());
     }
     return cudaTransport;
@@ -269,6 +265,11 @@ public final class EngineNode implements NodeRuntime, PortHost, AutoCloseable {
   @Override
   public String transportName() {
     return settings.transport();
+  }
+
+  @Override
+  public int gpu() {
+    return settings.gpu();
   }
 
   @Override

@@ -74,6 +74,37 @@ public final class CudaTransport implements EventOrderedTransport {
 
   private record Opened(long base, long bytes) {}
 
+  /**
+   * GPU memory another process shared with this one (an engine's KV cache, opened here through
+   * its IPC handle), by its address here: the descriptor bytes naming the owner's allocation.
+   * CUDA does not export memory a process imported, so peers are given the owner's handle.
+   */
+  private static final Map<Long, byte[]> IMPORTED = new ConcurrentHashMap<>();
+
+  /**
+   * Describes the region at {@code address} (memory this process opened through {@code
+   * allocationHandle}) to peers as that allocation at {@code offsetInAllocation}, so they open
+   * the owner's allocation directly.
+   */
+  public static void describeImportedAs(
+      long address, byte[] allocationHandle, long offsetInAllocation) {
+    if (allocationHandle.length != Cuda.IPC_HANDLE_BYTES || offsetInAllocation < 0) {
+      throw new IllegalArgumentException("an IPC handle of " + Cuda.IPC_HANDLE_BYTES
+          + " bytes and an offset of at least 0, got " + allocationHandle.length + " bytes and "
+          + offsetInAllocation);
+    }
+    IMPORTED.put(address, ByteBuffer.allocate(IPC_DESCRIPTOR_BYTES)
+        .order(ByteOrder.LITTLE_ENDIAN)
+        .put(allocationHandle)
+        .putLong(offsetInAllocation)
+        .array());
+  }
+
+  /** The imported memory at {@code address} is unmapped: forget how it was described. */
+  public static void forgetImported(long address) {
+    IMPORTED.remove(address);
+  }
+
   /** Which opened allocations (keys of openedAllocations) belong to which peer process. */
   private final Map<PeerProcess, java.util.Set<AllocationKey>> allocationsByPeer =
       new ConcurrentHashMap<>();
@@ -161,7 +192,8 @@ public final class CudaTransport implements EventOrderedTransport {
       throw new IllegalArgumentException(
           "cuda moves GPU memory only; region " + local.id() + " is " + local.kind());
     }
-    byte[] handle =
+    byte[] imported = IMPORTED.get(local.address());
+    byte[] handle = imported != null ? imported :
         describedHandles.computeIfAbsent(
             local.address(),
             address -> {
@@ -385,6 +417,11 @@ public final class CudaTransport implements EventOrderedTransport {
 
   private static String owner(RegionDescriptor d) {
     return d.owner().isEmpty() ? "pid " + d.pid() : d.owner();
+  }
+
+  /** True once {@link #close} ran: nothing more moves through it. */
+  public boolean isClosed() {
+    return closed;
   }
 
   /** Number of remote allocations opened through IPC so far (each once per local device). */

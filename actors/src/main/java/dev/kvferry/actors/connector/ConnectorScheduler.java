@@ -39,7 +39,12 @@ public final class ConnectorScheduler {
    */
   private final java.util.Set<String> lentToTransfer = new java.util.HashSet<>();
 
-  private record Pending(ConnectorRequest request, int[] blockIds) {}
+  /** A request with blocks; {@code externalTokens}: the tokens D loads into them (READ). */
+  private record Pending(ConnectorRequest request, int[] blockIds, int externalTokens) {
+    Pending(ConnectorRequest request, int[] blockIds) {
+      this(request, blockIds, 0);
+    }
+  }
 
   /**
    * @param localWorkers this engine's workers (one per TP rank); D's remote-block announcements go
@@ -100,7 +105,8 @@ public final class ConnectorScheduler {
     }
     if (p.doRemotePrefill()) {
       if (mode == TransferMode.READ) {
-        reqsNeedRecv.put(request.requestId(), new Pending(request, blockIds.clone()));
+        reqsNeedRecv.put(request.requestId(),
+            new Pending(request, blockIds.clone(), numExternalTokens));
       } else {
         ReqMeta meta =
             new ReqMeta(
@@ -146,7 +152,9 @@ public final class ConnectorScheduler {
       }
       recv.add(
           new ReqMeta(
-              pr.request().requestId(), p.transferId(), pr.blockIds(), p.remoteBlockIds(),
+              pr.request().requestId(), p.transferId(), pr.blockIds(),
+              blocksBeforeLastToken(p.remoteBlockIds(), pr.request().numPromptTokens(),
+                  pr.blockIds().length, pr.externalTokens()),
               p.remoteEngineId(), p.remoteDpRank()));
     }
     Map<String, Integer> computedAfterStep = new HashMap<>();
@@ -171,6 +179,32 @@ public final class ConnectorScheduler {
     reqsNeedSave.clear();
     reqsNeedSend.clear();
     return new ConnectorMetadata(save, recv, send);
+  }
+
+  /**
+   * P's blocks for D to read. D loads the prompt's tokens before the last ({@code loadedTokens}
+   * after a prefix hit of {@code n - 1 - loadedTokens}) and computes the last itself. An engine
+   * that allocated blocks for just those tokens (vLLM) has, when they end on a block boundary, one
+   * block fewer than P's list minus the hit: P's last block holds only the last token. It is
+   * dropped, so that cutting P's list to its tail for a prefix hit on D (as the seed does) lines
+   * P's blocks up with D's. Seen with a real model (docs/gpu.md): prompts of 97, 241 or 417 tokens
+   * (16-token blocks) were read one block off. Left as it is when D allocated blocks for the whole
+   * prompt, or when P's list is not as long as this engine's block size gives for the prompt (P's
+   * block size differs: the planner maps tokens).
+   */
+  int[] blocksBeforeLastToken(
+      int[] remoteBlockIds, int numPromptTokens, int localBlocks, int loadedTokens) {
+    long hit = (long) numPromptTokens - 1 - loadedTokens;
+    if (numPromptTokens < 1 || loadedTokens < 1 || hit < 0 || hit % blockSize != 0) {
+      return remoteBlockIds;
+    }
+    long all = ((long) numPromptTokens + blockSize - 1) / blockSize;
+    long beforeLast = ((long) numPromptTokens - 1 + blockSize - 1) / blockSize;
+    if (remoteBlockIds.length != all || beforeLast >= all
+        || localBlocks != beforeLast - hit / blockSize) {
+      return remoteBlockIds;
+    }
+    return java.util.Arrays.copyOf(remoteBlockIds, (int) beforeLast);
   }
 
   /**

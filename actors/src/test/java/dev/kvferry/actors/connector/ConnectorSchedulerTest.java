@@ -191,4 +191,45 @@ class ConnectorSchedulerTest {
     r.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
     assertTrue(s.requestFinished(r, new int[] {4, 5}).delayFreeBlocks());
   }
+
+  @Test
+  void readOfAPromptWhoseTokensBeforeTheLastEndOnABlockBoundaryLinesUpPrefillsBlocks() {
+    ConnectorScheduler s = new ConnectorScheduler(Role.DECODE, TransferMode.READ, "decode-0", 0,
+        BLOCK, List.of(), ConnectorSettings.DEFAULTS, CLOCK);
+    // 97 tokens: P holds them in 7 blocks; D loads the first 96 (6 blocks) and computes the last.
+    KvTransferParams p = new KvTransferParams(true, false, "tx", "prefill-0", 0,
+        new int[] {10, 11, 12, 13, 14, 15, 16}, "", 0, 1);
+    ConnectorRequest r = new ConnectorRequest("r", 97, p);
+    assertEquals(new MatchedTokens(96, true), s.numNewMatchedTokens(r, 0));
+    s.updateStateAfterAlloc(r, new int[] {0, 1, 2, 3, 4, 5}, 96);
+    ReqMeta m = s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of())).reqsToRecv().get(0);
+    assertArrayEquals(new int[] {10, 11, 12, 13, 14, 15}, m.remoteBlockIds(),
+        "P's block holding only the last token is not read (the tail would be one block off)");
+  }
+
+  @Test
+  void readWithAPrefixHitOnDecodeStillTakesTheTailOfTheBlocksBeforeTheLastToken() {
+    ConnectorScheduler s = new ConnectorScheduler(Role.DECODE, TransferMode.READ, "decode-0", 0,
+        BLOCK, List.of(), ConnectorSettings.DEFAULTS, CLOCK);
+    KvTransferParams p = new KvTransferParams(true, false, "tx", "prefill-0", 0,
+        new int[] {10, 11, 12, 13, 14, 15, 16}, "", 0, 1);
+    ConnectorRequest r = new ConnectorRequest("r", 97, p);
+    assertEquals(new MatchedTokens(64, true), s.numNewMatchedTokens(r, 32));
+    s.updateStateAfterAlloc(r, new int[] {4, 5, 6, 7}, 64);
+    ReqMeta m = s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of())).reqsToRecv().get(0);
+    assertArrayEquals(new int[] {10, 11, 12, 13, 14, 15}, m.remoteBlockIds());
+  }
+
+  @Test
+  void readIntoBlocksForTheWholePromptKeepsEveryOneOfPrefillsBlocks() {
+    ConnectorScheduler s = new ConnectorScheduler(Role.DECODE, TransferMode.READ, "decode-0", 0,
+        BLOCK, List.of(), ConnectorSettings.DEFAULTS, CLOCK);
+    KvTransferParams p = new KvTransferParams(true, false, "tx", "prefill-0", 0,
+        new int[] {10, 11, 12, 13, 14, 15, 16}, "", 0, 1);
+    ConnectorRequest r = new ConnectorRequest("r", 97, p);
+    s.numNewMatchedTokens(r, 16);
+    s.updateStateAfterAlloc(r, new int[] {1, 2, 3, 4, 5, 6}, 80); // D's blocks reach token 96
+    ReqMeta m = s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of())).reqsToRecv().get(0);
+    assertArrayEquals(new int[] {10, 11, 12, 13, 14, 15, 16}, m.remoteBlockIds());
+  }
 }

@@ -95,6 +95,26 @@ record PortArgs(String where, Map<String, Object> map) {
     return out;
   }
 
+  /** A list of binaries each exactly {@code length} bytes long; absent reads as empty. */
+  List<byte[]> bytesList(String key, int length) throws PortException {
+    Object v = map.get(key);
+    if (v == null) {
+      return List.of();
+    }
+    if (!(v instanceof List<?> list)) {
+      throw wrongType(key, "a list of binaries", v);
+    }
+    java.util.ArrayList<byte[]> out = new java.util.ArrayList<>();
+    for (int i = 0; i < list.size(); i++) {
+      if (!(list.get(i) instanceof byte[] b) || b.length != length) {
+        throw PortException.badArgs(where + "." + key + "[" + i + "] must be " + length
+            + " bytes of binary");
+      }
+      out.add(b);
+    }
+    return out;
+  }
+
   List<PortArgs> mapList(String key) throws PortException {
     Object v = map.get(key);
     if (v == null) {

@@ -11,9 +11,11 @@ import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.engine.HttpEndpoint;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionRegistry;
+import dev.kvferry.rdma.cuda.Cuda;
+import dev.kvferry.rdma.cuda.CudaEvent;
+import dev.kvferry.rdma.cuda.CudaException;
 import java.io.IOException;
 import java.net.URI;
-import java.nio.file.Path;
 import java.time.Clock;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -44,10 +46,7 @@ final class PortEngine {
   /** One TP rank's worker with the memory it registered. */
   private record Slot(
       PortSession session, ConnectorWorker worker, RegionRegistry registry,
-      List<MemoryRegion> layers, KvCacheGeometry geometry) {}
-
-  /** One layer's bytes in a file the engine shares (docs/engine-port.md, hello.memory). */
-  record LayerMemory(Path path, long offset, long length) {}
+      List<MemoryRegion> layers, KvCacheGeometry geometry, List<CudaEvent> events) {}
 
   private final PortHost host;
   private final EnginePortServer server;
@@ -130,7 +129,7 @@ final class PortEngine {
 
   /** Maps the worker's memory, registers it with a new worker and lists the worker. */
   void joinWorker(PortSession session, int rank, KvCacheGeometry geometry,
-      List<LayerMemory> memory) throws PortException {
+      WorkerMemory memory) throws PortException {
     synchronized (this) {
       checkOpen();
       if (slots[rank] != null) {
@@ -138,8 +137,8 @@ final class PortEngine {
             "engine " + engineId + " already has a worker for TP rank " + rank);
       }
       for (Slot s : slots) {
-        if (s != null && s.layers().size() != memory.size()) {
-          throw PortException.badArgs("worker TP rank " + rank + " has " + memory.size()
+        if (s != null && s.layers().size() != memory.layers()) {
+          throw PortException.badArgs("worker TP rank " + rank + " has " + memory.layers()
               + " layers; TP rank " + s.worker().identity().tpRank() + " has " + s.layers().size());
         }
       }
@@ -148,10 +147,22 @@ final class PortEngine {
         role, engineId, host.dpRank(), host.dpSize(), rank, tpSize, mode);
     RegionRegistry registry = new RegionRegistry(id.label());
     List<MemoryRegion> layers = new ArrayList<>();
+    List<CudaEvent> events = new ArrayList<>();
     ConnectorWorker worker = null;
     try {
-      for (LayerMemory m : memory) {
-        layers.add(registry.mapSharedFile(m.path(), m.offset(), m.length()));
+      if (memory instanceof WorkerMemory.Host h) {
+        for (WorkerMemory.Host.Layer m : h.layerFiles()) {
+          layers.add(registry.mapSharedFile(m.path(), m.offset(), m.length()));
+        }
+      } else if (memory instanceof WorkerMemory.CudaIpc c) {
+        int device = cudaDevice(c.deviceUuid());
+        ImportedGpuMemory imported = new ImportedGpuMemory(device);
+        for (WorkerMemory.CudaIpc.Layer l : c.layerHandles()) {
+          layers.add(imported.register(registry, l.handle(), l.offset(), l.length()));
+        }
+        for (byte[] h : c.eventHandles()) {
+          events.add(CudaEvent.openIpc(device, h));
+        }
       }
       synchronized (this) {
         checkOpen();
@@ -161,7 +172,8 @@ final class PortEngine {
         }
         worker = host.newWorker(id, registry);
         worker.registerKvCaches(geometry, layers);
-        slots[rank] = new Slot(session, worker, registry, List.copyOf(layers), geometry);
+        slots[rank] = new Slot(session, worker, registry, List.copyOf(layers), geometry,
+            List.copyOf(events));
         if (allWorkersIn()) {
           List<ConnectorWorker> workers = workers();
           scheduler = new ConnectorScheduler(role, mode, engineId, host.dpRank(),
@@ -172,16 +184,60 @@ final class PortEngine {
           notifyAll();
         }
       }
-    } catch (IOException e) {
+    } catch (IOException | CudaException e) {
+      events.forEach(CudaEvent::close);
       registry.close();
       throw new PortException(PortError.BAD_MEMORY, String.valueOf(e.getMessage()));
     } catch (PortException | RuntimeException e) {
       if (worker != null) {
         worker.shutdown();
       }
+      events.forEach(CudaEvent::close);
       registry.close();
       throw e;
     }
+  }
+
+  /**
+   * The node's GPU, which must be the one the engine's memory is on: device ids differ between
+   * processes ({@code CUDA_VISIBLE_DEVICES}), UUIDs do not.
+   */
+  private int cudaDevice(String engineUuid) throws PortException {
+    int device = host.gpu();
+    if (device < 0) {
+      throw new PortException(PortError.BAD_MEMORY, "the engine shares GPU memory (cuda_ipc) but"
+          + " this node has no GPU: start it with --gpu N --transport cuda, N the engine's GPU");
+    }
+    if (!Cuda.available()) {
+      throw new PortException(PortError.BAD_MEMORY, "the engine shares GPU memory (cuda_ipc) but"
+          + " CUDA is not available to this node: " + Cuda.unavailableReason());
+    }
+    String mine = Cuda.deviceUuid(device);
+    if (!sameUuid(mine, engineUuid)) {
+      throw new PortException(PortError.BAD_MEMORY, "the engine's KV cache is on GPU "
+          + engineUuid + " but this node's GPU " + device + " is " + mine
+          + ": start the node with --gpu set to the engine's GPU");
+    }
+    return device;
+  }
+
+  /** UUIDs compared as nvidia-smi and PyTorch print them: with or without "GPU-" and dashes. */
+  static boolean sameUuid(String a, String b) {
+    return normalUuid(a).equals(normalUuid(b));
+  }
+
+  private static String normalUuid(String u) {
+    String s = u.trim().toLowerCase(java.util.Locale.ROOT);
+    if (s.startsWith("gpu-")) {
+      s = s.substring(4);
+    }
+    return s.replace("-", "");
+  }
+
+  /** The interprocess events worker {@code rank} shared, by slot. */
+  synchronized List<CudaEvent> events(int rank) {
+    Slot s = slots[rank];
+    return s == null ? List.of() : s.events();
   }
 
   private boolean allWorkersIn() {
@@ -326,6 +382,8 @@ final class PortEngine {
       // Unmapped only when the last copy using a region lets go of it (MemoryRegion pins).
       s.layers().forEach(MemoryRegion::close);
       s.registry().close();
+      // The workers stopped and their copies landed: no stream waits on these any more.
+      s.events().forEach(CudaEvent::close);
     }
     host.engineDetached(engineId);
     server.engineGone(this);

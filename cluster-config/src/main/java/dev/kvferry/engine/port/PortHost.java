@@ -36,6 +36,14 @@ public interface PortHost {
 
   String transportName();
 
+  /**
+   * The CUDA device an engine's GPU memory (cuda_ipc) is opened on, or -1 when this node has no
+   * GPU and serves host memory only.
+   */
+  default int gpu() {
+    return -1;
+  }
+
   ConnectorSettings connector();
 
   /** A worker for {@code id} whose transport reaches the regions of {@code registry}. */

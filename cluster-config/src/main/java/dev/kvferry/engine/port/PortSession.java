@@ -4,6 +4,7 @@ import dev.kvferry.actors.connector.ConnectorMetadata;
 import dev.kvferry.actors.connector.ConnectorRequest;
 import dev.kvferry.actors.connector.ConnectorScheduler;
 import dev.kvferry.actors.connector.ConnectorWorker;
+import dev.kvferry.actors.connector.CudaLayerEvent;
 import dev.kvferry.actors.connector.FinishDecision;
 import dev.kvferry.actors.connector.Finished;
 import dev.kvferry.actors.connector.HostLayerEvent;
@@ -13,6 +14,7 @@ import dev.kvferry.actors.connector.MatchedTokens;
 import dev.kvferry.actors.connector.SchedulerOutput;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.engine.HttpEndpoint;
+import dev.kvferry.rdma.cuda.CudaEvent;
 import java.io.IOException;
 import java.net.URI;
 import java.net.URISyntaxException;
@@ -39,6 +41,8 @@ final class PortSession implements Runnable {
   static final int PROTOCOL_VERSION = 1;
   /** One-way ops' errors kept for the next get_finished; beyond this they are only counted. */
   static final int KEPT_OP_ERRORS = 64;
+  /** cudaIpcMemHandle_t and cudaIpcEventHandle_t are both 64 bytes. */
+  static final int IPC_HANDLE_BYTES = 64;
 
   private enum Side { SCHEDULER, WORKER }
 
@@ -196,7 +200,7 @@ final class PortSession implements Runnable {
             + e.tpSize());
       }
       KvCacheGeometry geometry = geometry(a.nested("geometry"));
-      e.joinWorker(this, tpRank, geometry, memory(a.nested("memory"), geometry));
+      e.joinWorker(this, tpRank, geometry, memory(a.nested("memory"), a, geometry));
       rank = tpRank;
     }
     side = s;
@@ -228,29 +232,48 @@ final class PortSession implements Runnable {
     }
   }
 
-  private static List<PortEngine.LayerMemory> memory(PortArgs m, KvCacheGeometry g)
+  private static WorkerMemory memory(PortArgs m, PortArgs hello, KvCacheGeometry g)
       throws PortException {
     String kind = m.string("kind");
-    if (!kind.equals("host")) {
-      throw new PortException(PortError.BAD_MEMORY, "memory kind " + kind
-          + " is not served yet (host only; GPU memory through CUDA IPC is a later version)");
-    }
     List<PortArgs> layers = m.mapList("layers");
     if (layers.isEmpty()) {
       throw PortException.badArgs("args.memory.layers is empty");
     }
-    List<PortEngine.LayerMemory> out = new ArrayList<>();
-    for (PortArgs l : layers) {
-      long length = l.integer("length", 1, Long.MAX_VALUE);
-      if (length != g.layerRegionBytes()) {
-        throw new PortException(PortError.BAD_MEMORY, l.where() + ".length = " + length
-            + " but the geometry's layer holds " + g.layerRegionBytes() + " bytes");
+    switch (kind) {
+      case "host" -> {
+        List<WorkerMemory.Host.Layer> out = new ArrayList<>();
+        for (PortArgs l : layers) {
+          out.add(new WorkerMemory.Host.Layer(SharedFileCheck.check(l.string("path")),
+              l.integer("offset", 0, Long.MAX_VALUE), layerLength(l, g)));
+        }
+        return new WorkerMemory.Host(out);
       }
-      out.add(new PortEngine.LayerMemory(
-          SharedFileCheck.check(l.string("path")), l.integer("offset", 0, Long.MAX_VALUE),
-          length));
+      case "cuda_ipc" -> {
+        List<WorkerMemory.CudaIpc.Layer> out = new ArrayList<>();
+        for (PortArgs l : layers) {
+          byte[] handle = l.bytes("handle");
+          if (handle.length != IPC_HANDLE_BYTES) {
+            throw PortException.badArgs(l.where() + ".handle must be a " + IPC_HANDLE_BYTES
+                + "-byte cudaIpcMemHandle_t, got " + handle.length + " bytes");
+          }
+          out.add(new WorkerMemory.CudaIpc.Layer(handle, l.integer("offset", 0, Long.MAX_VALUE),
+              layerLength(l, g)));
+        }
+        return new WorkerMemory.CudaIpc(m.string("device_uuid"), out,
+            hello.bytesList("events", IPC_HANDLE_BYTES));
+      }
+      default -> throw new PortException(PortError.BAD_MEMORY, "memory kind " + kind
+          + " is not served: host (a /dev/shm file) or cuda_ipc (CUDA IPC handles)");
     }
-    return out;
+  }
+
+  private static long layerLength(PortArgs l, KvCacheGeometry g) throws PortException {
+    long length = l.integer("length", 1, Long.MAX_VALUE);
+    if (length != g.layerRegionBytes()) {
+      throw new PortException(PortError.BAD_MEMORY, l.where() + ".length = " + length
+          + " but the geometry's layer holds " + g.layerRegionBytes() + " bytes");
+    }
+    return length;
   }
 
   // --- scheduler ops ---
@@ -395,8 +418,22 @@ final class PortSession implements Runnable {
 
   private Object saveLayer(PortArgs a) throws PortException {
     ConnectorWorker w = worker();
-    // Host memory: the engine wrote the layer before it sent this frame, so it is complete.
-    w.saveKvLayer(bound, layer(a), HostLayerEvent.completed());
+    int layer = layer(a);
+    if (a.has("event_slot")) {
+      // GPU memory: the node's copy stream waits for the event the engine recorded after the
+      // layer's writes (cudaStreamWaitEvent); no CPU thread waits.
+      List<CudaEvent> events = requireSide(Side.WORKER).events(rank);
+      if (events.isEmpty()) {
+        throw PortException.badArgs("args.event_slot given, but this worker's hello shared no"
+            + " events");
+      }
+      int slot = (int) a.integer("event_slot", 0, events.size() - 1L);
+      w.saveKvLayer(bound, layer, new CudaLayerEvent(events.get(slot)));
+    } else {
+      // Host memory: the engine wrote the layer before it sent this frame, so it is complete
+      // (GPU memory without an event: the engine synchronized its stream before sending).
+      w.saveKvLayer(bound, layer, HostLayerEvent.completed());
+    }
     return Map.of();
   }
 

@@ -167,16 +167,29 @@ class EnginePortTest {
     assertEquals("bad_args", PortTestClient.errorCode(w.call("hello", Map.of("version", 1,
         "side", "worker", "tp_rank", 1, "geometry", geometry(),
         "memory", memory(file, LAYER_BYTES)))));
+    // GPU memory (CUDA IPC handles) on a node without a GPU: refused, naming what to do.
+    Map<String, Object> gpuLayer = Map.of("handle", new byte[64], "offset", 0, "length", LAYER_BYTES);
+    Map<String, Object> gpuHello = Map.of("version", 1, "side", "worker", "tp_rank", 0,
+        "geometry", geometry(), "memory", Map.of("kind", "cuda_ipc", "device_uuid",
+            "GPU-00000000-0000-0000-0000-000000000000", "layers", List.of(gpuLayer, gpuLayer)));
+    Map<String, Object> gpuRefused = w.call("hello", gpuHello);
+    assertEquals("bad_memory", PortTestClient.errorCode(gpuRefused));
+    assertTrue(gpuRefused.toString().contains("--gpu"), gpuRefused.toString());
+    assertEquals("bad_args", PortTestClient.errorCode(w.call("hello", Map.of("version", 1,
+        "side", "worker", "tp_rank", 0, "geometry", geometry(), "memory", Map.of("kind",
+            "cuda_ipc", "device_uuid", "GPU-0", "layers", List.of(Map.of("handle", new byte[10],
+                "offset", 0, "length", LAYER_BYTES)))))));
     w.ok("hello", Map.of("version", 1, "side", "worker", "tp_rank", 0, "geometry", geometry(),
         "memory", memory(file, LAYER_BYTES)));
     assertEquals("bad_args",
         PortTestClient.errorCode(w.call("wait_for_layer_load", Map.of("layer", LAYERS))));
     w.oneWay("bind_connector_metadata", Map.of("metadata", new byte[] {1, 2, 3}));
     w.oneWay("save_kv_layer", Map.of("layer", -1));
+    w.oneWay("save_kv_layer", Map.of("layer", 0, "event_slot", 0)); // host memory: no events
     @SuppressWarnings("unchecked")
     List<Map<String, Object>> opErrors =
         (List<Map<String, Object>>) w.ok("get_finished", Map.of()).get("op_errors");
-    assertEquals(List.of("unknown_metadata", "bad_args"),
+    assertEquals(List.of("unknown_metadata", "bad_args", "bad_args"),
         opErrors.stream().map(e -> e.get("code")).toList());
 
     assertEquals("unknown_request", PortTestClient.errorCode(c.call("update_state_after_alloc",

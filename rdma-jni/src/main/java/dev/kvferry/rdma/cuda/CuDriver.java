@@ -26,6 +26,9 @@ final class CuDriver {
 
   static native int cuDeviceGetName(byte[] name, int length, int device);
 
+  /** cuDeviceGetUuid_v2 (CUDA 11.4+): the device's 16-byte UUID, as nvidia-smi shows it. */
+  static native int cuDeviceGetUuid_v2(byte[] uuid, int device);
+
   static native int cuModuleLoadData(long[] module, byte[] image);
 
   static native int cuModuleUnload(long module);

@@ -190,6 +190,25 @@ public final class Cuda {
     return new String(name, 0, n, StandardCharsets.US_ASCII);
   }
 
+  /**
+   * The device's UUID as nvidia-smi prints it ({@code GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx}):
+   * the name of a GPU that holds across processes, where device ids do not
+   * ({@code CUDA_VISIBLE_DEVICES}).
+   */
+  public static String deviceUuid(int device) {
+    require();
+    byte[] u = new byte[16];
+    checkDriver("cuDeviceGetUuid_v2", CuDriver.cuDeviceGetUuid_v2(u, device));
+    StringBuilder b = new StringBuilder("GPU-");
+    for (int i = 0; i < 16; i++) {
+      if (i == 4 || i == 6 || i == 8 || i == 10) {
+        b.append('-');
+      }
+      b.append(String.format("%02x", u[i] & 0xff));
+    }
+    return b.toString();
+  }
+
   public static int multiProcessorCount(int device) {
     require();
     int[] v = new int[1];
@@ -376,6 +395,25 @@ public final class Cuda {
   public static void ipcCloseMemHandle(long devicePtr) {
     require();
     check("cudaIpcCloseMemHandle", CudaRt.cudaIpcCloseMemHandle(devicePtr));
+  }
+
+  /**
+   * Opens another process's interprocess event (created with cudaEventInterprocess and
+   * cudaEventDisableTiming) on the current device; streams of this process can wait for it and it
+   * can be queried. Release it with {@link #eventDestroy}.
+   */
+  public static long ipcOpenEventHandle(byte[] handle) {
+    require();
+    if (handle == null || handle.length != IPC_HANDLE_BYTES) {
+      throw new IllegalArgumentException(
+          "a CUDA IPC event handle has " + IPC_HANDLE_BYTES + " bytes, got "
+              + (handle == null ? "none" : handle.length));
+    }
+    CudaRt.IpcEventHandle h = new CudaRt.IpcEventHandle();
+    System.arraycopy(handle, 0, h.reserved, 0, IPC_HANDLE_BYTES);
+    long[] e = new long[1];
+    check("cudaIpcOpenEventHandle", CudaRt.cudaIpcOpenEventHandle(e, h));
+    return e[0];
   }
 
   // ---- streams and events -----------------------------------------------------------------------

@@ -23,6 +23,15 @@ public final class CudaEvent implements AutoCloseable {
     return new CudaEvent(Cuda.eventCreate(timing), device, timing);
   }
 
+  /**
+   * An event another process created and shared (cudaIpcEventHandle_t), opened here on {@code
+   * device}; closing it releases this process's reference only.
+   */
+  public static CudaEvent openIpc(int device, byte[] ipcHandle) {
+    Cuda.setDevice(device);
+    return new CudaEvent(Cuda.ipcOpenEventHandle(ipcHandle), device, false);
+  }
+
   public long handle() {
     return handle;
   }

@@ -42,6 +42,12 @@ final class CudaRt {
     public byte[] reserved = new byte[Cuda.IPC_HANDLE_BYTES];
   }
 
+  /** cudaIpcEventHandle_t, passed by value to cudaIpcOpenEventHandle. */
+  @Structure.FieldOrder("reserved")
+  public static final class IpcEventHandle extends Structure implements Structure.ByValue {
+    public byte[] reserved = new byte[Cuda.IPC_HANDLE_BYTES];
+  }
+
   static native String cudaGetErrorName(int error);
 
   static native int cudaRuntimeGetVersion(int[] version);
@@ -111,6 +117,8 @@ final class CudaRt {
   static native int cudaIpcOpenMemHandle(long[] devPtr, IpcMemHandle handle, int flags);
 
   static native int cudaIpcCloseMemHandle(long devPtr);
+
+  static native int cudaIpcOpenEventHandle(long[] event, IpcEventHandle handle);
 
   static native int cudaDeviceCanAccessPeer(int[] canAccess, int device, int peerDevice);
 

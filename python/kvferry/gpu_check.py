@@ -1,0 +1,686 @@
+"""``python -m kvferry.gpu_check``: disaggregated decoding with a real transformer's KV, checked
+bit for bit against the same engine without kvferry (docs/gpu.md, "A real model").
+
+P and D are two processes (spawned here), each with a ``ModelEngine`` over its own paged cache and
+each driving its own kvferry node through the engine port. D's process also runs the engine
+without kvferry (the baseline, its own cache) so the two can be compared on one GPU. Per request:
+D's received KV equals P's byte for byte (compared on D's device); D's first-token logits equal the
+baseline's bit for bit, where the baseline does the same work (P's prefill chunks, then the last
+prompt token as one step, as D does); 64 greedy tokens are compared step by step; agreement with
+transformers' own full-prompt ``generate()`` is reported for information.
+
+Without CUDA (CI) it runs on the CPU with host memory (``--device cpu``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+import traceback
+from typing import Any
+
+PROMPT_MIN, PROMPT_MAX = 16, 4096
+
+
+# ---------------------------------------------------------------- the engine processes
+
+def _engine_main(conn: Any, role: str, device: str, socket_path: str | None, cfg: dict) -> None:
+    import torch
+
+    from .gpu_model import ModelEngine, ModelSpec, PagedKvCache, build_llama
+
+    try:
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        spec = ModelSpec(**cfg["spec"])
+        model = build_llama(spec, dev)
+        cache = PagedKvCache(spec, cfg["num_blocks"], cfg["block_size"], dev)
+        base_cache = PagedKvCache(spec, cfg["num_blocks"], cfg["block_size"], dev) if role == "decode" else None
+        state = _EngineState(model, spec, cache, base_cache, role, socket_path, cfg)
+        conn.send(("ok", {"pid": os.getpid(), "device": str(dev),
+                          "name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"}))
+    except Exception:  # noqa: BLE001 - reported to the driver
+        conn.send(("error", traceback.format_exc()))
+        return
+    while True:
+        try:
+            cmd, args = conn.recv()
+        except EOFError:
+            return
+        if cmd == "exit":
+            state.close()
+            conn.send(("ok", None))
+            return
+        try:
+            conn.send(("ok", getattr(state, "cmd_" + cmd)(**args)))
+        except Exception:  # noqa: BLE001 - reported to the driver
+            conn.send(("error", traceback.format_exc()))
+
+
+class _EngineState:
+    """What one engine process keeps between the driver's commands."""
+
+    def __init__(self, model: Any, spec: Any, cache: Any, base_cache: Any, role: str,
+                 socket_path: str | None, cfg: dict):
+        from .gpu_model import ModelEngine
+
+        self.model, self.spec, self.cache = model, spec, cache
+        self.role, self.socket_path, self.cfg = role, socket_path, cfg
+        self.engine: ModelEngine | None = None
+        self.baseline = (ModelEngine(model, spec, base_cache, role="decode", mode="write",
+                                     chunk_tokens=cfg["chunk_tokens"]) if base_cache is not None else None)
+        self.reqs: dict[str, dict] = {}
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.disconnect()
+        self.cache.close()  # host memory: its /dev/shm file goes
+        if self.baseline is not None:
+            self.baseline.cache.close()
+
+    def _e(self) -> Any:
+        assert self.engine is not None, "attach first"
+        return self.engine
+
+    def cmd_attach(self, mode: str) -> dict:
+        from .gpu_model import ModelEngine
+
+        if self.engine is not None:
+            self.engine.disconnect()
+        self.engine = ModelEngine(self.model, self.spec, self.cache, role=self.role, mode=mode,
+                                  socket_path=self.socket_path, chunk_tokens=self.cfg["chunk_tokens"])
+        info = self.engine.connect(wait_s=180)
+        if self.baseline is not None:
+            self.baseline.reset_prefix_cache()
+        return info
+
+    def cmd_detach(self) -> dict:
+        e = self._e()
+        free = e.pool.free_count
+        e.disconnect()
+        self.engine = None
+        out = {"free_blocks": free, "num_blocks": e.pool.num_blocks}
+        if self.baseline is not None:
+            out["baseline_free_blocks"] = self.baseline.pool.free_count
+        return out
+
+    # -- P --
+
+    def cmd_prefill(self, rid: str, prompt: list[int], params: dict, abort_after_chunks: int | None = None,
+                    want_kv: bool = True) -> dict:
+        import torch
+
+        e = self._e()
+        out = e.prefill(rid, prompt, params, abort_after_chunks=abort_after_chunks)
+        if want_kv and out["status"] == "length_capped":
+            kv = e.cache.gather(out["blocks"], 0, len(prompt))
+            out["kv"] = kv.view(torch.int16).cpu().numpy().tobytes()
+        return out
+
+    def cmd_timeline(self, on: bool) -> None:
+        self._e().record_timeline = on
+
+    def cmd_drain(self, rids: list[str], timeout_s: float = 30.0) -> dict:
+        return self._e().drain(rids, timeout_s)
+
+    def cmd_free_sent(self, rid: str, blocks: list[int]) -> None:
+        self._e().pool.free(blocks)
+
+    # -- D --
+
+    def cmd_admit(self, rid: str, prompt: list[int], params: dict) -> dict:
+        adm = self._e().admit_remote(rid, prompt, params)
+        self.reqs[rid] = {"prompt": prompt, "adm": adm}
+        return adm
+
+    def cmd_receive_first(self, rid: str) -> dict:
+        """Waits for the KV, snapshots it (not timed), then computes the last prompt token."""
+        import torch
+
+        e = self._e()
+        r = self.reqs[rid]
+        prompt, adm = r["prompt"], r["adm"]
+        if adm["count"] == 0:
+            # Its prefix cache holds every token before the last: nothing to load (vLLM does not
+            # wait for a load of 0 tokens; the seed's connector answers async anyway).
+            got = {"ok": True, "end": time.perf_counter(), "load_errors": []}
+        else:
+            got = e.receive(rid)
+        if not got["ok"]:
+            return {"ok": False, "why": got["why"]}
+        lo, hi = adm["hit_tokens"], adm["hit_tokens"] + adm["count"]
+        r["received"] = e.cache.gather(adm["blocks"], lo, hi).clone()
+        r["range"] = (lo, hi)
+        e._sync()
+        t0 = time.perf_counter()
+        logits, blocks = e.first_token(rid, prompt, adm["blocks"], remote=True)
+        e._sync()
+        t1 = time.perf_counter()
+        r["logits"], r["blocks"] = logits, blocks
+        return {"ok": True, "received_at": got["end"], "first_start": t0, "first_end": t1,
+                "load_errors": got["load_errors"], "range": [lo, hi]}
+
+    def cmd_check_kv(self, rid: str, p_kv: bytes) -> dict:
+        """D's received KV against P's bytes, compared on D's device."""
+        import numpy as np
+        import torch
+
+        r = self.reqs[rid]
+        lo, hi = r["range"]
+        got = r.pop("received")
+        s = self.spec
+        p = torch.from_numpy(np.frombuffer(p_kv, dtype=np.int16).copy()).view(
+            s.layers, 2, -1, s.kv_heads, s.head_dim)[:, :, lo:hi].to(got.device)
+        g = got.view(torch.int16)
+        equal = bool(torch.equal(p, g))
+        diff = 0 if equal else int((p != g).sum())
+        return {"kv_equal": equal, "kv_bytes": g.numel() * 2, "kv_diff_elements": diff, "tokens": hi - lo}
+
+    def cmd_abort(self, rid: str) -> str:
+        r = self.reqs.pop(rid)
+        return self._e().abort_remote(rid, r["adm"]["blocks"], timeout_s=5.0)
+
+    def cmd_abort_unscheduled(self, rid: str, prompt: list[int], params: dict) -> str:
+        """vLLM's path for a request aborted while waiting: named, never allocated, finished."""
+        e = self._e()
+        assert e.sched is not None
+        e.sched.get_num_new_matched_tokens(rid, len(prompt), params, 0)
+        e.sched.request_finished(rid, [], "aborted")
+        return "aborted"
+
+    def cmd_compare(self, rid: str, p_chunks: list[list[int]], p_hit: int, steps: int,
+                    with_generate: bool) -> dict:
+        """Decodes on D and on the engine without kvferry doing P's work, step by step."""
+        import torch
+
+        e, b = self._e(), self.baseline
+        assert b is not None
+        r = self.reqs.pop(rid)
+        prompt = r["prompt"]
+        bid = rid + "-baseline"
+        pre = b.prefill(bid, prompt, None, chunks=[tuple(c) for c in p_chunks], finish=False)
+        if pre["hit_tokens"] != p_hit:
+            raise RuntimeError(f"{rid}: baseline prefix hit {pre['hit_tokens']} != P's {p_hit}")
+        b_first, b_blocks = b.first_token(bid, prompt, pre["blocks"], remote=False)
+        d_tokens, d_logits = e.decode(rid, prompt, r["blocks"], r["logits"], steps)
+        b_tokens, b_logits = b.decode(bid, prompt, b_blocks, b_first, steps)
+        e.finish_decoded(rid, r["blocks"])
+        b.finish_decoded(bid, b_blocks)
+        first_equal = bool(torch.equal(d_logits[0].view(torch.int16), b_logits[0].view(torch.int16)))
+        divergence = None
+        logits_equal_steps = 0
+        for i, (dl, bl) in enumerate(zip(d_logits, b_logits)):
+            same = bool(torch.equal(dl.view(torch.int16), bl.view(torch.int16)))
+            logits_equal_steps += same
+            if divergence is None and d_tokens[i] != b_tokens[i]:
+                top = torch.topk(bl.float(), 2).values
+                divergence = {"step": i, "logits_bitwise_equal": same, "d_token": d_tokens[i],
+                              "baseline_token": b_tokens[i], "top2_margin": float(top[0] - top[1])}
+        out = {"first_logits_bitwise_equal": first_equal, "tokens_equal": d_tokens == b_tokens,
+               "logits_equal_steps": logits_equal_steps, "steps": len(d_logits), "divergence": divergence,
+               "d_tokens": d_tokens}
+        if with_generate:
+            out["generate"] = self._generate_agreement(prompt, b_tokens)
+        return out
+
+    def _generate_agreement(self, prompt: list[int], tokens: list[int]) -> dict:
+        import torch
+
+        try:
+            ids = torch.tensor([prompt], device=self.cache.device)
+            with torch.inference_mode():
+                g = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                        max_new_tokens=len(tokens), min_new_tokens=len(tokens),
+                                        do_sample=False, pad_token_id=0)
+            gen = g[0, len(prompt):].tolist()
+            agree = 0
+            for x, y in zip(gen, tokens):
+                if x != y:
+                    break
+                agree += 1
+            return {"agree_prefix": agree, "of": len(tokens)}
+        except Exception as ex:  # noqa: BLE001 - information only
+            return {"error": f"{type(ex).__name__}: {ex}"}
+
+    def cmd_finish_first(self, rid: str) -> None:
+        """TTFT runs: the first token is all that is wanted."""
+        r = self.reqs.pop(rid)
+        self._e().finish_decoded(rid, r["blocks"])
+
+    def cmd_baseline_ttft(self, rid: str, prompt: list[int]) -> dict:
+        b = self.baseline
+        assert b is not None
+        b._sync()
+        t0 = time.perf_counter()
+        pre = b.prefill(rid, prompt, None, finish=False)
+        _, blocks = b.first_token(rid, prompt, pre["blocks"], remote=False)
+        b._sync()
+        t1 = time.perf_counter()
+        b.finish_decoded(rid, blocks)
+        return {"ttft_s": t1 - t0}
+
+    def cmd_layer_copy_time(self, tokens: int, reps: int = 20) -> dict:
+        """One layer's KV of ``tokens`` tokens copied device to device by torch (the same bytes
+        as one layer's transfer), median of ``reps``."""
+        import torch
+
+        s = self.spec
+        nbytes = 2 * tokens * s.kv_heads * s.head_dim * 2
+        if self.cache.device.type != "cuda":
+            return {"bytes": nbytes, "ms": None}
+        src = torch.empty(nbytes, dtype=torch.uint8, device=self.cache.device)
+        dst = torch.empty_like(src)
+        times = []
+        for _ in range(reps + 2):
+            a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            dst.copy_(src)
+            z.record()
+            z.synchronize()
+            times.append(a.elapsed_time(z))
+        return {"bytes": nbytes, "ms": statistics.median(times[2:])}
+
+
+class _Proc:
+    """One spawned engine process and its command pipe."""
+
+    def __init__(self, ctx: Any, role: str, device: str, socket_path: str | None, cfg: dict):
+        self.role = role
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_engine_main, args=(child, role, device, socket_path, cfg),
+                                name=f"kvferry-{role}", daemon=True)
+        self.proc.start()
+        self.info = self.result(600)
+
+    def send(self, cmd: str, **args: Any) -> None:
+        self.conn.send((cmd, args))
+
+    def result(self, timeout_s: float = 300) -> Any:
+        if not self.conn.poll(timeout_s):
+            raise RuntimeError(f"{self.role}: no answer within {timeout_s} s")
+        status, value = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"{self.role} failed:\n{value}")
+        return value
+
+    def call(self, cmd: str, **args: Any) -> Any:
+        self.send(cmd, **args)
+        return self.result()
+
+    def stop(self) -> None:
+        try:
+            self.send("exit")
+            self.result(30)
+        except Exception:  # noqa: BLE001
+            pass
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+# ---------------------------------------------------------------- the workload
+
+def prompt_lengths(n: int, rng: random.Random, longest: int = PROMPT_MAX) -> list[int]:
+    """Log-uniform between 16 and ``longest`` (4,096), both ends included."""
+    import math
+
+    out = [PROMPT_MIN, longest][:n]
+    while len(out) < n:
+        out.append(int(round(2 ** rng.uniform(4, math.log2(longest)))))
+    rng.shuffle(out)
+    return out
+
+
+def run_mode(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: random.Random,
+             log: Any) -> dict:
+    bs, vocab = args.block_size, args.vocab
+    p_info = p.call("attach", mode=mode)
+    d_info = d.call("attach", mode=mode)
+    log(f"[{mode}] P engine {p_info['engine_id']} on node {p_info['node']} ({p_info['transport']}); "
+        f"D engine {d_info['engine_id']} on node {d_info['node']}")
+    lengths = prompt_lengths(args.prompts, rng, args.max_prompt_tokens)
+    completed: list[list[int]] = []
+    results: list[dict] = []
+    began = time.monotonic()
+    for i, n in enumerate(lengths):
+        if time.monotonic() - began > args.mode_budget_s:
+            log(f"[{mode}] time budget of {args.mode_budget_s} s spent: stopping after {i} requests")
+            break
+        rid = f"{mode}-{i:03d}"
+        kind = "plain"
+        prompt = [rng.randrange(3, vocab) for _ in range(n)]
+        eligible = [c for c in completed if len(c) >= 2 * bs]
+        if i % 5 == 3 and eligible:
+            base = rng.choice(eligible)
+            k = rng.randint(1, (len(base) - bs) // bs)
+            prompt = base[: k * bs] + prompt[: max(2, n - k * bs)]
+            kind = "prefix-on-D"
+        elif i % 10 == 7 and n > args.chunk_tokens:
+            kind = "abort"
+        n = len(prompt)
+        xfer = f"xfer-{rid}"
+        p_params = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": xfer,
+                    "remote_engine_id": d_info["engine_id"]}
+        rec: dict[str, Any] = {"request": rid, "mode": mode, "prompt_tokens": n, "kind": kind}
+        try:
+            if kind == "abort":
+                rec.update(_abort(p, d, mode, rid, prompt, p_params, p_info, rng))
+                results.append(rec)
+                log(f"{rid} n={n} abort: {rec['abort']}")
+                continue
+            if mode == "write":
+                d_params = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": xfer,
+                            "remote_engine_id": p_info["engine_id"]}
+                adm = d.call("admit", rid=rid, prompt=prompt, params=d_params)
+                d.send("receive_first", rid=rid)
+                try:
+                    pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params)
+                finally:
+                    first = d.result()
+            else:
+                pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params)
+                params = dict(pre["kv_transfer_params"] or {})
+                params.setdefault("transfer_id", xfer)
+                adm = d.call("admit", rid=rid, prompt=prompt, params=params)
+                first = d.call("receive_first", rid=rid)
+            sent = p.call("drain", rids=[rid]) if pre["delay_free"] else {rid: "not delayed"}
+            if pre["delay_free"] and sent.get(rid) != "timeout":
+                p.call("free_sent", rid=rid, blocks=pre["blocks"])
+            rec.update({"p_hit": pre["hit_tokens"], "d_hit": adm["hit_tokens"], "loaded": adm["count"],
+                        "chunks": len(pre["chunks"]), "p_sent": sent.get(rid)})
+            if not first["ok"]:
+                rec["error"] = f"D did not receive: {first['why']}"
+                results.append(rec)
+                log(f"{rid} n={n} FAILED: {rec['error']}")
+                continue
+            rec.update(d.call("check_kv", rid=rid, p_kv=pre["kv"]))
+            rec["ttft_s"] = (first["received_at"] - pre["start"]) + (first["first_end"] - first["first_start"])
+            rec.update(d.call("compare", rid=rid, p_chunks=pre["chunks"], p_hit=pre["hit_tokens"],
+                              steps=args.decode_steps, with_generate=not args.no_generate))
+            completed.append(prompt)
+        except Exception as ex:  # noqa: BLE001 - one request's failure is reported, the run goes on
+            rec["error"] = str(ex)[-2000:]
+        results.append(rec)
+        log(_line(rec))
+        if "error" in rec:
+            log(rec["error"])
+            if sum(1 for r in results if "error" in r) >= args.max_errors:
+                log(f"[{mode}] {args.max_errors} errors: the rest of this mode is skipped")
+                break
+    leaks = {"P": p.call("detach"), "D": d.call("detach")}
+    return {"mode": mode, "requests": results, "blocks_at_end": leaks}
+
+
+def _abort(p: _Proc, d: _Proc, mode: str, rid: str, prompt: list[int], p_params: dict, p_info: dict,
+           rng: random.Random) -> dict:
+    """WRITE: D waits for the KV, P is aborted after its first chunk, then D aborts. READ: P
+    finishes, D aborts before scheduling, which must release P's blocks."""
+    if mode == "write":
+        d_params = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": p_params["transfer_id"],
+                    "remote_engine_id": p_info["engine_id"]}
+        d.call("admit", rid=rid, prompt=prompt, params=d_params)
+        pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, abort_after_chunks=1, want_kv=False)
+        p_out = "freed"
+        if pre["delay_free"]:
+            p_out = p.call("drain", rids=[rid], timeout_s=5.0).get(rid)
+            p.call("free_sent", rid=rid, blocks=pre["blocks"])
+        d_out = d.call("abort", rid=rid)
+        return {"abort": f"P aborted after its first chunk ({p_out}); D aborted while waiting ({d_out})"}
+    pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False)
+    params = dict(pre["kv_transfer_params"] or {})
+    params.setdefault("transfer_id", p_params["transfer_id"])
+    d.call("abort_unscheduled", rid=rid, prompt=prompt, params=params)
+    p_out = p.call("drain", rids=[rid], timeout_s=5.0).get(rid) if pre["delay_free"] else "not delayed"
+    if pre["delay_free"] and p_out != "timeout":
+        p.call("free_sent", rid=rid, blocks=pre["blocks"])
+    return {"abort": f"P finished; D aborted before scheduling; P's blocks: {p_out}"}
+
+
+def _line(r: dict) -> str:
+    if "error" in r:
+        return f"{r['request']} n={r['prompt_tokens']} {r['kind']}: ERROR {r['error'].splitlines()[-1] if r['error'] else ''}"
+    g = r.get("generate", {})
+    gen = f"{g['agree_prefix']}/{g['of']}" if "agree_prefix" in g else g.get("error", "-")
+    div = r.get("divergence")
+    return (f"{r['request']} n={r['prompt_tokens']} {r['kind']} P-hit={r['p_hit']} D-hit={r['d_hit']} "
+            f"chunks={r['chunks']} kv_equal={r['kv_equal']} first_logits_equal={r['first_logits_bitwise_equal']} "
+            f"tokens_equal={r['tokens_equal']} logits_equal_steps={r['logits_equal_steps']}/{r['steps']} "
+            f"generate_agree={gen} ttft_ms={r['ttft_s'] * 1e3:.2f}"
+            + (f" DIVERGENCE step={div['step']} logits_bitwise_equal={div['logits_bitwise_equal']} "
+               f"top2_margin={div['top2_margin']:.4g}" if div else ""))
+
+
+def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: random.Random, log: Any) -> list[dict]:
+    """Time to first token with and without disaggregation, fresh prompts (no prefix hits)."""
+    p_info = p.call("attach", mode=mode)
+    d_info = d.call("attach", mode=mode)
+    rows = []
+    for n in args.ttft_lengths:
+        dis, base = [], []
+        timeline = None
+        for rep in range(args.ttft_reps + 2):
+            last = rep == args.ttft_reps + 1  # an extra run with timing events, not counted
+            p.call("timeline", on=last)
+            prompt = [rng.randrange(3, args.vocab) for _ in range(n)]
+            rid = f"ttft-{mode}-{n}-{rep}"
+            xfer = f"xfer-{rid}"
+            p_params = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": xfer,
+                        "remote_engine_id": d_info["engine_id"]}
+            if mode == "write":
+                d.call("admit", rid=rid, prompt=prompt, params={
+                    "do_remote_prefill": True, "do_remote_decode": False, "transfer_id": xfer,
+                    "remote_engine_id": p_info["engine_id"]})
+                d.send("receive_first", rid=rid)
+                try:
+                    pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False)
+                finally:
+                    first = d.result()
+            else:
+                pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False)
+                params = dict(pre["kv_transfer_params"] or {})
+                params.setdefault("transfer_id", xfer)
+                d.call("admit", rid=rid, prompt=prompt, params=params)
+                first = d.call("receive_first", rid=rid)
+            if pre["delay_free"]:
+                p.call("drain", rids=[rid])
+                p.call("free_sent", rid=rid, blocks=pre["blocks"])
+            if not first["ok"]:
+                raise RuntimeError(f"{rid}: {first['why']}")
+            d.call("finish_first", rid=rid)
+            b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)])
+            if last:
+                timeline = _timeline(pre, first)
+                continue
+            if rep == 0:
+                continue  # warm-up
+            dis.append((first["received_at"] - pre["start"]) + (first["first_end"] - first["first_start"]))
+            base.append(b["ttft_s"])
+        layer = d.call("layer_copy_time", tokens=n)
+        row = {"mode": mode, "prompt_tokens": n, "reps": len(dis),
+               "ttft_disagg_ms": statistics.median(dis) * 1e3, "ttft_baseline_ms": statistics.median(base) * 1e3,
+               "layer_bytes": layer["bytes"], "layer_copy_ms": layer["ms"]}
+        row["added_ms"] = row["ttft_disagg_ms"] - row["ttft_baseline_ms"]
+        row["timeline"] = timeline
+        if timeline:
+            for line in timeline["lines"]:
+                log(f"  timeline {mode} n={n}: {line}")
+        if layer["ms"] is not None:
+            row["goal_ms"] = layer["ms"] + 1.0
+            row["within_goal"] = row["added_ms"] <= row["goal_ms"]
+        rows.append(row)
+        log(f"TTFT {mode} n={n}: disaggregated {row['ttft_disagg_ms']:.2f} ms, without {row['ttft_baseline_ms']:.2f} ms, "
+            f"added {row['added_ms']:.2f} ms; one layer's copy ({layer['bytes']} B, torch) "
+            f"{layer['ms'] if layer['ms'] is None else round(layer['ms'], 4)} ms"
+            + (f"; goal <= {row['goal_ms']:.3f} ms: {'met' if row['within_goal'] else 'NOT met'}" if "goal_ms" in row else ""))
+    p.call("detach")
+    d.call("detach")
+    return rows
+
+
+def _timeline(pre: dict, first: dict) -> dict:
+    """P's last chunk, layer by layer (KV written, its save sent; the node's copy of the layer
+    queues behind that event), against when D had all of it and its first token: from P's start."""
+    ends = pre.get("layer_ends_ms") or []
+    received = (first["received_at"] - pre["start"]) * 1e3
+    p_done = (pre["end"] - pre["start"]) * 1e3
+    lines = [f"P layer {i} KV written at {ms:.3f} ms" for i, ms in enumerate(ends)]
+    lines.append(f"P prefill done (synchronized, request_finished next) at {p_done:.3f} ms")
+    lines.append(f"D has every layer (get_finished lists it) at {received:.3f} ms")
+    lines.append(f"D first token at {received + (first['first_end'] - first['first_start']) * 1e3:.3f} ms")
+    return {"layer_ends_ms": ends, "p_done_ms": p_done, "d_received_ms": received, "lines": lines}
+
+
+def mla_probe(device: str) -> dict:
+    """Whether transformers builds a DeepSeek-V3 (MLA) model offline, and what its cache holds."""
+    try:
+        import torch
+        from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+        cfg = DeepseekV3Config(vocab_size=1024, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                               num_hidden_layers=2, first_k_dense_replace=2, num_attention_heads=4,
+                               num_key_value_heads=4, kv_lora_rank=64, q_lora_rank=None, qk_rope_head_dim=16,
+                               qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2,
+                               n_shared_experts=1)
+        torch.manual_seed(0)
+        model = DeepseekV3ForCausalLM(cfg).to(device=device, dtype=torch.bfloat16).eval()
+        ids = torch.arange(3, 19, device=device)[None]
+        with torch.inference_mode():
+            out = model(input_ids=ids, use_cache=True)
+        try:
+            pkv = out.past_key_values
+            shape: Any = tuple(pkv.layers[0].keys.shape)
+        except Exception as ex:  # noqa: BLE001 - the cache's layout is information only
+            shape = f"unknown ({type(ex).__name__}: {ex})"
+        return {"builds": True, "cached_key_shape_layer0": shape,
+                "latent_per_token": cfg.kv_lora_rank + cfg.qk_rope_head_dim,
+                "note": "transformers' DeepSeek-V3 attention caches per-head K/V decompressed from the latent "
+                        "(shape above), not the compressed latent vLLM's MLA layout [num_blocks, block_size, "
+                        "kv_lora_rank + qk_rope_head_dim] pages; an MLA engine needs its attention run from the "
+                        "latent (weight absorption), which this check does not do yet"}
+    except Exception as ex:  # noqa: BLE001 - reported
+        return {"builds": False, "why": f"{type(ex).__name__}: {ex}"}
+
+
+# ---------------------------------------------------------------- main
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m kvferry.gpu_check", description=__doc__.splitlines()[0])
+    p.add_argument("--p-socket", required=True)
+    p.add_argument("--d-socket", required=True)
+    p.add_argument("--p-device", default="cuda:0", help="cuda:N or cpu")
+    p.add_argument("--d-device", default="cuda:0")
+    p.add_argument("--modes", default="write,read")
+    p.add_argument("--prompts", type=int, default=100, help="per mode")
+    p.add_argument("--decode-steps", type=int, default=64)
+    p.add_argument("--chunk-tokens", type=int, default=512)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-blocks", type=int, default=32768)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--no-generate", action="store_true", help="skip transformers' generate() comparison")
+    p.add_argument("--ttft-lengths", type=lambda s: [int(x) for x in s.split(",") if x], default=[256, 1024, 2048, 4096])
+    p.add_argument("--ttft-reps", type=int, default=5)
+    p.add_argument("--max-prompt-tokens", type=int, default=PROMPT_MAX)
+    p.add_argument("--no-mla-probe", action="store_true")
+    p.add_argument("--max-errors", type=int, default=3, help="per mode, then the mode stops")
+    p.add_argument("--mode-budget-s", type=float, default=600.0, help="per mode: no new request after this")
+    p.add_argument("--json", help="write the full report here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch.multiprocessing as tmp
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    ctx = tmp.get_context("spawn")
+    cfg = {"spec": {"layers": args.layers, "vocab": args.vocab, "seed": args.seed},
+           "num_blocks": args.num_blocks, "block_size": args.block_size, "chunk_tokens": args.chunk_tokens}
+    rng = random.Random(args.seed)
+    report: dict[str, Any] = {"config": vars(args)}
+    t0 = time.time()
+    p = _Proc(ctx, "prefill", args.p_device, args.p_socket, cfg)
+    d = _Proc(ctx, "decode", args.d_device, args.d_socket, cfg)
+    log(f"P: {p.info}; D: {d.info}")
+    rc = 0
+    try:
+        report["modes"] = []
+        for mode in [m for m in args.modes.split(",") if m]:
+            report["modes"].append(run_mode(p, d, mode, args, rng, log))
+        report["ttft"] = []
+        if args.ttft_reps > 0:
+            for mode in [m for m in args.modes.split(",") if m]:
+                try:
+                    report["ttft"] += run_ttft(p, d, mode, args, rng, log)
+                except Exception as ex:  # noqa: BLE001
+                    log(f"TTFT {mode} failed: {ex}")
+                    report["ttft_error"] = str(ex)[-2000:]
+    finally:
+        p.stop()
+        d.stop()
+    if not args.no_mla_probe:
+        report["mla"] = mla_probe(args.d_device)
+        log(f"MLA: {json.dumps(report['mla'])}")
+    report["summary"] = summarize(report)
+    report["wall_s"] = time.time() - t0
+    for line in report["summary"]["lines"]:
+        log(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+    if not report["summary"]["all_ok"]:
+        rc = 1
+    return rc
+
+
+def summarize(report: dict) -> dict:
+    lines = []
+    all_ok = True
+    for m in report.get("modes", []):
+        reqs = m["requests"]
+        done = [r for r in reqs if "error" not in r and r["kind"] != "abort"]
+        aborted = [r for r in reqs if r["kind"] == "abort" and "error" not in r]
+        errors = [r for r in reqs if "error" in r]
+        kv = sum(1 for r in done if r["kv_equal"])
+        first = sum(1 for r in done if r["first_logits_bitwise_equal"])
+        toks = sum(1 for r in done if r["tokens_equal"])
+        prefix = sum(1 for r in done if r["kind"] == "prefix-on-D" and r["d_hit"] > 0)
+        gen = [r["generate"] for r in done if "agree_prefix" in r.get("generate", {})]
+        gen_full = sum(1 for g in gen if g["agree_prefix"] == g["of"])
+        lines.append(f"SUMMARY {m['mode']}: {len(reqs)} requests, {len(done)} completed, {len(aborted)} aborted, "
+                     f"{len(errors)} errors; {prefix} completed with a prefix already on D; "
+                     f"KV equal byte for byte {kv}/{len(done)}; first-token logits bitwise equal {first}/{len(done)}; "
+                     f"{len(done) and done[0]['steps']} greedy steps identical {toks}/{len(done)}; "
+                     f"generate() agrees on every token {gen_full}/{len(gen)} (information)")
+        for r in done:
+            if r.get("divergence"):
+                dv = r["divergence"]
+                lines.append(f"  divergence {r['request']} step {dv['step']}: logits bitwise equal {dv['logits_bitwise_equal']}, "
+                             f"top-2 margin {dv['top2_margin']:.4g}")
+        lines.append(f"  blocks at end: {json.dumps(m['blocks_at_end'])}")
+        ok = not errors and kv == len(done) == first == toks and len(done) > 0
+        ends = m["blocks_at_end"]
+        for side in ("P", "D"):
+            if ends[side]["free_blocks"] != ends[side]["num_blocks"]:
+                ok = False
+                lines.append(f"  LEAK: {side} has {ends[side]['num_blocks'] - ends[side]['free_blocks']} blocks held at the end")
+        all_ok &= ok
+    for row in report.get("ttft", []):
+        lines.append(f"TTFT {row['mode']} {row['prompt_tokens']} tokens: disaggregated {row['ttft_disagg_ms']:.3f} ms, "
+                     f"without {row['ttft_baseline_ms']:.3f} ms, added {row['added_ms']:.3f} ms, one layer's copy "
+                     f"{row['layer_copy_ms']} ms" + (f", goal {'met' if row.get('within_goal') else 'NOT met'}"
+                                                     if "within_goal" in row else ""))
+    return {"lines": lines, "all_ok": all_ok}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

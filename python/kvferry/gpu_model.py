@@ -1,0 +1,531 @@
+"""A real transformer's KV cache through the engine port: a Hugging Face ``LlamaForCausalLM``
+(grouped-query attention, bf16, weights from a fixed seed, no model hub) run over a paged KV cache
+in vLLM's layout, one request at a time, calling the connector in vLLM's order.
+
+The model's modules are transformers' own (embeddings, RMSNorm, rotary embedding, q/k/v/o
+projections, MLP, LM head); only attention is driven here, as vLLM does: each layer's K and V of
+the step's tokens are scattered into their blocks (``[2, num_blocks, block_size, kv_heads,
+head_dim]`` per layer), the layer's event is recorded and ``save_kv_layer`` sent at once, and
+attention reads every earlier position back from the paged cache. So P, D and an engine without
+kvferry all compute from the same cache bytes, and D's logits can be compared bit for bit.
+
+Memory: on a GPU the cache is one allocation shared with the node by its CUDA IPC handle
+(``memory.kind = "cuda_ipc"``) with a ring of interprocess events; on the CPU (CI) it is a
+/dev/shm file (``memory.kind = "host"``), as the reference engine's.
+
+torch and transformers are imported here only: the rest of the package works without them.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from .port import PortClient
+from .reference.cache import BlockPool
+from .reference.model import block_hashes
+
+PAGE = 4096
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A small Llama with grouped-query attention (the issue's example geometry)."""
+
+    layers: int = 8
+    heads: int = 8
+    kv_heads: int = 2
+    head_dim: int = 64
+    intermediate: int = 1536
+    vocab: int = 32000
+    seed: int = 1234
+    max_positions: int = 8192
+
+    @property
+    def hidden(self) -> int:
+        return self.heads * self.head_dim
+
+
+def build_llama(spec: ModelSpec, device: torch.device) -> Any:
+    """``LlamaForCausalLM`` with weights drawn from ``spec.seed`` on the CPU (the same bits in every
+    process), in bf16 on ``device``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+        num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads, head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_positions, tie_word_embeddings=False,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(spec.seed)
+    model = LlamaForCausalLM(config)
+    model = model.to(device=device, dtype=torch.bfloat16).eval()
+    return model
+
+
+class PagedKvCache:
+    """Every layer's KV in vLLM's layout, ``[layers, 2, num_blocks, block_size, kv_heads,
+    head_dim]`` in one piece of memory: a CUDA allocation (shared by IPC handle) or, on the CPU, a
+    /dev/shm file the node maps."""
+
+    def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int, device: torch.device,
+                 shm_path: str | None = None):
+        self.spec = spec
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.device = device
+        shape = (spec.layers, 2, num_blocks, block_size, spec.kv_heads, spec.head_dim)
+        self.layer_bytes = 2 * num_blocks * block_size * spec.kv_heads * spec.head_dim * 2
+        self.shm_path: str | None = None
+        self._map: mmap.mmap | None = None
+        if device.type == "cuda":
+            self.kv = torch.zeros(shape, dtype=torch.bfloat16, device=device)
+        else:
+            path = shm_path or f"/dev/shm/kvferry-gpu-model-{os.getpid()}-{id(self) & 0xffffff:x}"
+            total = self.layer_bytes * spec.layers
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.ftruncate(fd, -(-total // PAGE) * PAGE)
+                self._map = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(fd)
+            self.shm_path = path
+            self.kv = torch.frombuffer(self._map, dtype=torch.bfloat16).view(shape)
+        # Per layer: K and V as [num_blocks * block_size, kv_heads, head_dim] (slot-indexed).
+        self.k = [self.kv[layer, 0].view(-1, spec.kv_heads, spec.head_dim) for layer in range(spec.layers)]
+        self.v = [self.kv[layer, 1].view(-1, spec.kv_heads, spec.head_dim) for layer in range(spec.layers)]
+
+    def port_geometry(self) -> dict[str, Any]:
+        return {"layout": "standard", "num_blocks": self.num_blocks, "block_size": self.block_size,
+                "kv_heads": self.spec.kv_heads, "head_dim": self.spec.head_dim, "dtype_bytes": 2}
+
+    def port_memory(self) -> dict[str, Any]:
+        if self.device.type != "cuda":
+            return {"kind": "host", "layers": [
+                {"path": self.shm_path, "offset": layer * self.layer_bytes, "length": self.layer_bytes}
+                for layer in range(self.spec.layers)]}
+        # The allocation holding the cache and the cache's offset in it, from the driver, as the
+        # node opens it (PyTorch's own _share_cuda_ handle carries a version/type prefix).
+        handle, base = ipc_mem_handle(self.kv.data_ptr())
+        return {"kind": "cuda_ipc", "device_uuid": device_uuid(self.device),
+                "layers": [{"handle": handle, "offset": base + layer * self.layer_bytes,
+                            "length": self.layer_bytes} for layer in range(self.spec.layers)]}
+
+    def slots(self, blocks: list[int], start: int, end: int) -> torch.Tensor:
+        """The slot index of each position in [start, end) under the block table ``blocks``."""
+        bs = self.block_size
+        pos = torch.arange(start, end, dtype=torch.int64)
+        table = torch.tensor(blocks, dtype=torch.int64)
+        return (table[pos // bs] * bs + pos % bs).to(self.device)
+
+    def gather(self, blocks: list[int], start: int, end: int) -> torch.Tensor:
+        """Positions [start, end) of every layer: [layers, 2, end - start, kv_heads, head_dim]."""
+        s = self.slots(blocks, start, end)
+        return torch.stack([torch.stack([self.k[layer][s], self.v[layer][s]])
+                            for layer in range(self.spec.layers)])
+
+    def close(self) -> None:
+        if self._map is not None:
+            del self.kv, self.k, self.v
+            try:
+                self._map.close()
+            except BufferError:
+                pass
+            self._map = None
+        if self.shm_path is not None:
+            try:
+                os.unlink(self.shm_path)
+            except FileNotFoundError:
+                pass
+
+
+def ipc_mem_handle(pointer: int) -> tuple[bytes, int]:
+    """The 64-byte cudaIpcMemHandle_t of the allocation holding ``pointer`` and the pointer's
+    offset in it (cuMemGetAddressRange, cuIpcGetMemHandle; the caller's context is current)."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    rc = cuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(pointer))
+    if rc != 0:
+        raise RuntimeError(f"cuMemGetAddressRange failed: CUresult {rc}")
+    handle = (ctypes.c_char * 64)()
+    rc = cuda.cuIpcGetMemHandle(handle, ctypes.c_uint64(base.value))
+    if rc != 0:
+        raise RuntimeError(f"cuIpcGetMemHandle failed: CUresult {rc}")
+    return bytes(handle.raw), pointer - base.value
+
+
+def device_uuid(device: torch.device) -> str:
+    """The GPU's UUID as nvidia-smi prints it: device ids differ between processes, UUIDs do not."""
+    u = str(torch.cuda.get_device_properties(device).uuid)
+    u = u[4:] if u.upper().startswith("GPU-") else u
+    return "GPU-" + u
+
+
+class PagedLlama:
+    """The model's forward over a paged cache: per layer, K/V of the step's positions go into their
+    slots, then attention reads positions [0, end) back from the cache. ``layer_written(layer)``
+    runs as soon as a layer's KV is in its blocks (P saves it there); ``before_layer(layer)`` runs
+    before a layer reads the cache (D's wait_for_layer_load)."""
+
+    def __init__(self, model: Any, spec: ModelSpec):
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        self.model = model
+        self.spec = spec
+        self._rope = apply_rotary_pos_emb
+
+    @torch.inference_mode()
+    def forward(self, cache: PagedKvCache, tokens: list[int], blocks: list[int], start: int,
+                layer_written: Callable[[int], None] | None = None,
+                before_layer: Callable[[int], None] | None = None) -> torch.Tensor:
+        """Computes positions [start, start + len(tokens)); returns the last position's logits."""
+        spec, m = self.spec, self.model.model
+        dev = cache.device
+        n = len(tokens)
+        end = start + n
+        ids = torch.tensor(tokens, dtype=torch.int64, device=dev)[None]
+        h = m.embed_tokens(ids)
+        pos = torch.arange(start, end, device=dev)[None]
+        cos, sin = m.rotary_emb(h, pos)
+        new_slots = cache.slots(blocks, start, end)
+        all_slots = cache.slots(blocks, 0, end)
+        mask = (torch.arange(end, device=dev)[None, :] <= torch.arange(start, end, device=dev)[:, None])
+        groups = spec.heads // spec.kv_heads
+        for i, layer in enumerate(m.layers):
+            if before_layer is not None:
+                before_layer(i)
+            a = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = a.q_proj(x).view(1, n, spec.heads, spec.head_dim).transpose(1, 2)
+            k = a.k_proj(x).view(1, n, spec.kv_heads, spec.head_dim).transpose(1, 2)
+            v = a.v_proj(x).view(1, n, spec.kv_heads, spec.head_dim).transpose(1, 2)
+            q, k = self._rope(q, k, cos, sin)
+            cache.k[i][new_slots] = k[0].transpose(0, 1)
+            cache.v[i][new_slots] = v[0].transpose(0, 1)
+            if layer_written is not None:
+                layer_written(i)
+            kk = cache.k[i][all_slots].transpose(0, 1)[None].repeat_interleave(groups, dim=1)
+            vv = cache.v[i][all_slots].transpose(0, 1)[None].repeat_interleave(groups, dim=1)
+            o = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, scale=a.scaling)
+            h = h + a.o_proj(o.transpose(1, 2).reshape(1, n, spec.hidden))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.model.lm_head(m.norm(h[:, -1:]))[0, -1]
+
+
+class GpuWorkerClient(PortClient):
+    """A worker connection whose hello also shares a ring of interprocess CUDA events, and whose
+    ``save_kv_layer`` names the slot recorded after the layer's writes (docs/engine-port.md)."""
+
+    def __init__(self, *args: Any, events: list[bytes] | None = None, **kw: Any):
+        super().__init__(*args, **kw)
+        self.events = list(events or [])
+
+    def _hello_args(self) -> dict[str, Any]:
+        args = super()._hello_args()
+        if self.events:
+            args["events"] = self.events
+        return args
+
+    def save_kv_layer_after(self, layer: int, event_slot: int) -> None:
+        self._one_way("save_kv_layer", {"layer": layer, "event_slot": event_slot})
+
+
+@dataclass
+class Timing:
+    start: float = 0.0
+    end: float = 0.0
+    layer_ends_ms: list[float] = field(default_factory=list)
+
+
+class ModelEngine:
+    """One engine (P, D, or without kvferry when ``socket_path`` is None) running one request at a
+    time: admission with the prefix cache, chunked prefill, the last prompt token as its own step,
+    greedy decoding; the connector is called in vLLM's order on every step."""
+
+    def __init__(self, model: Any, spec: ModelSpec, cache: PagedKvCache, *, role: str, mode: str,
+                 socket_path: str | None = None, chunk_tokens: int = 512, ring: int = 0):
+        self.runner = PagedLlama(model, spec)
+        self.spec = spec
+        self.cache = cache
+        self.role = role
+        self.mode = mode
+        self.chunk_tokens = chunk_tokens
+        self.pool = BlockPool(cache.num_blocks, prefix_caching=True)
+        self.gpu = cache.device.type == "cuda"
+        self.sched: PortClient | None = None
+        self.worker: GpuWorkerClient | None = None
+        self.events: list[Any] = []
+        self._slot = 0
+        self._finished_ids: list[str] = []
+        # With record_timeline (GPU): a timing event after each layer's KV is written, per step.
+        self.record_timeline = False
+        self._timeline: list[tuple[int, Any]] = []
+        self.engine_id: str | None = None
+        if socket_path is not None:
+            if self.gpu:
+                ring = ring or 2 * spec.layers
+                self.events = [torch.cuda.Event(interprocess=True) for _ in range(ring)]
+                handles = [bytes(e.ipc_handle()) for e in self.events]
+            else:
+                handles = []
+            ident = {"role": role, "mode": mode, "tp_size": 1}
+            self.worker = GpuWorkerClient(socket_path, "worker", engine=ident, tp_rank=0,
+                                          geometry=cache.port_geometry(), memory=cache.port_memory(),
+                                          events=handles)
+            self.sched = PortClient(socket_path, "scheduler", engine=ident)
+
+    def connect(self, wait_s: float = 120.0) -> dict[str, Any]:
+        assert self.worker is not None and self.sched is not None
+        self.worker.reconnect(wait_s=wait_s)
+        info = self.sched.reconnect(wait_s=wait_s)
+        self.engine_id = info["engine_id"]
+        return info
+
+    def disconnect(self) -> None:
+        if self.worker is not None:
+            try:
+                self.worker.shutdown()
+            except Exception:  # noqa: BLE001 - the node may be gone already
+                pass
+        if self.sched is not None:
+            self.sched.close()
+
+    def reset_prefix_cache(self) -> None:
+        self.pool = BlockPool(self.cache.num_blocks, prefix_caching=True)
+
+    # ---- one step's connector calls ----
+
+    def _step_begin(self, new: list[dict], cached: list[dict]) -> int:
+        if self.sched is None:
+            return 0
+        assert self.worker is not None
+        meta = self.sched.build_connector_meta(new, cached)
+        self.worker.bind_connector_metadata(meta)
+        return self.worker.start_load_kv()
+
+    def _step_end(self) -> dict[str, Any]:
+        if self.worker is None:
+            return {"done_sending": [], "done_receiving": [], "failed": {}, "block_ids_with_load_errors": []}
+        self.worker.wait_for_save()
+        ids, self._finished_ids = self._finished_ids, []
+        return self.worker.get_finished(ids)
+
+    def _saver(self, timing: Timing | None) -> Callable[[int], None] | None:
+        worker = self.worker
+        if worker is None:
+            return None
+        if not self.gpu:
+            return worker.save_kv_layer
+
+        def saved(layer: int) -> None:
+            if self.record_timeline:
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                self._timeline.append((layer, ev))
+            slot = self._slot
+            self._slot = (self._slot + 1) % len(self.events)
+            self.events[slot].record()
+            worker.save_kv_layer_after(layer, slot)
+        return saved
+
+    def _sync(self) -> None:
+        if self.gpu:
+            torch.cuda.synchronize(self.cache.device)
+
+    # ---- prefill (P, and the engine without kvferry) ----
+
+    def prefill(self, rid: str, prompt: list[int], params: dict | None, chunks: list[tuple[int, int]] | None = None,
+                abort_after_chunks: int | None = None, finish: bool = True) -> dict[str, Any]:
+        """Admits and prefills the whole prompt in chunks (``chunks`` replays another engine's);
+        then finishes the request (P keeps its blocks while the node sends), unless ``finish`` is
+        false (the engine without kvferry goes on to the last token with the same blocks)."""
+        bs = self.cache.block_size
+        n = len(prompt)
+        t = Timing(start=time.perf_counter())
+        self._timeline = []
+        start_ev = None
+        if self.record_timeline and self.gpu:
+            start_ev = torch.cuda.Event(enable_timing=True)
+            start_ev.record()
+        hashes = block_hashes(prompt, bs)[: (n - 1) // bs]
+        hit = self.pool.lookup(hashes)
+        hit_tokens = len(hit) * bs
+        if self.sched is not None:
+            self.sched.get_num_new_matched_tokens(rid, n, params, hit_tokens)
+        self.pool.touch(hit)
+        blocks = list(hit)
+        if chunks is None:
+            chunks = [(s, min(s + self.chunk_tokens, n)) for s in range(hit_tokens, n, self.chunk_tokens)]
+        elif chunks and chunks[0][0] != hit_tokens:
+            raise RuntimeError(f"{rid}: replayed chunks start at {chunks[0][0]} but the prefix cache has {hit_tokens}")
+        first = True
+        logits = None
+        for i, (s, e) in enumerate(chunks):
+            added = self.pool.allocate(-(-e // bs) - len(blocks))
+            if added is None:
+                raise RuntimeError(f"{rid}: out of KV blocks")
+            blocks += added
+            if first:
+                if self.sched is not None:
+                    self.sched.update_state_after_alloc(rid, list(blocks), 0)
+                new, cached = [{"request_id": rid, "block_ids": list(blocks), "num_computed_tokens": e}], []
+                first = False
+            else:
+                new, cached = [], [{"request_id": rid, "new_block_ids": added or None, "num_computed_tokens": e}]
+            self._step_begin(new, cached)
+            logits = self.runner.forward(self.cache, prompt[s:e], blocks, s, layer_written=self._saver(t))
+            self._step_end()
+            if abort_after_chunks is not None and i + 1 >= abort_after_chunks and e < n:
+                return self._finish(rid, blocks, "aborted", t, hit_tokens, chunks[: i + 1], None)
+        self._cache_full_blocks(prompt, blocks, n)
+        if start_ev is not None:
+            self._sync()
+            # Milliseconds from the prefill's start to each layer's KV being written (last chunk).
+            last = self._timeline[-self.spec.layers:]
+            t.layer_ends_ms = [start_ev.elapsed_time(ev) for _, ev in last]
+        if not finish:
+            self._sync()
+            t.end = time.perf_counter()
+            return {"request_id": rid, "blocks": blocks, "hit_tokens": hit_tokens,
+                    "chunks": [list(c) for c in chunks], "start": t.start, "end": t.end}
+        return self._finish(rid, blocks, "length_capped", t, hit_tokens, chunks, logits)
+
+    def _finish(self, rid: str, blocks: list[int], status: str, t: Timing, hit_tokens: int,
+                chunks: list[tuple[int, int]], logits: torch.Tensor | None) -> dict[str, Any]:
+        self._sync()
+        t.end = time.perf_counter()
+        delay, params = False, None
+        if self.sched is not None:
+            delay, params = self.sched.request_finished(rid, list(blocks), status)
+            self._finished_ids.append(rid)
+        if not delay:
+            self.pool.free(blocks)
+        return {"request_id": rid, "blocks": list(blocks), "delay_free": delay, "kv_transfer_params": params,
+                "hit_tokens": hit_tokens, "chunks": [list(c) for c in chunks], "start": t.start, "end": t.end,
+                "status": status, "layer_ends_ms": t.layer_ends_ms}
+
+    def _cache_full_blocks(self, prompt: list[int], blocks: list[int], computed: int) -> None:
+        bs = self.cache.block_size
+        full = min(computed, len(prompt)) // bs
+        for i, h in enumerate(block_hashes(prompt[: full * bs], bs)):
+            self.pool.cache_block(blocks[i], h)
+
+    def drain(self, rids: list[str], timeout_s: float = 20.0) -> dict[str, str]:
+        """Steps (nothing to compute) until the node reports each of ``rids`` over (sent,
+        received or failed); the caller frees their blocks then. Returns rid -> "sent" /
+        "received" / "failed: why" / "timeout"."""
+        left = set(rids)
+        out: dict[str, str] = {}
+        deadline = time.monotonic() + timeout_s
+        while left and time.monotonic() < deadline:
+            self._step_begin([], [])
+            f = self._step_end()
+            for rid in f["done_sending"] + f["done_receiving"]:
+                if rid in left:
+                    out[rid] = "sent" if rid in f["done_sending"] else "received"
+                    left.discard(rid)
+            for rid, why in f["failed"].items():
+                if rid in left:
+                    out[rid] = f"failed: {why}"
+                    left.discard(rid)
+            if left:
+                time.sleep(0.0005)
+        for rid in left:
+            out[rid] = "timeout"
+        return out
+
+    # ---- D: admission, receiving, the last prompt token, decoding ----
+
+    def admit_remote(self, rid: str, prompt: list[int], params: dict) -> dict[str, Any]:
+        bs = self.cache.block_size
+        n = len(prompt)
+        hashes = block_hashes(prompt, bs)[: (n - 1) // bs]
+        hit = self.pool.lookup(hashes)
+        hit_tokens = len(hit) * bs
+        assert self.sched is not None
+        count, is_async = self.sched.get_num_new_matched_tokens(rid, n, params, hit_tokens)
+        self.pool.touch(hit)
+        added = self.pool.allocate(-(-(hit_tokens + count) // bs) - len(hit))
+        if added is None:
+            raise RuntimeError(f"{rid}: out of KV blocks")
+        self.sched.update_state_after_alloc(rid, added, count)
+        return {"request_id": rid, "blocks": hit + added, "hit_tokens": hit_tokens, "count": count,
+                "async": is_async}
+
+    def receive(self, rid: str, timeout_s: float = 20.0) -> dict[str, Any]:
+        """Steps until the node reports ``rid`` received (or failed); per-layer waits when the
+        node says this step loads (READ)."""
+        deadline = time.monotonic() + timeout_s
+        load_errors: list[int] = []
+        while time.monotonic() < deadline:
+            loads = self._step_begin([], [])
+            if loads:
+                assert self.worker is not None
+                for layer in range(self.spec.layers):
+                    self.worker.wait_for_layer_load(layer)
+            f = self._step_end()
+            load_errors += f["block_ids_with_load_errors"]
+            if rid in f["failed"]:
+                return {"ok": False, "why": str(f["failed"][rid]), "end": time.perf_counter()}
+            if rid in f["done_receiving"]:
+                return {"ok": True, "load_errors": load_errors, "end": time.perf_counter()}
+        return {"ok": False, "why": "timeout", "end": time.perf_counter()}
+
+    def abort_remote(self, rid: str, blocks: list[int], timeout_s: float = 30.0) -> str:
+        """D's side of an abort: request_finished, then free once the node lets go."""
+        assert self.sched is not None
+        delay, _ = self.sched.request_finished(rid, list(blocks), "aborted")
+        self._finished_ids.append(rid)
+        outcome = "freed"
+        if delay:
+            outcome = self.drain([rid], timeout_s).get(rid, "timeout")
+        self.pool.free(blocks)
+        return outcome
+
+    def first_token(self, rid: str, prompt: list[int], blocks: list[int], remote: bool) -> tuple[torch.Tensor, list[int]]:
+        """The last prompt token as one step (D after its KV came; the engine without kvferry after
+        prefilling the rest). Returns its logits and the block table."""
+        bs = self.cache.block_size
+        n = len(prompt)
+        added = self.pool.allocate(max(0, -(-n // bs) - len(blocks))) or []
+        blocks = blocks + added
+        if self.sched is not None and remote:
+            self.sched.update_state_after_alloc(rid, added, 0)  # vLLM's second call, no external tokens
+        new = [{"request_id": rid, "block_ids": list(blocks), "num_computed_tokens": n}]
+        self._step_begin(new, [])
+        logits = self.runner.forward(self.cache, prompt[n - 1:], blocks, n - 1)
+        self._step_end()
+        self._cache_full_blocks(prompt, blocks, n)
+        return logits, blocks
+
+    def decode(self, rid: str, prompt: list[int], blocks: list[int], first: torch.Tensor, steps: int
+               ) -> tuple[list[int], list[torch.Tensor]]:
+        """Greedy: the first token from ``first``, then ``steps`` more; every step's logits kept."""
+        bs = self.cache.block_size
+        tokens = [int(torch.argmax(first))]
+        logits_seen = [first]
+        pos = len(prompt)
+        for _ in range(steps):
+            added = self.pool.allocate(max(0, -(-(pos + 1) // bs) - len(blocks))) or []
+            blocks += added
+            self._step_begin([], [{"request_id": rid, "new_block_ids": added or None, "num_computed_tokens": pos + 1}])
+            logits = self.runner.forward(self.cache, tokens[-1:], blocks, pos)
+            self._step_end()
+            logits_seen.append(logits)
+            tokens.append(int(torch.argmax(logits)))
+            pos += 1
+        return tokens, logits_seen
+
+    def finish_decoded(self, rid: str, blocks: list[int]) -> None:
+        if self.sched is not None:
+            self.sched.request_finished(rid, list(blocks), "length_capped")
+            self._finished_ids.append(rid)
+        self.pool.free(blocks)

@@ -1,0 +1,110 @@
+"""kvferry.gpu_model and kvferry.gpu_check: a transformers Llama over a paged KV cache, on the CPU
+with host memory (the reference engine's /dev/shm kind) and, where CUDA is, on the GPU through
+CUDA IPC. They need PyTorch and transformers; where those are missing (CI) every test here is
+skipped with that reason. The GPU run with numbers is scripts/gpu-model.sh on a GPU host."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="kvferry.gpu_model needs PyTorch (not installed here; on a GPU host: scripts/gpu-model.sh)")
+pytest.importorskip("transformers", reason="kvferry.gpu_model needs transformers (not installed here)")
+
+from kvferry.gpu_model import ModelEngine, ModelSpec, PagedKvCache, build_llama  # noqa: E402
+
+SMALL = ModelSpec(layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=64, vocab=256, seed=7)
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JAR = os.environ.get("KVFERRY_JAR", os.path.join(PYTHON_DIR, "..", "cli", "target", "kvferry.jar"))
+
+
+def test_host_cache_is_shared_memory_in_vllms_layout():
+    cache = PagedKvCache(SMALL, 8, 16, torch.device("cpu"))
+    try:
+        m = cache.port_memory()
+        assert m["kind"] == "host"
+        assert [layer["length"] for layer in m["layers"]] == [2 * 8 * 16 * 2 * 16 * 2] * SMALL.layers
+        assert cache.port_geometry() == {"layout": "standard", "num_blocks": 8, "block_size": 16,
+                                         "kv_heads": 2, "head_dim": 16, "dtype_bytes": 2}
+        assert oct(os.stat(cache.shm_path).st_mode & 0o777) == "0o600"
+    finally:
+        cache.close()
+    assert not os.path.exists(cache.shm_path)
+
+
+def test_the_same_work_on_other_blocks_gives_the_same_kv_logits_and_tokens():
+    dev = torch.device("cpu")
+    model = build_llama(SMALL, dev)
+    caches = [PagedKvCache(SMALL, 64, 16, dev) for _ in range(2)]
+    try:
+        a = ModelEngine(model, SMALL, caches[0], role="decode", mode="write", chunk_tokens=16)
+        b = ModelEngine(model, SMALL, caches[1], role="decode", mode="write", chunk_tokens=16)
+        prompt = [3 + (i * 37) % 250 for i in range(40)]
+        pa = a.prefill("a", prompt, None, finish=False)
+        b.pool.allocate(5)  # b's blocks are other ids: only the block table may differ
+        pb = b.prefill("b", prompt, None, chunks=[tuple(c) for c in pa["chunks"]], finish=False)
+        assert pa["blocks"] != pb["blocks"]
+        assert torch.equal(caches[0].gather(pa["blocks"], 0, 40).view(torch.int16),
+                           caches[1].gather(pb["blocks"], 0, 40).view(torch.int16))
+        la, blocks_a = a.first_token("a", prompt, pa["blocks"], remote=False)
+        lb, blocks_b = b.first_token("b", prompt, pb["blocks"], remote=False)
+        assert torch.equal(la.view(torch.int16), lb.view(torch.int16))
+        ta, _ = a.decode("a", prompt, blocks_a, la, 6)
+        tb, _ = b.decode("b", prompt, blocks_b, lb, 6)
+        assert ta == tb and len(ta) == 7
+    finally:
+        for c in caches:
+            c.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.node
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(tmp_path, device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA here: the GPU part (CUDA IPC memory and events) runs on a GPU host with "
+                    "scripts/gpu-model.sh P_GPU D_GPU")
+    if shutil.which("java") is None or not os.path.exists(JAR):
+        pytest.skip(f"needs java and the kvferry jar ({JAR})")
+    router = _free_port()
+    gpu = ["--gpu", "0", "--transport", "cuda"] if device == "cuda" else ["--transport", "cma"]
+    procs = [subprocess.Popen(["java", "-cp", JAR, "dev.kvferry.cli.KvferryCli", "router", "--port", str(router),
+                               "--management-port", str(_free_port()), "--seed-nodes", f"127.0.0.1:{router}"],
+                              stdout=open(tmp_path / "router.log", "w"), stderr=subprocess.STDOUT)]
+    for role in ("prefill", "decode"):
+        procs.append(subprocess.Popen(
+            ["java", "-cp", JAR, "dev.kvferry.cli.KvferryCli", "node", "--role", role, "--engine-id", f"{role}-0",
+             "--mode", "write,read", "--engine", "port", "--engine-socket", str(tmp_path / f"{role}.sock"),
+             "--tp-size", "1", "--port", str(_free_port()), "--management-port", str(_free_port()),
+             "--seed-nodes", f"127.0.0.1:{router}", *gpu],
+            stdout=open(tmp_path / f"{role}.log", "w"), stderr=subprocess.STDOUT))
+    try:
+        dev = "cuda:0" if device == "cuda" else "cpu"
+        out = subprocess.run(
+            [sys.executable, "-c", "import sys; from kvferry.gpu_check import main; sys.exit(main(sys.argv[1:]))",
+             "--p-socket", str(tmp_path / "prefill.sock"), "--d-socket", str(tmp_path / "decode.sock"),
+             "--p-device", dev, "--d-device", dev, "--prompts", "4", "--max-prompt-tokens", "600",
+             "--decode-steps", "4", "--layers", "2", "--num-blocks", "1024", "--ttft-reps", "0",
+             "--no-generate", "--no-mla-probe", "--json", str(tmp_path / "report.json")],
+            env={**os.environ, "PYTHONPATH": PYTHON_DIR}, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+        assert "KV equal byte for byte 4/4; first-token logits bitwise equal 4/4" in out.stdout, out.stdout
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# A real transformer's KV through kvferry on GPUs, checked bit for bit (docs/gpu.md, "A real
+# model"): a router and a P and a D node (JVMs, --engine port --transport cuda), and two Python
+# engine processes (kvferry.gpu_check) with a transformers Llama over paged GPU caches shared with
+# their nodes by CUDA IPC; WRITE and READ, then time to first token with and without kvferry.
+#
+# usage: scripts/gpu-model.sh P_GPU D_GPU [kvferry.gpu_check flags, e.g. --prompts 20]
+#        (the same id for both puts P and D on one GPU)
+#
+# Java and kvferry come from the bundle (scripts/gpu-bundle.sh; jre.tgz beside this script or
+# .device/ at the repository root), as for the other scripts/gpu-*.sh. The Python package is
+# python/ at the repository root or beside this script. Output: the console, and with $OUT set
+# $OUT/gpu-model-p<P>-d<D>/ (console.txt, report.json, the nodes' logs).
+set -euo pipefail
+[ $# -ge 2 ] || { echo "usage: $0 P_GPU D_GPU [kvferry.gpu_check flags]" >&2; exit 2; }
+here=$(cd "$(dirname "$0")" && pwd)
+P=$1 D=$2
+shift 2
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+GPU_ENV_WORK=$work
+source "$here/gpu-env.sh"
+if [ -d "$here/python/kvferry" ]; then py=$here/python; else py=$(cd "$here/.." && pwd)/python; fi
+nvidia-smi -L 2>/dev/null || true
+python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.version.cuda)'
+out=${OUT:+$OUT/gpu-model-p$P-d$D}
+[ -z "$out" ] || mkdir -p "$out"
+logs=${out:-$work}
+
+kvferry() { "$JAVA" -Xmx2g -XX:+UseSerialGC "${CUDA_PROPS[@]}" -cp "$CP" dev.kvferry.cli.KvferryCli "$@"; }
+router_port=25520
+kvferry router --port $router_port --management-port 25530 --seed-nodes 127.0.0.1:$router_port \
+  > "$logs/router.log" 2>&1 &
+pids+=($!)
+node() {  # role gpu port mgmt
+  kvferry node --role "$1" --engine-id "$1-0" --mode write,read --engine port \
+    --engine-socket "$work/$1.sock" --tp-size 1 --gpu "$2" --transport cuda --port "$3" \
+    --management-port "$4" --seed-nodes 127.0.0.1:$router_port > "$logs/$1.log" 2>&1 &
+  pids+=($!)
+}
+node prefill "$P" 25521 25531
+node decode "$D" 25522 25532
+
+set +e
+PYTHONPATH=$py${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 python3 -c \
+  'import sys; from kvferry.gpu_check import main; sys.exit(main(sys.argv[1:]))' \
+  --p-socket "$work/prefill.sock" --d-socket "$work/decode.sock" \
+  --p-device "cuda:$P" --d-device "cuda:$D" --json "$logs/report.json" "$@" 2>&1 | tee "$logs/console.txt"
+rc=${PIPESTATUS[0]}
+set -e
+for f in router prefill decode; do
+  grep -E "ERROR|WARN|Exception" "$logs/$f.log" | head -20 | sed "s/^/[$f] /" || true
+done
+exit "$rc"
