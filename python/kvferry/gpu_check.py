@@ -204,12 +204,18 @@ class _EngineState:
         r = self.reqs.pop(rid)
         prompt = r["prompt"]
         bid = rid + "-baseline"
+        t_start = time.perf_counter()
         pre = b.prefill(bid, prompt, None, chunks=[tuple(c) for c in p_chunks], finish=False)
         if pre["hit_tokens"] != p_hit:
             raise RuntimeError(f"{rid}: baseline prefix hit {pre['hit_tokens']} != P's {p_hit}")
         b_first, b_blocks = b.first_token(bid, prompt, pre["blocks"], remote=False)
+        t_base = time.perf_counter()
         d_tokens, d_logits = e.decode(rid, prompt, r["blocks"], r["logits"], steps)
+        t_d = time.perf_counter()
         b_tokens, b_logits = b.decode(bid, prompt, b_blocks, b_first, steps)
+        t_b = time.perf_counter()
+        after = self._cache_after_decode(e, b, r["blocks"], b_blocks, len(prompt), steps,
+                                         d_tokens == b_tokens)
         e.finish_decoded(rid, r["blocks"])
         b.finish_decoded(bid, b_blocks)
         first_equal = bool(torch.equal(d_logits[0].view(torch.int16), b_logits[0].view(torch.int16)))
@@ -225,9 +231,37 @@ class _EngineState:
         out = {"first_logits_bitwise_equal": first_equal, "tokens_equal": d_tokens == b_tokens,
                "logits_equal_steps": logits_equal_steps, "steps": len(d_logits), "divergence": divergence,
                "d_tokens": d_tokens}
+        out["cache_after_decode"] = after
+        t_g = time.perf_counter()
         if with_generate:
             out["generate"] = self._generate_agreement(prompt, b_tokens)
+        out["compare_ms"] = {"baseline_prefill": (t_base - t_start) * 1e3, "d_decode": (t_d - t_base) * 1e3,
+                             "baseline_decode": (t_b - t_d) * 1e3, "cache_check": (t_g - t_b) * 1e3,
+                             "generate": (time.perf_counter() - t_g) * 1e3}
         return out
+
+    @staticmethod
+    def _cache_after_decode(e: Any, b: Any, d_blocks: list[int], b_blocks: list[int], n: int, steps: int,
+                            same_tokens: bool) -> dict:
+        """D's whole cache for the request after decoding against the engine without kvferry's:
+        a byte changed in the transferred part after the check (a late copy) shows here, and so
+        does the first decoded position whose KV differs. Only meaningful while the tokens agree."""
+        import torch
+
+        if not same_tokens:
+            return {"compared": False}
+        end = n + steps  # the last sampled token's KV is never written
+        dg = e.cache.gather(d_blocks, 0, end).view(torch.int16)
+        bg = b.cache.gather(b_blocks, 0, end).view(torch.int16)
+        differs = (dg != bg).flatten(3).any(dim=3).any(dim=1).any(dim=0)  # per position
+        pos = torch.nonzero(differs).flatten().tolist()
+        if not pos:
+            return {"compared": True, "equal": True, "positions": end}
+        first = pos[0]
+        where = "transferred" if first < n - 1 else ("last prompt token" if first == n - 1 else "decoded")
+        return {"compared": True, "equal": False, "positions": end, "first_differing_position": first,
+                "first_differing_part": where, "differing_positions": len(pos),
+                "transferred_positions_differing": sum(1 for x in pos if x < n - 1)}
 
     def _generate_agreement(self, prompt: list[int], tokens: list[int]) -> dict:
         import torch
@@ -337,6 +371,19 @@ def prompt_lengths(n: int, rng: random.Random, longest: int = PROMPT_MAX) -> lis
     return out
 
 
+class _Phases:
+    """Wall milliseconds of each phase of one request, in the order they ran (where time goes)."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.ms[name] = round((now - self._last) * 1e3, 1)
+        self._last = now
+
+
 def run_mode(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: random.Random,
              log: Any) -> dict:
     bs, vocab = args.block_size, args.vocab
@@ -374,6 +421,7 @@ def run_mode(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                 results.append(rec)
                 log(f"{rid} n={n} abort: {rec['abort']}")
                 continue
+            phase = _Phases()
             if mode == "write":
                 d_params = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": xfer,
                             "remote_engine_id": p_info["engine_id"]}
@@ -383,15 +431,20 @@ def run_mode(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                     pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params)
                 finally:
                     first = d.result()
+                phase.mark("prefill_and_receive")
             else:
                 pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params)
+                phase.mark("prefill")
                 params = dict(pre["kv_transfer_params"] or {})
                 params.setdefault("transfer_id", xfer)
                 adm = d.call("admit", rid=rid, prompt=prompt, params=params)
                 first = d.call("receive_first", rid=rid)
+                phase.mark("receive")
             sent = p.call("drain", rids=[rid]) if pre["delay_free"] else {rid: "not delayed"}
             if pre["delay_free"] and sent.get(rid) != "timeout":
                 p.call("free_sent", rid=rid, blocks=pre["blocks"])
+            phase.mark("p_drain")
+            rec["phase_ms"] = phase.ms
             rec.update({"p_hit": pre["hit_tokens"], "d_hit": adm["hit_tokens"], "loaded": adm["count"],
                         "chunks": len(pre["chunks"]), "p_sent": sent.get(rid)})
             if not first["ok"]:
@@ -400,9 +453,12 @@ def run_mode(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                 log(f"{rid} n={n} FAILED: {rec['error']}")
                 continue
             rec.update(d.call("check_kv", rid=rid, p_kv=pre["kv"]))
+            phase.mark("kv_check")
             rec["ttft_s"] = (first["received_at"] - pre["start"]) + (first["first_end"] - first["first_start"])
+            generate = not args.no_generate and i % args.generate_every == 0
             rec.update(d.call("compare", rid=rid, p_chunks=pre["chunks"], p_hit=pre["hit_tokens"],
-                              steps=args.decode_steps, with_generate=not args.no_generate))
+                              steps=args.decode_steps, with_generate=generate))
+            phase.mark("compare")
             completed.append(prompt)
         except Exception as ex:  # noqa: BLE001 - one request's failure is reported, the run goes on
             rec["error"] = str(ex)[-2000:]
@@ -442,6 +498,17 @@ def _abort(p: _Proc, d: _Proc, mode: str, rid: str, prompt: list[int], p_params:
     return {"abort": f"P finished; D aborted before scheduling; P's blocks: {p_out}"}
 
 
+def _after(r: dict) -> str:
+    a = r.get("cache_after_decode", {})
+    if not a.get("compared"):
+        return ""
+    if a["equal"]:
+        return f" cache_after_decode_equal=True/{a['positions']}"
+    return (f" cache_after_decode_equal=False first_differing_position={a['first_differing_position']}"
+            f"({a['first_differing_part']}) differing={a['differing_positions']}/{a['positions']}"
+            f" transferred_differing={a['transferred_positions_differing']}")
+
+
 def _line(r: dict) -> str:
     if "error" in r:
         return f"{r['request']} n={r['prompt_tokens']} {r['kind']}: ERROR {r['error'].splitlines()[-1] if r['error'] else ''}"
@@ -451,7 +518,9 @@ def _line(r: dict) -> str:
     return (f"{r['request']} n={r['prompt_tokens']} {r['kind']} P-hit={r['p_hit']} D-hit={r['d_hit']} "
             f"chunks={r['chunks']} kv_equal={r['kv_equal']} first_logits_equal={r['first_logits_bitwise_equal']} "
             f"tokens_equal={r['tokens_equal']} logits_equal_steps={r['logits_equal_steps']}/{r['steps']} "
-            f"generate_agree={gen} ttft_ms={r['ttft_s'] * 1e3:.2f}"
+            f"generate_agree={gen} ttft_ms={r['ttft_s'] * 1e3:.2f}{_after(r)}"
+            f" phases_ms={json.dumps(r.get('phase_ms', {}), separators=(',', ':'))}"
+            f" compare_ms={json.dumps({k: round(v, 1) for k, v in r.get('compare_ms', {}).items()}, separators=(',', ':'))}"
             + (f" DIVERGENCE step={div['step']} logits_bitwise_equal={div['logits_bitwise_equal']} "
                f"top2_margin={div['top2_margin']:.4g}" if div else ""))
 
@@ -585,6 +654,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--no-generate", action="store_true", help="skip transformers' generate() comparison")
+    p.add_argument("--generate-every", type=int, default=1,
+                   help="run the generate() comparison (information) on every K-th request only")
     p.add_argument("--ttft-lengths", type=lambda s: [int(x) for x in s.split(",") if x], default=[256, 1024, 2048, 4096])
     p.add_argument("--ttft-reps", type=int, default=5)
     p.add_argument("--max-prompt-tokens", type=int, default=PROMPT_MAX)
@@ -661,13 +732,19 @@ def summarize(report: dict) -> dict:
                      f"KV equal byte for byte {kv}/{len(done)}; first-token logits bitwise equal {first}/{len(done)}; "
                      f"{len(done) and done[0]['steps']} greedy steps identical {toks}/{len(done)}; "
                      f"generate() agrees on every token {gen_full}/{len(gen)} (information)")
+        after = [r["cache_after_decode"] for r in done if r.get("cache_after_decode", {}).get("compared")]
+        late = [r["request"] for r in done
+                if r.get("cache_after_decode", {}).get("transferred_positions_differing", 0) > 0]
+        lines.append(f"  cache after decoding equal to the engine without kvferry's (every position, every layer) "
+                     f"{sum(1 for a in after if a['equal'])}/{len(after)}; transferred positions changed after the "
+                     f"check in {len(late)}" + (f": {', '.join(late)}" if late else ""))
         for r in done:
             if r.get("divergence"):
                 dv = r["divergence"]
                 lines.append(f"  divergence {r['request']} step {dv['step']}: logits bitwise equal {dv['logits_bitwise_equal']}, "
                              f"top-2 margin {dv['top2_margin']:.4g}")
         lines.append(f"  blocks at end: {json.dumps(m['blocks_at_end'])}")
-        ok = not errors and kv == len(done) == first == toks and len(done) > 0
+        ok = not errors and kv == len(done) == first == toks and len(done) > 0 and not late
         ends = m["blocks_at_end"]
         for side in ("P", "D"):
             if ends[side]["free_blocks"] != ends[side]["num_blocks"]:
