@@ -7,21 +7,15 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+source scripts/lib/run-header.sh
 [ $# -ge 1 ] || { echo "usage: $0 NAME [bench flags]" >&2; exit 2; }
 name=$1
 shift
 out=docs/results/$(date -u +%F)-$name.txt
 progress=docs/results/$(date -u +%F)-$name.progress.txt
-dirty=$(git status --porcelain --untracked-files=no | wc -l)
-{
-  echo "# kvferry bench: raw stdout of one run (progress on stderr: $(basename "$progress"))"
-  echo "# started: $(date -u '+%F %T') UTC"
-  echo "# commit: $(git rev-parse HEAD) (branch $(git rev-parse --abbrev-ref HEAD)); uncommitted changes: $dirty"
-  echo "# machine: nproc $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(free -g | awk '/Mem:/ {print $2}') GiB RAM; kernel $(uname -r)"
-  echo "# java: $(java -version 2>&1 | head -1); gcc: $(gcc --version | head -1); iperf3: $(iperf3 --version 2>/dev/null | head -1)"
-  echo "# load average before: $(cat /proc/loadavg)"
-  echo "# command: ./kvferry bench $*"
-} > "$out"
+write_run_header "$out" "kvferry bench: raw stdout of one run (progress on stderr: $(basename "$progress"))" \
+  "./kvferry bench $*" \
+  "java: $(java -version 2>&1 | head -1); gcc: $(gcc --version | head -1); iperf3: $(iperf3 --version 2>/dev/null | head -1)"
 start=$(date +%s)
 set +e
 ./kvferry bench "$@" >> "$out" 2> "$progress"

@@ -7,19 +7,12 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+source scripts/lib/run-header.sh
 [ $# -ge 2 ] || { echo "usage: $0 NAME COMMAND [ARGS...]" >&2; exit 2; }
 name=$1
 shift
 out=docs/results/$(date -u +%F)-$name.txt
-dirty=$(git status --porcelain --untracked-files=no | wc -l)
-{
-  echo "# raw output (stdout and stderr) of one run"
-  echo "# started: $(date -u '+%F %T') UTC"
-  echo "# commit: $(git rev-parse HEAD) (branch $(git rev-parse --abbrev-ref HEAD)); uncommitted changes: $dirty"
-  echo "# machine: nproc $(nproc); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(free -g | awk '/Mem:/ {print $2}') GiB RAM; kernel $(uname -r)"
-  echo "# load average before: $(cat /proc/loadavg)"
-  echo "# command: $*"
-} > "$out"
+write_run_header "$out" "raw output (stdout and stderr) of one run" "$*"
 start=$(date +%s)
 set +e
 "$@" >> "$out" 2>&1

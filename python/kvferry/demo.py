@@ -52,38 +52,33 @@ class HttpError(Exception):
         self.status = status
 
 
-def _conn(url: str, timeout: float) -> http.client.HTTPConnection:
+def _request_json(method: str, url: str, path: str, body: dict | None, request_id: str | None,
+                  timeout: float) -> dict:
+    """One request on its own connection: the parsed JSON of a 200 answer, else HttpError."""
     u = urlsplit(url)
-    return http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+    c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+    try:
+        headers: dict[str, str] = {}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        if request_id:
+            headers["X-Request-Id"] = request_id
+        c.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+        r = c.getresponse()
+        data = r.read().decode()
+        if r.status != 200:
+            raise HttpError(r.status, data)
+        return json.loads(data)
+    finally:
+        c.close()
 
 
 def post_json(url: str, path: str, body: dict, request_id: str | None = None, timeout: float = 300) -> dict:
-    c = _conn(url, timeout)
-    try:
-        headers = {"Content-Type": "application/json"}
-        if request_id:
-            headers["X-Request-Id"] = request_id
-        c.request("POST", path, body=json.dumps(body), headers=headers)
-        r = c.getresponse()
-        data = r.read().decode()
-        if r.status != 200:
-            raise HttpError(r.status, data)
-        return json.loads(data)
-    finally:
-        c.close()
+    return _request_json("POST", url, path, body, request_id, timeout)
 
 
 def get_json(url: str, path: str, timeout: float = 30) -> dict:
-    c = _conn(url, timeout)
-    try:
-        c.request("GET", path)
-        r = c.getresponse()
-        data = r.read().decode()
-        if r.status != 200:
-            raise HttpError(r.status, data)
-        return json.loads(data)
-    finally:
-        c.close()
+    return _request_json("GET", url, path, None, None, timeout)
 
 
 def post_then_abandon(url: str, body: dict, request_id: str, after_s: float, stream_tokens: int = 0) -> None:

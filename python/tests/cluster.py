@@ -43,45 +43,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Node:
-    """One `kvferry node --engine port` JVM."""
+class JvmProcess:
+    """One JVM from the jar (``args`` after ``-jar JAR``), its stdout and stderr appended to ``log``;
+    ``start()`` again after ``stop()`` or ``kill9()`` restarts it with the same command."""
 
-    def __init__(self, workdir: str, role: str, *, engine_id: str, modes: str = "write,read", tp: int = 1,
-                 seed_port: int | None = None, port: int | None = None, socket_path: str | None = None,
-                 config: dict[str, str] | None = None):
-        self.role = role
-        self.port = port or free_port()
-        self.socket = socket_path or os.path.join(workdir, f"{role}-{engine_id}.sock")
-        self.log = os.path.join(workdir, f"node-{role}-{engine_id}-{time.monotonic_ns()}.log")
-        seeds = f"127.0.0.1:{seed_port or self.port}"
+    def __init__(self, log: str, args: list[str], config: dict[str, str] | None = None):
+        self.log = log
         props = [f"-D{k}={v}" for k, v in (config or {}).items()]  # config overrides (system properties)
-        self.cmd = [JAVA or "java", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", *props, "-jar", JAR, "node",
-                    "--role", role, "--engine-id", engine_id, "--mode", modes, "--engine", "port",
-                    "--engine-socket", self.socket, "--tp-size", str(tp), "--port", str(self.port),
-                    "--management-port", str(free_port()), "--seed-nodes", seeds]
+        self.cmd = [JAVA or "java", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", *props,
+                    "-jar", JAR, *args]
         self.proc: subprocess.Popen | None = None
         self.start()
 
     def start(self) -> None:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def wait_ready(self, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"node {self.role} exited with {self.proc.returncode}:\n{self.tail()}")
-            if os.path.exists(self.socket):
-                s = socket.socket(socket.AF_UNIX)
-                try:
-                    s.connect(self.socket)
-                    return
-                except OSError:
-                    pass
-                finally:
-                    s.close()
-            time.sleep(0.2)
-        raise RuntimeError(f"node {self.role} did not open {self.socket} in {timeout_s} s:\n{self.tail()}")
 
     def kill9(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -102,6 +78,40 @@ class Node:
                 return "".join(f.readlines()[-n:])
         except FileNotFoundError:
             return ""
+
+
+class Node(JvmProcess):
+    """One `kvferry node --engine port` JVM."""
+
+    def __init__(self, workdir: str, role: str, *, engine_id: str, modes: str = "write,read", tp: int = 1,
+                 seed_port: int | None = None, port: int | None = None, socket_path: str | None = None,
+                 config: dict[str, str] | None = None):
+        self.role = role
+        self.port = port or free_port()
+        self.socket = socket_path or os.path.join(workdir, f"{role}-{engine_id}.sock")
+        seeds = f"127.0.0.1:{seed_port or self.port}"
+        super().__init__(os.path.join(workdir, f"node-{role}-{engine_id}-{time.monotonic_ns()}.log"),
+                         ["node", "--role", role, "--engine-id", engine_id, "--mode", modes, "--engine", "port",
+                          "--engine-socket", self.socket, "--tp-size", str(tp), "--port", str(self.port),
+                          "--management-port", str(free_port()), "--seed-nodes", seeds],
+                         config)
+
+    def wait_ready(self, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"node {self.role} exited with {self.proc.returncode}:\n{self.tail()}")
+            if os.path.exists(self.socket):
+                s = socket.socket(socket.AF_UNIX)
+                try:
+                    s.connect(self.socket)
+                    return
+                except OSError:
+                    pass
+                finally:
+                    s.close()
+            time.sleep(0.2)
+        raise RuntimeError(f"node {self.role} did not open {self.socket} in {timeout_s} s:\n{self.tail()}")
 
 
 class Engine:

@@ -10,13 +10,12 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import subprocess
 import time
 import urllib.parse
 
 import pytest
 
-from .cluster import JAR, JAVA, Engine, Node, complete, free_port, needs_node, settle, workdir
+from .cluster import Engine, JvmProcess, Node, complete, free_port, needs_node, settle, workdir
 
 pytestmark = needs_node
 
@@ -24,32 +23,17 @@ GEOMETRY = ["--layers", "2", "--kv-heads", "4", "--head-dim", "16", "--block-siz
             "--num-blocks", "160", "--max-num-batched-tokens", "64"]
 
 
-class Router:
+class Router(JvmProcess):
     """`kvferry router --http-port` as a JVM."""
 
     def __init__(self, wd: str):
         self.port = free_port()
         self.http_port = free_port()
         self.management_port = free_port()
-        self.log = os.path.join(wd, f"router-{time.monotonic_ns()}.log")
-        cmd = [JAVA or "java", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-jar", JAR,
-               "router", "--port", str(self.port), "--management-port", str(self.management_port),
-               "--seed-nodes", f"127.0.0.1:{self.port}", "--http-port", str(self.http_port)]
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        super().__init__(os.path.join(wd, f"router-{time.monotonic_ns()}.log"),
+                         ["router", "--port", str(self.port), "--management-port", str(self.management_port),
+                          "--seed-nodes", f"127.0.0.1:{self.port}", "--http-port", str(self.http_port)])
         self.url = f"http://127.0.0.1:{self.http_port}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-    def tail(self, n: int = 40) -> str:
-        with open(self.log, errors="replace") as f:
-            return "".join(f.readlines()[-n:])
 
 
 def post(url: str, path: str, body: dict, headers: dict | None = None,
