@@ -16,12 +16,14 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.nio.file.attribute.PosixFilePermissions;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Random;
 import java.util.UUID;
+import org.apache.pekko.actor.testkit.typed.javadsl.TestProbe;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
@@ -266,7 +268,7 @@ class EnginePortTest {
     Path pSocket = dir.resolve("p.sock");
     Path dSocket = dir.resolve("d.sock");
     EngineNode p = node("prefill", "p0", mode, pSocket, pPort, pPort);
-    node("decode", "d0", mode, dSocket, dPort, pPort);
+    EngineNode d = node("decode", "d0", mode, dSocket, dPort, pPort);
     Path pFile = kvFile();
     Path dFile = kvFile();
     MappedByteBuffer pKv = map(pFile);
@@ -332,8 +334,8 @@ class EnginePortTest {
         assertEquals(true, dw.ok("wait_for_layer_load", Map.of("layer", l)).get("ok"));
       }
     }
-    awaitListed(dw, r, "done_receiving");
-    awaitListed(pw, r, "done_sending");
+    awaitListed(d, dw, r, "done_receiving");
+    awaitListed(p, pw, r, "done_sending");
     for (int l = 0; l < LAYERS; l++) {
       for (int kv = 0; kv < 2; kv++) {
         for (int i = 0; i < pBlocks.size(); i++) {
@@ -371,27 +373,27 @@ class EnginePortTest {
     return started;
   }
 
-  private static void awaitListed(PortTestClient w, String request, String key) throws Exception {
-    long deadline = System.nanoTime() + 20_000_000_000L;
-    while (System.nanoTime() < deadline) {
+  /** Polls get_finished (a step with nothing to compute) until {@code request} is under {@code key}. */
+  private static void awaitListed(EngineNode n, PortTestClient w, String request, String key) {
+    probe(n).awaitAssert(Duration.ofSeconds(20), Duration.ofMillis(20), () -> {
       Map<String, Object> f = w.ok("get_finished", Map.of());
       assertEquals(Map.of(), f.get("failed"), "transfer failed");
       assertEquals(List.of(), f.get("op_errors"));
-      if (((List<?>) f.get(key)).contains(request)) {
-        return;
-      }
-      Thread.sleep(20);
-    }
-    throw new AssertionError(request + " never appeared in " + key);
+      assertTrue(((List<?>) f.get(key)).contains(request), request + " not yet in " + key);
+      return null;
+    });
   }
 
-  private static void awaitNoEngines(EngineNode n) throws InterruptedException {
-    long deadline = System.nanoTime() + 30_000_000_000L;
-    while (!n.engines().isEmpty()) {
-      assertTrue(System.nanoTime() < deadline, "the engine never detached");
-      Thread.sleep(20);
-    }
+  private static void awaitNoEngines(EngineNode n) {
+    probe(n).awaitAssert(Duration.ofSeconds(30), Duration.ofMillis(20), () -> {
+      assertEquals(List.of(), List.copyOf(n.engines()), "engines still attached");
+      return null;
+    });
     assertFalse(n.workers().iterator().hasNext());
+  }
+
+  private static TestProbe<Void> probe(EngineNode n) {
+    return TestProbe.create(n.system());
   }
 
   private static int offset(int layer, int kv, int block) {
