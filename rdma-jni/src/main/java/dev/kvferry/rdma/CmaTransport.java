@@ -88,10 +88,7 @@ public final class CmaTransport implements Transport {
     }
     boolean handedOff = false;
     try {
-      for (int i = 0; i < batch.count(); i++) {
-        local.checkRange(batch.localOffsets()[i], batch.sizes()[i]);
-        remote.checkRange(batch.remoteOffsets()[i], batch.sizes()[i]);
-      }
+      batch.checkWithin(local, remote);
       long total = batch.totalBytes();
       if (total <= inlineMaxBytes) {
         TransferStatus status = TransferStatus.pending();

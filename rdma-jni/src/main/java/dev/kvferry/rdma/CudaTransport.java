@@ -262,10 +262,7 @@ public final class CudaTransport implements EventOrderedTransport {
     }
     boolean handedOff = false;
     try {
-      for (int i = 0; i < batch.count(); i++) {
-        local.checkRange(batch.localOffsets()[i], batch.sizes()[i]);
-        remote.checkRange(batch.remoteOffsets()[i], batch.sizes()[i]);
-      }
+      batch.checkWithin(local, remote);
       int device = local.device();
       Cuda.setDevice(device);
       long remoteBase = remoteBase(device, remote);

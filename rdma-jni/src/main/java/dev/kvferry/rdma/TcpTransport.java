@@ -196,21 +196,9 @@ public final class TcpTransport implements Transport {
           "region " + remote.regionId() + " of " + owner(remote) + " has no tcp endpoint and "
               + "token in its descriptor; describe it with the peer's tcp transport");
     }
-    if (!local.tryPin()) {
-      return TransferStatus.failed("tcp: local region " + local.id() + " is closed");
-    }
-    try {
-      for (int i = 0; i < batch.count(); i++) {
-        local.checkRange(batch.localOffsets()[i], batch.sizes()[i]);
-        remote.checkRange(batch.remoteOffsets()[i], batch.sizes()[i]);
-      }
-    } catch (RegionBoundsException e) {
-      local.unpin();
-      return TransferStatus.failed("tcp: " + e.getMessage() + "; nothing was moved");
-    }
-    if (batch.totalBytes() == 0) {
-      local.unpin();
-      return TransferStatus.succeeded(0);
+    TransferStatus refused = batch.pinAndCheck("tcp", local, remote);
+    if (refused != null) {
+      return refused;
     }
     TransferStatus status = TransferStatus.pending();
     executor.submit(status, () -> run(local, remote, batch, toRemote, status), local::unpin);

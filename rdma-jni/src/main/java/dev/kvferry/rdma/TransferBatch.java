@@ -1,6 +1,7 @@
 package dev.kvferry.rdma;
 
 import java.util.Arrays;
+import org.jspecify.annotations.Nullable;
 
 /**
  * One batch of copies between a local and a remote region: entry {@code i} moves {@code
@@ -27,6 +28,41 @@ public record TransferBatch(long[] localOffsets, long[] remoteOffsets, long[] si
 
   public int count() {
     return sizes.length;
+  }
+
+  /**
+   * Checks every entry against both regions before a byte moves.
+   *
+   * @throws RegionBoundsException naming the first entry that does not fit
+   */
+  public void checkWithin(MemoryRegion local, RegionDescriptor remote) {
+    for (int i = 0; i < sizes.length; i++) {
+      local.checkRange(localOffsets[i], sizes[i]);
+      remote.checkRange(remoteOffsets[i], sizes[i]);
+    }
+  }
+
+  /**
+   * For transports that move a batch on a thread of their own: pins {@code local} and checks
+   * every entry. Returns null when the batch should go ahead, with {@code local} pinned (the
+   * transport unpins it when done); otherwise the status to return at once, with nothing pinned
+   * and nothing moved (a closed region, an entry out of bounds, or an empty batch).
+   */
+  @Nullable TransferStatus pinAndCheck(String transport, MemoryRegion local, RegionDescriptor remote) {
+    if (!local.tryPin()) {
+      return TransferStatus.failed(transport + ": local region " + local.id() + " is closed");
+    }
+    try {
+      checkWithin(local, remote);
+    } catch (RegionBoundsException e) {
+      local.unpin();
+      return TransferStatus.failed(transport + ": " + e.getMessage() + "; nothing was moved");
+    }
+    if (totalBytes() == 0) {
+      local.unpin();
+      return TransferStatus.succeeded(0);
+    }
+    return null;
   }
 
   public long totalBytes() {

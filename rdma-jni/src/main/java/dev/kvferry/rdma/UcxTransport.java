@@ -111,21 +111,9 @@ public final class UcxTransport implements Transport {
           "region " + remote.regionId() + " of " + owner(remote) + " has no UCX worker address "
               + "and remote key in its descriptor; describe it with the peer's ucx transport");
     }
-    if (!local.tryPin()) {
-      return TransferStatus.failed("ucx: local region " + local.id() + " is closed");
-    }
-    try {
-      for (int i = 0; i < batch.count(); i++) {
-        local.checkRange(batch.localOffsets()[i], batch.sizes()[i]);
-        remote.checkRange(batch.remoteOffsets()[i], batch.sizes()[i]);
-      }
-    } catch (RegionBoundsException e) {
-      local.unpin();
-      return TransferStatus.failed("ucx: " + e.getMessage() + "; nothing was moved");
-    }
-    if (batch.totalBytes() == 0) {
-      local.unpin();
-      return TransferStatus.succeeded(0);
+    TransferStatus refused = batch.pinAndCheck("ucx", local, remote);
+    if (refused != null) {
+      return refused;
     }
     TransferStatus status = TransferStatus.pending();
     worker.submit(
