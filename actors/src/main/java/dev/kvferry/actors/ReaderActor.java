@@ -89,6 +89,13 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
   private final Map<PeerKey, List<ReqMeta>> readsAwaitingPeer = new HashMap<>();
   /** D: transfers a P worker ended before this worker began them; they never begin. */
   private final TerminalIds endedEarly;
+  /**
+   * D: transfers aborted before their load reached this worker. Through the engine port the
+   * scheduler (which aborts) and the worker (which starts loads) are two connections, so a
+   * handed-over request's abort can overtake the step's start_load_kv. The abort was reported at
+   * once (the engine frees the blocks), so the late load must read nothing into them.
+   */
+  private final TerminalIds abortedBeforeBegun;
 
   public static Behavior<Command> create(
       EngineActor.Setup setup,
@@ -113,6 +120,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     this.tracker = tracker;
     this.outbox = new PeerOutbox(ctx.getLog(), setup.settings());
     this.endedEarly = new TerminalIds(setup.settings().terminalIdCapacity());
+    this.abortedBeforeBegun = new TerminalIds(setup.settings().terminalIdCapacity());
     this.handshakeAdapter = ctx.messageAdapter(HandshakeActor.Result.class, PeerReady::new);
   }
 
@@ -132,8 +140,9 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
 
   private Behavior<Command> onStartLoad(StartLoad m) {
     for (ReqMeta r : m.requests()) {
-      if (r.localBlockIds().length == 0) {
-        // Aborted before it was scheduled (or nothing to load): still tell P to free its blocks.
+      if (r.localBlockIds().length == 0 || abortedBeforeBegun.contains(r.transferId())) {
+        // Aborted before it was scheduled (or nothing to load), or before its load came here:
+        // read nothing, and still tell P to free its blocks.
         outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> {
           for (int source : PeerPlanning.sourcesFor(self, prefillTp, mla)) {
             outbox.send(r.remoteEngineId(), source, release(r.transferId()));
@@ -313,6 +322,9 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
 
   private Behavior<Command> onAborted(ReceiveEnding.Aborted m) {
     boolean reading = reads.containsKey(m.transferId()) || outbox.holdsWorkFor(m.transferId());
+    if (!reading) {
+      abortedBeforeBegun.add(m.transferId());
+    }
     if (!ReceiveEnding.reportedAtOnce(m, reading, tracker)) {
       endTransfer(m.transferId(), m.reason());
     }

@@ -104,6 +104,11 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
    * blocks), by transfer id, with the reason; bounded like the terminal ids.
    */
   private final BoundedMap<String, String> earlyFailures;
+  /**
+   * D: aborts reported before their receive was expected (the abort overtook the worker's load
+   * through the engine port); the receive that comes later is already reported.
+   */
+  private final TerminalIds abortedEarly;
   private EngineDirectory directory = EngineDirectory.EMPTY;
 
   /**
@@ -137,6 +142,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     this.terminal = new TerminalIds(settings.terminalIdCapacity());
     this.earlyReleases = new TerminalIds(settings.terminalIdCapacity());
     this.earlyFailures = new BoundedMap<>(settings.terminalIdCapacity());
+    this.abortedEarly = new TerminalIds(settings.terminalIdCapacity());
   }
 
   @Override
@@ -167,6 +173,11 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onExpectReceive(ExpectReceive m) {
+    if (abortedEarly.contains(m.transferId())) {
+      // Its abort came first and was reported; nothing is read for it: let a load wait end.
+      sink.layerLoads().ended(m.transferId());
+      return this;
+    }
     if (refuseDuplicate(m.requestId(), m.transferId(), false)) {
       return this;
     }
@@ -218,6 +229,9 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   private Behavior<Command> onReportAborted(ReportAborted m) {
     if (active.containsKey(m.transferId())) {
       return this; // still live: the owner ends it and its ending is the report
+    }
+    if (!terminal.contains(m.transferId())) {
+      abortedEarly.add(m.transferId()); // never expected here: its receive may still come
     }
     terminal.add(m.transferId());
     sink.failed(m.requestId(), m.reason(), false);

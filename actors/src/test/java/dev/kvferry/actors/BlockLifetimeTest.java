@@ -20,6 +20,8 @@ import java.time.Clock;
 import java.time.Duration;
 import java.util.List;
 import java.util.Set;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
 import org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.junit.jupiter.api.AfterEach;
@@ -208,6 +210,36 @@ class BlockLifetimeTest {
     assertTrue(f.failed().get("r6").contains("did not finish within 300 ms"), f.toString());
     assertEquals(Set.of(1, 2), f.blockIdsWithLoadErrors());
     assertTrue(f.doneReceiving().isEmpty(), f.toString());
+  }
+
+  @Test
+  void aReadAbortedBeforeItsLoadReachedTheWorkerReadsNothingIntoTheFreedBlocks() throws Exception {
+    GatedTransport gated = new GatedTransport(fx.transport);
+    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.READ));
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0",
+        ConnectorSettings.DEFAULTS, gated, fx.localLayers);
+    // Through the engine port the scheduler and the worker are two connections: the abort of a
+    // request the scheduler handed over can reach the worker's actors before the step's load.
+    d.engineRef().tell(new EngineActor.AbortReceive("r14", "tx14", "request r14 aborted"));
+    Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r14"));
+    assertTrue(f.failed().get("r14").contains("aborted"), f.toString());
+    // The engine freed r14's blocks on that report (1 and 2 may hold another request now).
+    d.startLoadKv(new ConnectorMetadata(List.of(),
+        List.of(new ReqMeta("r14", "tx14", new int[] {1, 2}, new int[] {3, 4}, "prefill-0", 0)),
+        List.of()));
+    // P is told to free its blocks, nothing is read, and the step's layer waits end.
+    assertEquals("tx14", fishPeer(PeerProtocol.Release.class).transferId());
+    CompletableFuture<Boolean> waited = CompletableFuture.supplyAsync(() -> {
+      try {
+        return d.waitForLayerLoad(0);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        return false;
+      }
+    });
+    waited.get(WITHIN.toSeconds(), TimeUnit.SECONDS);
+    assertNothingFinishedFor(d, QUIET);
+    assertEquals(0, gated.submitted(), "a read into blocks the engine already freed");
   }
 
   @Test
