@@ -14,10 +14,11 @@ import org.slf4j.LoggerFactory;
 import org.jspecify.annotations.Nullable;
 
 /**
- * D, WRITE mode over the cuda transport: learns that P's copies of a transfer have landed from a
- * done word P's copy stream stores right behind them ({@link SharedDoneWords}), instead of waiting
- * for P to see its own copies complete and send WriteDone (milliseconds through two actor systems;
- * the word shows within microseconds of the last byte). The WriteDone message still comes and
+ * D, WRITE mode: learns that P's writes of a transfer have landed from a done word stored right
+ * behind them ({@link SharedDoneWords}; cuda: P's copy stream stores it; cma: P stores it into its
+ * own mapping of this file once its writes returned; tcp: this process's listener stores it when
+ * P's word frame arrives behind the data), instead of waiting for P to send WriteDone (hundreds
+ * of microseconds to milliseconds through two actor systems). The WriteDone message still comes and
  * still completes the transfer when the word is not used or not seen (a slot reused under it, P
  * unable to map the words): the word only makes D learn sooner, never the only way.
  *
@@ -127,6 +128,11 @@ final class DoneWordWatcher implements AutoCloseable {
     }
     LockSupport.unpark(thread);
     return new Ticket(words.path().getFileName().toString(), SLOTS, p.slot(), p.value());
+  }
+
+  /** The words this watcher reads (a transport that stores in band must know them). */
+  SharedDoneWords words() {
+    return words;
   }
 
   /** Stops watching (the transfer ended another way). */
