@@ -45,6 +45,12 @@ final class DoneWordWatcher implements AutoCloseable {
   private final Consumer<String> onDone;
   private final Map<String, Pending> pending = new ConcurrentHashMap<>();
   private final Pending[] bySlot = new Pending[SLOTS];
+  /**
+   * What the watcher thread polls: a copy of {@code pending}'s values, rebuilt when it changes (a
+   * few times per transfer), so the spinning loop allocates nothing (an iterator over the map per
+   * pass came to hundreds of KiB per transfer). An entry no longer in {@code pending} is skipped.
+   */
+  private volatile Pending[] watching = new Pending[0];
   private final Thread thread;
   private long sequence;
   private volatile boolean running = true;
@@ -125,6 +131,7 @@ final class DoneWordWatcher implements AutoCloseable {
       p = new Pending(transferId, slot, value);
       bySlot[slot] = p;
       pending.put(transferId, p);
+      rebuildWatching();
     }
     LockSupport.unpark(thread);
     return new Ticket(words.path().getFileName().toString(), SLOTS, p.slot(), p.value());
@@ -137,7 +144,13 @@ final class DoneWordWatcher implements AutoCloseable {
 
   /** Stops watching (the transfer ended another way). */
   void forget(String transferId) {
-    pending.remove(transferId);
+    if (pending.remove(transferId) != null) {
+      rebuildWatching();
+    }
+  }
+
+  private synchronized void rebuildWatching() {
+    watching = pending.values().toArray(new Pending[0]);
   }
 
   private void run() {
@@ -149,9 +162,10 @@ final class DoneWordWatcher implements AutoCloseable {
         continue;
       }
       boolean news = false;
-      for (Pending p : pending.values()) {
+      for (Pending p : watching) {
         if (words.get(p.slot()) >= p.value() && pending.remove(p.transferId(), p)) {
           news = true;
+          rebuildWatching();
           try {
             onDone.accept(p.transferId());
           } catch (RuntimeException e) {
