@@ -24,8 +24,8 @@ import org.jspecify.annotations.Nullable;
 /**
  * D's side of WRITE mode: tells P's workers which of our blocks to write into ({@link
  * PeerProtocol.RemoteBlocks}) and waits for each to say it is done ({@link PeerProtocol.WriteDone}
- * or the done word its transport stores behind its writes: cuda, cma, tcp). A receive's blocks go back to the
- * engine only once no P worker can still write into them: each has said WriteDone or
+ * or the done word its transport stores behind its writes: cuda, cma, tcp). A receive's blocks go
+ * back to the engine only once no P worker can still write into them: each has said WriteDone or
  * TransferFailed, or its engine left the cluster (DESIGN.md section 3, block lifetime).
  */
 public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command> {

@@ -154,7 +154,8 @@ class HostDoneWordTest {
     fx.kit.createTestProbe().expectNoMessage(Duration.ofMillis(300));
     assertTrue(d.getFinished().isEmpty(), "done before any word or WriteDone");
     d.engineRef().tell(new PeerProtocol.WriteDone("tx-r2", "prefill-0", 0));
-    assertEquals(Set.of("r2"), fx.awaitFinished(d, x -> !x.doneReceiving().isEmpty()).doneReceiving());
+    assertEquals(Set.of("r2"),
+        fx.awaitFinished(d, x -> !x.doneReceiving().isEmpty()).doneReceiving());
     assertDecodeHoldsPrefillsBytes();
   }
 

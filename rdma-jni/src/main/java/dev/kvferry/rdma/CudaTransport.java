@@ -192,7 +192,7 @@ public final class CudaTransport implements EventOrderedTransport {
     return true;
   }
 
-  /** D's words mapped here and made writable from every GPU ({@link SharedDoneWords#openPeerWords}). */
+  /** D's words, mapped here and writable from every GPU ({@link SharedDoneWords#openPeerWords}). */
   @Override
   public PeerDoneWords openPeerDoneWords(String name, int slots) {
     SharedDoneWords words = SharedDoneWords.openPeerWords(name, slots);

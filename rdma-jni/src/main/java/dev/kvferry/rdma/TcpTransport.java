@@ -92,7 +92,9 @@ public final class TcpTransport implements Transport {
             options.ioTimeout().toNanos());
     try {
       this.listener =
-          options.tcpListen() ? new TcpListener(registry, options, watchdog, staging, ownDoneWords) : null;
+          options.tcpListen()
+              ? new TcpListener(registry, options, watchdog, staging, ownDoneWords)
+              : null;
     } catch (IOException e) {
       watchdog.close();
       throw e;

@@ -125,7 +125,8 @@ class HostDoneWordsTest {
   @Test
   void tcpStoresTheWordInBandBehindTheDataIntoDsOwnWords() throws IOException {
     try (TcpTransport d = new TcpTransport(peer, TransportOptions.defaults());
-        TcpTransport p = new TcpTransport(ours, TransportOptions.defaults().withTcpListener(false))) {
+        TcpTransport p =
+            new TcpTransport(ours, TransportOptions.defaults().withTcpListener(false))) {
       d.acceptDoneWords(words);
       RegionDescriptor remote = d.describe(dst);
       assertTrue(p.storesDoneWords());
@@ -142,7 +143,8 @@ class HostDoneWordsTest {
       assertFalse(held.isDone());
       assertEquals(0, words.get(6));
       last.fail("tcp write to D0 failed: connection reset");
-      assertTrue(Patterns.await(held).failureMessage().contains("connection reset"), held::toString);
+      assertTrue(Patterns.await(held).failureMessage().contains("connection reset"),
+          held::toString);
       assertEquals(0, words.get(6));
     }
   }
@@ -193,7 +195,8 @@ class HostDoneWordsTest {
       // A well-formed name of a file this D never accepted (another process's, say).
       TransferStatus refused = Patterns.await(p.openPeerDoneWords(foreign.name(), SLOTS)
           .storeAfter(List.of(), src, remote, 1, 99));
-      assertTrue(refused.failureMessage().contains("not a done-word file of D0"), refused::toString);
+      assertTrue(refused.failureMessage().contains("not a done-word file of D0"),
+          refused::toString);
       assertEquals(0, foreign.get(1));
       assertEquals(0, words.get(1));
 
