@@ -14,10 +14,11 @@ import org.slf4j.LoggerFactory;
 import org.jspecify.annotations.Nullable;
 
 /**
- * D, WRITE mode over the cuda transport: learns that P's copies of a transfer have landed from a
- * done word P's copy stream stores right behind them ({@link SharedDoneWords}), instead of waiting
- * for P to see its own copies complete and send WriteDone (milliseconds through two actor systems;
- * the word shows within microseconds of the last byte). The WriteDone message still comes and
+ * D, WRITE mode: learns that P's writes of a transfer have landed from a done word stored right
+ * behind them ({@link SharedDoneWords}; cuda: P's copy stream stores it; cma: P stores it into its
+ * own mapping of this file once its writes returned; tcp: this process's listener stores it when
+ * P's word frame arrives behind the data), instead of waiting for P to send WriteDone (hundreds
+ * of microseconds to milliseconds through two actor systems). The WriteDone message still comes and
  * still completes the transfer when the word is not used or not seen (a slot reused under it, P
  * unable to map the words): the word only makes D learn sooner, never the only way.
  *
@@ -44,6 +45,12 @@ final class DoneWordWatcher implements AutoCloseable {
   private final Consumer<String> onDone;
   private final Map<String, Pending> pending = new ConcurrentHashMap<>();
   private final Pending[] bySlot = new Pending[SLOTS];
+  /**
+   * What the watcher thread polls: a copy of {@code pending}'s values, rebuilt when it changes (a
+   * few times per transfer), so the spinning loop allocates nothing (an iterator over the map per
+   * pass came to hundreds of KiB per transfer). An entry no longer in {@code pending} is skipped.
+   */
+  private volatile Pending[] watching = new Pending[0];
   private final Thread thread;
   private long sequence;
   private volatile boolean running = true;
@@ -124,14 +131,26 @@ final class DoneWordWatcher implements AutoCloseable {
       p = new Pending(transferId, slot, value);
       bySlot[slot] = p;
       pending.put(transferId, p);
+      rebuildWatching();
     }
     LockSupport.unpark(thread);
     return new Ticket(words.path().getFileName().toString(), SLOTS, p.slot(), p.value());
   }
 
+  /** The words this watcher reads (a transport that stores in band must know them). */
+  SharedDoneWords words() {
+    return words;
+  }
+
   /** Stops watching (the transfer ended another way). */
   void forget(String transferId) {
-    pending.remove(transferId);
+    if (pending.remove(transferId) != null) {
+      rebuildWatching();
+    }
+  }
+
+  private synchronized void rebuildWatching() {
+    watching = pending.values().toArray(new Pending[0]);
   }
 
   private void run() {
@@ -143,9 +162,10 @@ final class DoneWordWatcher implements AutoCloseable {
         continue;
       }
       boolean news = false;
-      for (Pending p : pending.values()) {
+      for (Pending p : watching) {
         if (words.get(p.slot()) >= p.value() && pending.remove(p.transferId(), p)) {
           news = true;
+          rebuildWatching();
           try {
             onDone.accept(p.transferId());
           } catch (RuntimeException e) {

@@ -3,12 +3,12 @@ package dev.kvferry.actors;
 import dev.kvferry.actors.engine.AgentMetadata;
 import dev.kvferry.rdma.EventOrderedTransport;
 import dev.kvferry.rdma.MemoryRegion;
+import dev.kvferry.rdma.PeerDoneWords;
 import dev.kvferry.rdma.RegionDescriptor;
 import dev.kvferry.rdma.TransferBatch;
 import dev.kvferry.rdma.TransferStatus;
 import dev.kvferry.rdma.Transport;
 import dev.kvferry.rdma.cuda.CudaEvent;
-import dev.kvferry.rdma.cuda.SharedDoneWords;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.HashSet;
@@ -26,7 +26,8 @@ import org.slf4j.LoggerFactory;
 /**
  * The transport side of P's writes, for its {@link WriterActor}: hands one layer's copies to one
  * D worker on the I/O executor (behind the layer's CUDA event on the copy stream where the
- * transport orders copies on the GPU), stores D's done word behind a target's last copies, and
+ * transport orders copies on the GPU), stores D's done word behind a target's last copies
+ * through the transport ({@link PeerDoneWords}: cuda, cma, tcp), and
  * releases what the transport keeps for a peer that left. Used from the writer's thread only; the
  * copies themselves run on the I/O executor.
  */
@@ -37,9 +38,11 @@ final class LayerWriter {
   private final Transport transport;
   /** The transport's GPU ordering (copies behind CUDA events, done words), resolved once. */
   private final @Nullable EventOrderedTransport eventOrdered;
+  /** Whether the transport stores D's done words behind its writes, resolved once. */
+  private final boolean storesDoneWords;
   private final Executor io;
-  /** D's done-word files, mapped for our GPUs, by file name (cuda transport only). */
-  private final Map<String, SharedDoneWords> doneWords = new HashMap<>();
+  /** D's done-word files as the transport reaches them (mapped, where it maps), by file name. */
+  private final Map<String, PeerDoneWords> doneWords = new HashMap<>();
   /** Which decode engine each mapped done-word file belongs to, to unmap it when it leaves. */
   private final Map<String, String> doneWordsOwner = new HashMap<>();
   private final Set<String> unusableDoneWords = new HashSet<>();
@@ -48,6 +51,7 @@ final class LayerWriter {
     this.layerRegions = List.copyOf(layerRegions);
     this.transport = transport;
     this.eventOrdered = transport instanceof EventOrderedTransport e ? e : null;
+    this.storesDoneWords = transport.storesDoneWords();
     this.io = io;
   }
 
@@ -55,9 +59,14 @@ final class LayerWriter {
     return layerRegions.size();
   }
 
-  /** Whether copies can wait for a CUDA event on the GPU (and done words can be stored). */
+  /** Whether copies can wait for a CUDA event on the GPU. */
   boolean ordersOnGpu() {
     return eventOrdered != null;
+  }
+
+  /** Whether D's done words can be stored behind our writes (D offers one only then). */
+  boolean storesDoneWords() {
+    return storesDoneWords;
   }
 
   /**
@@ -136,43 +145,51 @@ final class LayerWriter {
   }
 
   /**
-   * Queues the store of D's done word on the same copy stream, behind every layer's copies
-   * (queued only after every submission returned, since they run on the io pool in any order).
-   * D then learns as soon as the last byte landed; WriteDone still follows.
+   * Stores D's done word through the transport behind every layer's writes, once every
+   * submission returned (they run on the io pool in any order). The transport decides what
+   * "behind" takes: cuda queues the store on the copy stream behind the copies; cma and tcp wait
+   * for the writes to land (a failed one: no word). D then learns as soon as the last byte landed;
+   * WriteDone still follows.
    */
   private void storeDoneWord(
       String transferId, String decodeEngineId, AgentMetadata peer, PeerProtocol.DoneWord word,
-      List<CompletableFuture<?>> submitted) {
-    EventOrderedTransport ordered = eventOrdered;
-    if (ordered == null || peer.layers().isEmpty() || layerRegions.isEmpty()) {
+      List<CompletableFuture<TransferStatus>> submitted) {
+    if (!storesDoneWords || peer.layers().isEmpty() || layerRegions.isEmpty()) {
       return;
     }
-    SharedDoneWords words = doneWordsOf(word, decodeEngineId);
+    PeerDoneWords words = doneWordsOf(word, decodeEngineId);
     if (words == null) {
       return;
     }
     MemoryRegion local = layerRegions.get(0);
     RegionDescriptor remote = peer.layers().get(0);
     CompletableFuture.allOf(submitted.toArray(CompletableFuture[]::new))
-        .thenRunAsync(() -> ordered.signalWhenCopied(local, remote,
-            words.deviceAddress(word.slot()), word.value()), io)
-        .whenComplete((ok, error) -> {
-          if (error != null) {
+        .thenComposeAsync(ignored -> {
+          List<TransferStatus> writes = new ArrayList<>(submitted.size());
+          for (CompletableFuture<TransferStatus> s : submitted) {
+            writes.add(s.join());
+          }
+          return words.storeAfter(writes, local, remote, word.slot(), word.value()).completion();
+        }, io)
+        .whenComplete((stored, error) -> {
+          String why = error != null ? error.toString()
+              : stored.succeeded() ? null : stored.failureMessage();
+          if (why != null) {
             log.debug("done word of transfer {} not stored ({}); D learns from WriteDone",
-                transferId, error.toString());
+                transferId, why);
           }
         });
   }
 
-  /** D's done words, mapped for this process's GPUs once per file; null if they cannot be. */
-  private @Nullable SharedDoneWords doneWordsOf(PeerProtocol.DoneWord w, String decodeEngineId) {
+  /** D's done words, opened through the transport once per file; null if they cannot be. */
+  private @Nullable PeerDoneWords doneWordsOf(PeerProtocol.DoneWord w, String decodeEngineId) {
     if (unusableDoneWords.contains(w.file())) {
       return null;
     }
-    SharedDoneWords words = doneWords.get(w.file());
+    PeerDoneWords words = doneWords.get(w.file());
     if (words == null) {
       try {
-        words = SharedDoneWords.openPeerWords(w.file(), w.slots());
+        words = transport.openPeerDoneWords(w.file(), w.slots());
         doneWords.put(w.file(), words);
         doneWordsOwner.put(w.file(), decodeEngineId);
       } catch (RuntimeException e) {
@@ -196,11 +213,11 @@ final class LayerWriter {
     }
     RegionDescriptor any = metadata.layers().get(0);
     String engine = metadata.engineId();
-    List<SharedDoneWords> unmap = new ArrayList<>();
+    List<PeerDoneWords> unmap = new ArrayList<>();
     if (engineGone) {
       doneWordsOwner.entrySet().removeIf(e -> {
         if (e.getValue().equals(engine)) {
-          SharedDoneWords w = doneWords.remove(e.getKey());
+          PeerDoneWords w = doneWords.remove(e.getKey());
           if (w != null) {
             unmap.add(w);
           }
@@ -217,12 +234,12 @@ final class LayerWriter {
       } catch (RuntimeException e) {
         log.warn("releasing transport state of {}: {}", engine, e.toString());
       }
-      unmap.forEach(SharedDoneWords::close);
+      unmap.forEach(PeerDoneWords::close);
     });
   }
 
   /** The writer stopped: every done-word file is unmapped. */
   void close() {
-    doneWords.values().forEach(SharedDoneWords::close);
+    doneWords.values().forEach(PeerDoneWords::close);
   }
 }

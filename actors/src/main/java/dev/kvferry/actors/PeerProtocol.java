@@ -20,8 +20,9 @@ public interface PeerProtocol {
    * D to P, WRITE: D's blocks for a transfer (the seed's "remote_blocks" notification), from D's
    * worker {@code decodeTpRank}.
    *
-   * @param doneWord with the cuda transport on one host, where P's copy stream can tell D that
-   *     the copies landed before WriteDone arrives; null: messages only
+   * @param doneWord where P's transport stores done words (cuda, cma, tcp) and one P worker
+   *     writes: where P tells D that its writes landed before WriteDone arrives; null: messages
+   *     only
    */
   record RemoteBlocks(
       String transferId,
@@ -41,9 +42,10 @@ public interface PeerProtocol {
   }
 
   /**
-   * Where P's copy stream stores {@code value}, behind the transfer's last copy: word {@code slot}
-   * of the {@code slots} in D's done-word file {@code file}, which P opens only if it is a kvferry
-   * done-word file under /dev/shm (SharedDoneWords.openPeerWords).
+   * Where P's transport stores {@code value}, behind the transfer's last write: word {@code slot}
+   * of the {@code slots} in D's done-word file {@code file} (a bare name). cuda and cma map it
+   * only if it is a kvferry done-word file under /dev/shm (SharedDoneWords.checkedPeerFile); tcp
+   * sends it in band and D's listener stores only into D's own files.
    */
   record DoneWord(String file, int slots, int slot, long value) {
     /** Whether the peer's values can be used at all (they come from the network). */

@@ -5,7 +5,7 @@ import dev.kvferry.actors.engine.EngineDirectory;
 import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.actors.engine.TerminalIds;
 import dev.kvferry.actors.plan.KvCacheGeometry;
-import dev.kvferry.rdma.EventOrderedTransport;
+import dev.kvferry.rdma.Transport;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -24,8 +24,8 @@ import org.jspecify.annotations.Nullable;
 /**
  * D's side of WRITE mode: tells P's workers which of our blocks to write into ({@link
  * PeerProtocol.RemoteBlocks}) and waits for each to say it is done ({@link PeerProtocol.WriteDone}
- * or, cuda transport, the done word its copy stream stores). A receive's blocks go back to the
- * engine only once no P worker can still write into them: each has said WriteDone or
+ * or the done word its transport stores behind its writes: cuda, cma, tcp). A receive's blocks go
+ * back to the engine only once no P worker can still write into them: each has said WriteDone or
  * TransferFailed, or its engine left the cluster (DESIGN.md section 3, block lifetime).
  */
 public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command> {
@@ -72,9 +72,10 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
   private final Map<String, Incoming> incoming = new HashMap<>();
   /** Transfers a P worker ended before this worker began them; they never begin. */
   private final TerminalIds endedEarly;
-  /** Whether P's transport can store a done word behind its copies (resolved once). */
+  private final Transport transport;
+  /** Whether P's transport can store a done word behind its writes (resolved once). */
   private final boolean peersCanStoreDoneWords;
-  /** Cuda transport: done words P's copy streams store into (null until first needed). */
+  /** Done words P's transport stores into (null until first needed). */
   private @Nullable DoneWordWatcher doneWords;
   private boolean doneWordsUnavailable;
 
@@ -93,8 +94,9 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     this.messageLimit = ClusterMessageLimit.of(ctx.getSystem());
     this.outbox = new PeerOutbox(ctx.getLog(), setup.settings());
     this.endedEarly = new TerminalIds(setup.settings().terminalIdCapacity());
+    this.transport = setup.transport();
     // The same transport kind on both sides: ours tells what P's can do.
-    this.peersCanStoreDoneWords = setup.transport() instanceof EventOrderedTransport;
+    this.peersCanStoreDoneWords = transport.storesDoneWords();
   }
 
   @Override
@@ -163,7 +165,11 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     }
   }
 
-  /** A done word for a transfer written by one P worker over the cuda transport; else null. */
+  /**
+   * A done word for a transfer written by one P worker over a transport that stores words; else
+   * null. The first one creates the watcher and hands its words to our transport (tcp: the
+   * listener stores into them).
+   */
   private PeerProtocol.@Nullable DoneWord doneWordFor(String transferId) {
     if (!peersCanStoreDoneWords) {
       return null;
@@ -172,6 +178,9 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       ActorRef<Command> me = getContext().getSelf();
       doneWords = DoneWordWatcher.tryCreate(self.label(), id -> me.tell(new DoneWordSeen(id)));
       doneWordsUnavailable = doneWords == null;
+      if (doneWords != null) {
+        transport.acceptDoneWords(doneWords.words());
+      }
     }
     DoneWordWatcher watcher = doneWords;
     if (watcher == null) {
@@ -324,6 +333,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
 
   private Behavior<Command> onPostStop(PostStop signal) {
     if (doneWords != null) {
+      transport.withdrawDoneWords(doneWords.words());
       doneWords.close();
     }
     return this;

@@ -5,6 +5,7 @@ import dev.kvferry.actors.engine.AgentMetadata;
 import dev.kvferry.actors.engine.PeerKey;
 import dev.kvferry.actors.engine.EngineDirectory;
 import dev.kvferry.rdma.TransferBatch;
+import dev.kvferry.rdma.TransferStatus;
 import dev.kvferry.rdma.cuda.CudaEvent;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -34,10 +35,10 @@ final class WriteJob {
     /** How many of the job's fired layers have been issued to this target. */
     int issued;
     boolean handshakeRequested;
-    /** D's done word for this target (cuda transport), from its RemoteBlocks; null: none. */
+    /** D's done word for this target, from its RemoteBlocks; null: none. */
     PeerProtocol.@Nullable DoneWord doneWord;
     /** With a done word: each issued layer's submission (copies queued, not yet done). */
-    final List<CompletableFuture<?>> submitted = new ArrayList<>();
+    final List<CompletableFuture<TransferStatus>> submitted = new ArrayList<>();
     boolean doneWordQueued;
 
     Target(int tpRank) {

@@ -186,7 +186,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       return this;
     }
     WriteJob j = jobs.getOrStart(b.transferId(), b.requestId(), b.decodeEngineId());
-    if (!j.remoteBlocks(b, layers.ordersOnGpu())) {
+    if (!j.remoteBlocks(b, layers.storesDoneWords())) {
       getContext().getLog().warn("duplicate remote blocks for transfer {} ignored", b.transferId());
       return this;
     }

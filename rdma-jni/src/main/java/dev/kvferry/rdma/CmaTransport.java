@@ -3,8 +3,10 @@ package dev.kvferry.rdma;
 import com.sun.jna.LastErrorException;
 import com.sun.jna.Memory;
 import com.sun.jna.Pointer;
+import dev.kvferry.rdma.cuda.SharedDoneWords;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import java.util.List;
 import org.jspecify.annotations.Nullable;
 
 /**
@@ -69,6 +71,21 @@ public final class CmaTransport implements Transport {
           "cma moves host memory only; region " + local.id() + " is " + local.kind());
     }
     return local.descriptor();
+  }
+
+  @Override
+  public boolean storesDoneWords() {
+    return true;
+  }
+
+  /**
+   * D's done-word file mapped here (same host, same user: what cma needs anyway), for CPU stores
+   * once the writes have returned: {@code process_vm_writev} is synchronous, so a write whose
+   * status succeeded has its bytes in D's memory.
+   */
+  @Override
+  public PeerDoneWords openPeerDoneWords(String name, int slots) {
+    return new MappedDoneWords(SharedDoneWords.openPeerWordsForCpu(name, slots));
   }
 
   @Override
@@ -198,6 +215,45 @@ public final class CmaTransport implements Transport {
       }
     }
     status.succeed(total);
+  }
+
+  /** D's words in this process's mapping of its file; the store is a release store. */
+  private static final class MappedDoneWords implements PeerDoneWords {
+    private final SharedDoneWords words;
+    private volatile boolean closed;
+
+    MappedDoneWords(SharedDoneWords words) {
+      this.words = words;
+    }
+
+    @Override
+    public TransferStatus storeAfter(
+        List<TransferStatus> writes, MemoryRegion local, RegionDescriptor remote, int slot,
+        long value) {
+      if (slot < 0 || slot >= words.slots()) {
+        return TransferStatus.failed(
+            "done word " + slot + " is outside " + words.name() + " (" + words.slots() + " words)");
+      }
+      TransferStatus stored = TransferStatus.pending();
+      // Runs in the thread that finished the last write (or here, when all have): no hand-off.
+      PeerDoneWords.landed(writes).thenAccept(failure -> {
+        if (failure != null) {
+          stored.fail("done word not stored: " + failure);
+        } else if (closed) {
+          stored.fail("done word not stored: " + words.name() + " was closed (the peer left)");
+        } else {
+          words.set(slot, value);
+          stored.succeed(Long.BYTES);
+        }
+      });
+      return stored;
+    }
+
+    @Override
+    public void close() {
+      closed = true;
+      words.close();
+    }
   }
 
   private static String call(boolean toRemote) {

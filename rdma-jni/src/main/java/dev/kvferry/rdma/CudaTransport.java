@@ -8,10 +8,12 @@ import dev.kvferry.rdma.cuda.CudaException;
 import dev.kvferry.rdma.cuda.CudaKernels;
 import dev.kvferry.rdma.cuda.KernelArgs;
 import dev.kvferry.rdma.cuda.ScatterPlan;
+import dev.kvferry.rdma.cuda.SharedDoneWords;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.ArrayDeque;
 import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.Objects;
 import java.util.concurrent.ConcurrentHashMap;
@@ -183,6 +185,41 @@ public final class CudaTransport implements EventOrderedTransport {
         Cuda.streamWriteValue64(lane.stream, wordDeviceAddress, value);
       }
     }
+  }
+
+  @Override
+  public boolean storesDoneWords() {
+    return true;
+  }
+
+  /** D's words, mapped here and writable from every GPU ({@link SharedDoneWords#openPeerWords}). */
+  @Override
+  public PeerDoneWords openPeerDoneWords(String name, int slots) {
+    SharedDoneWords words = SharedDoneWords.openPeerWords(name, slots);
+    return new PeerDoneWords() {
+      /**
+       * Queued on the copy stream behind every copy queued so far ({@link #signalWhenCopied}):
+       * the writes need only have been submitted, not finished.
+       */
+      @Override
+      public TransferStatus storeAfter(
+          List<TransferStatus> writes, MemoryRegion local, RegionDescriptor remote, int slot,
+          long value) {
+        for (TransferStatus w : writes) {
+          if (w.state() == TransferStatus.State.FAILED) {
+            return TransferStatus.failed("done word not stored: a write of the transfer failed ("
+                + w.failureMessage() + ")");
+          }
+        }
+        signalWhenCopied(local, remote, words.deviceAddress(slot), value);
+        return TransferStatus.succeeded(Long.BYTES);
+      }
+
+      @Override
+      public void close() {
+        words.close();
+      }
+    };
   }
 
   /** The region's descriptor plus the IPC handle of its allocation and its offset in it. */

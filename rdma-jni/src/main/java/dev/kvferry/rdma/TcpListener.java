@@ -1,5 +1,6 @@
 package dev.kvferry.rdma;
 
+import dev.kvferry.rdma.cuda.SharedDoneWords;
 import java.io.IOException;
 import java.net.InetSocketAddress;
 import java.net.SocketAddress;
@@ -35,6 +36,8 @@ final class TcpListener implements AutoCloseable {
   private final TransportOptions options;
   private final IoWatchdog watchdog;
   private final PinnedStaging staging;
+  /** This process's own done-word files by name: the only ones a DONE_WORD frame may store into. */
+  private final Map<String, SharedDoneWords> doneWords;
   private final ServerSocketChannel server;
   private final InetSocketAddress boundAddress;
   private final Set<Connection> connections = ConcurrentHashMap.newKeySet();
@@ -44,11 +47,12 @@ final class TcpListener implements AutoCloseable {
 
   TcpListener(
       RegionRegistry registry, TransportOptions options, IoWatchdog watchdog,
-      PinnedStaging staging) throws IOException {
+      PinnedStaging staging, Map<String, SharedDoneWords> doneWords) throws IOException {
     this.registry = registry;
     this.options = options;
     this.watchdog = watchdog;
     this.staging = staging;
+    this.doneWords = doneWords;
     this.server = ServerSocketChannel.open();
     try {
       server.setOption(StandardSocketOptions.SO_REUSEADDR, true);
@@ -248,6 +252,10 @@ final class TcpListener implements AutoCloseable {
       progress.busy();
       TcpWire.readFully(channel, header, progress, "frame header");
       byte op = header.get(0);
+      if (op == TcpWire.OP_DONE_WORD) {
+        doneWord(header.getInt(1), header.getInt(5));
+        return true;
+      }
       int regionId = header.getInt(1);
       int count = header.getInt(5);
       if (op != TcpWire.OP_WRITE && op != TcpWire.OP_READ) {
@@ -307,6 +315,36 @@ final class TcpListener implements AutoCloseable {
         region.unpin();
       }
       return true;
+    }
+
+    /**
+     * A DONE_WORD frame: stores its value into word {@code slot} of one of this process's own
+     * done-word files. Frames of a connection are served one after another, so every byte of the
+     * frames before it has landed by now; the release store publishes them with the word.
+     */
+    private void doneWord(int slot, int nameLength) throws IOException, Refusal {
+      if (nameLength < 1 || nameLength > TcpWire.MAX_DONE_WORD_NAME_BYTES) {
+        throw new Refusal("done word with a name of " + nameLength + " bytes (expected 1.."
+            + TcpWire.MAX_DONE_WORD_NAME_BYTES + ")");
+      }
+      ByteBuffer body = entries.clear().limit(Long.BYTES + nameLength);
+      TcpWire.readFully(channel, body, progress, "done word");
+      long value = body.getLong(0);
+      byte[] raw = new byte[nameLength];
+      body.position(Long.BYTES);
+      body.get(raw);
+      String name = new String(raw, java.nio.charset.StandardCharsets.US_ASCII);
+      SharedDoneWords words = doneWords.get(name);
+      if (words == null) {
+        throw new Refusal("done word for '" + name + "' refused: not a done-word file of "
+            + owner() + "; nothing was stored");
+      }
+      if (slot < 0 || slot >= words.slots()) {
+        throw new Refusal("done word " + slot + " refused: " + name + " of " + owner() + " holds "
+            + words.slots() + " words; nothing was stored");
+      }
+      words.set(slot, value);
+      TcpWire.writeFully(channel, TcpWire.ack(ack, null), progress);
     }
 
     /**

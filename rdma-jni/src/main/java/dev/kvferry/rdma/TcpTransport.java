@@ -1,6 +1,7 @@
 package dev.kvferry.rdma;
 
 import dev.kvferry.rdma.cuda.Cuda;
+import dev.kvferry.rdma.cuda.SharedDoneWords;
 import java.io.IOException;
 import java.net.InetAddress;
 import java.net.InetSocketAddress;
@@ -9,6 +10,7 @@ import java.net.UnknownHostException;
 import java.nio.ByteBuffer;
 import java.nio.channels.SocketChannel;
 import java.util.IdentityHashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.Objects;
@@ -49,6 +51,8 @@ public final class TcpTransport implements Transport {
   private final PinnedStaging staging;
   private final Map<PeerIncarnation, ConcurrentLinkedDeque<Connection>> idle =
       new ConcurrentHashMap<>();
+  /** This process's done-word files that peers may store into through the listener, by name. */
+  private final Map<String, SharedDoneWords> ownDoneWords = new ConcurrentHashMap<>();
 
   /**
    * One peer incarnation: its data endpoint and the token its registry issued (new at every
@@ -88,7 +92,9 @@ public final class TcpTransport implements Transport {
             options.ioTimeout().toNanos());
     try {
       this.listener =
-          options.tcpListen() ? new TcpListener(registry, options, watchdog, staging) : null;
+          options.tcpListen()
+              ? new TcpListener(registry, options, watchdog, staging, ownDoneWords)
+              : null;
     } catch (IOException e) {
       watchdog.close();
       throw e;
@@ -166,6 +172,31 @@ public final class TcpTransport implements Transport {
   }
 
   @Override
+  public boolean storesDoneWords() {
+    return true;
+  }
+
+  /**
+   * D's words as a name only: D may be on another host, so nothing is mapped here. The value goes
+   * in band, a DONE_WORD frame behind the data, and D's listener stores it into D's own mapping.
+   */
+  @Override
+  public PeerDoneWords openPeerDoneWords(String name, int slots) {
+    SharedDoneWords.checkPeerName(name, slots);
+    return new InBandDoneWords(name, slots);
+  }
+
+  @Override
+  public void acceptDoneWords(SharedDoneWords own) {
+    ownDoneWords.put(own.name(), own);
+  }
+
+  @Override
+  public void withdrawDoneWords(SharedDoneWords own) {
+    ownDoneWords.remove(own.name(), own);
+  }
+
+  @Override
   public void close() {
     closed = true;
     if (listener != null) {
@@ -201,18 +232,44 @@ public final class TcpTransport implements Transport {
       return refused;
     }
     TransferStatus status = TransferStatus.pending();
-    executor.submit(status, () -> run(local, remote, batch, toRemote, status), local::unpin);
+    executor.submit(status,
+        () -> run(remote, toRemote ? Exchange.WRITE : Exchange.READ, batch.totalBytes(), status,
+            c -> c.transfer(local, remote, batch, toRemote)),
+        local::unpin);
     return status;
   }
 
-  /** Runs one batch; a stale pooled connection gets one retry on a fresh one (writes and reads are idempotent). */
+  /** What a connection is used for, as the failure messages name it. */
+  private enum Exchange {
+    WRITE("write to ", "write"),
+    READ("read from ", "read"),
+    DONE_WORD("done word to ", "done word");
+
+    final String toPeer;
+    final String noun;
+
+    Exchange(String toPeer, String noun) {
+      this.toPeer = toPeer;
+      this.noun = noun;
+    }
+  }
+
+  /** One exchange on a connection: null when the listener accepted it, else its reason. */
+  private interface OnConnection {
+    @Nullable String run(Connection c) throws IOException;
+  }
+
+  /**
+   * Runs one exchange; a stale pooled connection gets one retry on a fresh one (writes, reads and
+   * done words are idempotent).
+   */
   private void run(
-      MemoryRegion local, RegionDescriptor remote, TransferBatch batch, boolean toRemote,
-      TransferStatus status) {
+      RegionDescriptor remote, Exchange exchange, long bytes, TransferStatus status,
+      OnConnection work) {
     PeerIncarnation key = PeerIncarnation.of(remote); // no string built per batch
     if (gone.contains(key)) {
       // Queued behind a batch to a peer since removed: connecting would wait out the I/O timeout.
-      status.fail("tcp " + (toRemote ? "write to " : "read from ") + key.endpoint() + " ("
+      status.fail("tcp " + exchange.toPeer + key.endpoint() + " ("
           + owner(remote) + ") not started: that peer left the cluster");
       return;
     }
@@ -223,16 +280,16 @@ public final class TcpTransport implements Transport {
         if (c == null) {
           c = connect(remote, key);
         }
-        String refusal = c.transfer(local, remote, batch, toRemote);
+        String refusal = work.run(c);
         if (refusal != null) {
           c.close(); // the listener closes after an error ack
           status.fail(
               "tcp peer " + key.endpoint() + " (" + owner(remote) + ") refused the "
-                  + (toRemote ? "write" : "read") + ": " + refusal);
+                  + exchange.noun + ": " + refusal);
           return;
         }
         release(key, c);
-        status.succeed(batch.totalBytes());
+        status.succeed(bytes);
         return;
       } catch (IOException e) {
         boolean timedOut = c != null && c.progress.timedOut;
@@ -263,7 +320,7 @@ public final class TcpTransport implements Transport {
           why = e.getMessage() == null ? e.getClass().getSimpleName() : e.getMessage();
         }
         status.fail(
-            "tcp " + (toRemote ? "write to " : "read from ") + key.endpoint() + " (" + owner(remote)
+            "tcp " + exchange.toPeer + key.endpoint() + " (" + owner(remote)
                 + ") failed: " + why);
         return;
       }
@@ -352,6 +409,50 @@ public final class TcpTransport implements Transport {
     } catch (IOException | RuntimeException e) {
       c.close();
       throw e;
+    }
+  }
+
+  /**
+   * P's handle on D's words over tcp: a store waits for the transfer's writes (each acknowledged
+   * by D's listener once its bytes landed), then sends a DONE_WORD frame on a pooled connection
+   * to D, the one the last write returned (the pool hands out the most recently used first).
+   */
+  private final class InBandDoneWords implements PeerDoneWords {
+    private final String name;
+    private final byte[] nameBytes;
+    private final int slots;
+
+    InBandDoneWords(String name, int slots) {
+      this.name = name;
+      this.nameBytes = name.getBytes(java.nio.charset.StandardCharsets.US_ASCII);
+      this.slots = slots;
+    }
+
+    @Override
+    public TransferStatus storeAfter(
+        List<TransferStatus> writes, MemoryRegion local, RegionDescriptor remote, int slot,
+        long value) {
+      if (slot < 0 || slot >= slots) {
+        return TransferStatus.failed(
+            "done word " + slot + " is outside " + name + " (" + slots + " words)");
+      }
+      TransferStatus stored = TransferStatus.pending();
+      PeerDoneWords.landed(writes).thenAccept(failure -> {
+        if (failure != null) {
+          stored.fail("done word not stored: " + failure);
+        } else {
+          executor.submit(stored,
+              () -> run(remote, Exchange.DONE_WORD, Long.BYTES, stored,
+                  c -> c.doneWord(nameBytes, slot, value)),
+              () -> {});
+        }
+      });
+      return stored;
+    }
+
+    @Override
+    public void close() {
+      // nothing is mapped on this side
     }
   }
 
@@ -503,6 +604,24 @@ public final class TcpTransport implements Transport {
         if (lane != null) {
           staging.release(lane);
         }
+        progress.idle();
+      }
+    }
+
+    /** Sends one DONE_WORD frame and reads its ack: null when stored, else the reason. */
+    @Nullable String doneWord(byte[] name, int slot, long value) throws IOException {
+      progress.busy();
+      watchdog.watch(channel, progress, "tcp connection to " + endpoint);
+      try {
+        frame.clear()
+            .put(TcpWire.OP_DONE_WORD)
+            .putInt(slot)
+            .putInt(name.length)
+            .putLong(value)
+            .put(name);
+        TcpWire.writeFully(channel, frame.flip(), progress);
+        return TcpWire.readAck(channel, ack, progress);
+      } finally {
         progress.idle();
       }
     }

@@ -16,11 +16,17 @@ import org.jspecify.annotations.Nullable;
  * frame  (client)        op u8 (1 WRITE, 2 READ) | region id i32 | count i32 (1..4096)
  *                        | count x (offset i64, length i64)
  *                        | WRITE only: the entries' bytes back to back
+ * word   (client)        op u8 (3 DONE_WORD) | slot i32 | name length i32 (1..255)
+ *                        | value i64 | the done-word file's name (ASCII)
  * ack    (listener)      status u8 (0 ok, 1 error) | message length u16 (..1024) | UTF-8 message
  * </pre>
  *
  * The listener answers the hello with an ack, each WRITE frame with an ack once its bytes have
- * landed, and each READ frame with an ack followed (when ok) by the entries' bytes. After an
+ * landed, and each READ frame with an ack followed (when ok) by the entries' bytes. A DONE_WORD
+ * frame stores the value into a word of one of the listener's own done-word files (a release
+ * store, made only after every earlier frame of the connection was served, so behind their
+ * bytes) and is answered with an ack; a name that is not one of its files is refused. A listener
+ * older than op 3 refuses it as an unknown op: the peer then learns from its messages. After an
  * error ack the listener closes the connection. Entries are at most {@link #MAX_ENTRY_BYTES};
  * the client splits larger ones.
  */
@@ -30,6 +36,9 @@ final class TcpWire {
   static final int MAX_TOKEN_BYTES = 64;
   static final byte OP_WRITE = 1;
   static final byte OP_READ = 2;
+  static final byte OP_DONE_WORD = 3;
+  /** Longest done-word file name a DONE_WORD frame may carry. */
+  static final int MAX_DONE_WORD_NAME_BYTES = 255;
   static final int FRAME_HEADER_BYTES = 9;
   static final int ENTRY_BYTES = 16;
   static final int MAX_ENTRIES = 4096;

@@ -33,6 +33,36 @@ public interface Transport extends AutoCloseable {
    */
   default void peerGone(RegionDescriptor peerRegion) {}
 
+  /**
+   * Whether this transport can store a peer's done word behind its writes ({@link
+   * #openPeerDoneWords}). D offers P a word only then; both sides run the same transport kind.
+   */
+  default boolean storesDoneWords() {
+    return false;
+  }
+
+  /**
+   * P: the done words D named in its announcement (the file's bare name and its size in words),
+   * ready for stores through this transport. Open once per file; close when that peer leaves.
+   * The name comes off the network: a transport that maps the file checks it first.
+   *
+   * @throws IllegalArgumentException naming what is wrong with the name or the file
+   * @throws UnsupportedOperationException where {@link #storesDoneWords} is false
+   */
+  default PeerDoneWords openPeerDoneWords(String name, int slots) {
+    throw new UnsupportedOperationException("the " + name() + " transport stores no done words");
+  }
+
+  /**
+   * D: its own done words, which a peer's in-band store may now target (tcp: the listener stores
+   * a word only into a file accepted here and refuses any other name). Nothing to do where P maps
+   * the file itself (cma, cuda).
+   */
+  default void acceptDoneWords(dev.kvferry.rdma.cuda.SharedDoneWords own) {}
+
+  /** D: its done words are going away; in-band stores into them are refused from now on. */
+  default void withdrawDoneWords(dev.kvferry.rdma.cuda.SharedDoneWords own) {}
+
   /** Stops listeners and closes connections; pending transfers fail. */
   @Override
   void close();

@@ -21,6 +21,10 @@ import java.nio.file.StandardOpenOption;
  * GPU ({@link Cuda#hostRegisterMapped}), and queues {@code cuStreamWriteValue64} to {@link
  * #deviceAddress} after its copies (the store flushes their writes first). Values only grow: a
  * reader waits for {@code get(slot) >= sequence}, so a word is reused without resetting it.
+ *
+ * <p>Host transports store the word with the CPU instead ({@link #set}, a release store): a cma
+ * writer maps D's file itself ({@link #openPeerWordsForCpu}); over tcp D's listener stores into
+ * D's own mapping when the word's frame arrives behind the data.
  */
 public final class SharedDoneWords implements AutoCloseable {
 
@@ -84,11 +88,22 @@ public final class SharedDoneWords implements AutoCloseable {
   }
 
   /**
-   * The done-word file a peer named, if it may be opened: a bare name of kvferry's pattern (no
-   * directory), under {@code dir}, a regular file (not a link) of exactly the size {@code slots}
-   * words take, owned by this process's user.
+   * P over a host transport (cma): the words D named, mapped here for CPU stores ({@link #set}).
+   * The name is checked as for {@link #openPeerWords}; no GPU is touched.
+   *
+   * @throws IllegalArgumentException naming what is wrong with the name or the file
    */
-  public static Path checkedPeerFile(Path dir, String name, int slots) {
+  public static SharedDoneWords openPeerWordsForCpu(String name, int slots) {
+    return new SharedDoneWords(checkedPeerFile(PEER_DIR, name, slots), false, slots);
+  }
+
+  /**
+   * Checks a done-word name and size a peer sent without looking for the file (it may live on
+   * another host): a bare name of kvferry's pattern and a slot count within bounds.
+   *
+   * @throws IllegalArgumentException naming what is wrong
+   */
+  public static void checkPeerName(String name, int slots) {
     if (name == null || !PEER_NAME.matcher(name).matches() || name.contains("..")) {
       throw new IllegalArgumentException(
           "done words named '" + name + "' by the peer are not a kvferry done-word file; refused");
@@ -98,6 +113,15 @@ public final class SharedDoneWords implements AutoCloseable {
           "done words " + name + ": " + slots + " slots named by the peer; at most "
               + MAX_PEER_SLOTS);
     }
+  }
+
+  /**
+   * The done-word file a peer named, if it may be opened: a bare name of kvferry's pattern (no
+   * directory), under {@code dir}, a regular file (not a link) of exactly the size {@code slots}
+   * words take, owned by this process's user.
+   */
+  public static Path checkedPeerFile(Path dir, String name, int slots) {
+    checkPeerName(name, slots);
     Path path = dir.resolve(name);
     java.nio.file.attribute.BasicFileAttributes a;
     try {
@@ -144,9 +168,29 @@ public final class SharedDoneWords implements AutoCloseable {
     return path;
   }
 
+  /** The file's bare name, as D hands it to P. */
+  public String name() {
+    return path.getFileName().toString();
+  }
+
+  /** How many words the file holds. */
+  public int slots() {
+    return slots;
+  }
+
   /** The word's current value (an acquire load: what the GPU flushed before it is visible). */
   public long get(int slot) {
     return (long) LONGS.getAcquire(buffer, index(slot));
+  }
+
+  /**
+   * Stores {@code value} into the word with the CPU, a release store: every write this thread
+   * (or one it synchronised with) made before is visible to a reader that sees the value.
+   *
+   * @throws IndexOutOfBoundsException for a slot outside the file
+   */
+  public void set(int slot, long value) {
+    LONGS.setRelease(buffer, index(slot), value);
   }
 
   /** Spins until the word reaches {@code value} or {@code timeoutNs} passes; the time seen, or -1. */

@@ -1,0 +1,51 @@
+package dev.kvferry.rdma;
+
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import org.jspecify.annotations.Nullable;
+
+/**
+ * A peer's done words as one transport reaches them. D owns a file of 64-bit words ({@link
+ * dev.kvferry.rdma.cuda.SharedDoneWords}) and watches one word per transfer instead of waiting
+ * for P's WriteDone message; P stores the value D chose there once its writes of the transfer
+ * have landed. How the value gets there is the transport's: cuda queues the store on the copy
+ * stream behind the copies, cma stores into its own mapping of D's file, tcp sends it in band
+ * behind the data and D's listener stores it. Opened once per file ({@link
+ * Transport#openPeerDoneWords}) and closed when the peer leaves.
+ */
+public interface PeerDoneWords extends AutoCloseable {
+
+  /**
+   * Stores {@code value} into word {@code slot} for the owner of {@code remote} once every one of
+   * {@code writes} (this transfer's writes to that peer, all submitted already) has landed, so
+   * the peer sees the value only after their bytes. Stores nothing when one of them failed: the
+   * peer then learns from its messages. Returns at once; the status completes when the value is
+   * stored, or fails with the reason it was not.
+   */
+  TransferStatus storeAfter(
+      List<TransferStatus> writes, MemoryRegion local, RegionDescriptor remote, int slot,
+      long value);
+
+  /** Releases what the transport keeps for these words (a mapping); a later store fails. */
+  @Override
+  void close();
+
+  /**
+   * Completes once each of {@code writes} is terminal: with null when all succeeded, else with
+   * the first failure's reason (for host transports, whose writes are done when their status is).
+   */
+  static CompletableFuture<@Nullable String> landed(List<TransferStatus> writes) {
+    CompletableFuture<?>[] all = new CompletableFuture<?>[writes.size()];
+    for (int i = 0; i < all.length; i++) {
+      all[i] = writes.get(i).completion();
+    }
+    return CompletableFuture.allOf(all).thenApply(ignored -> {
+      for (TransferStatus w : writes) {
+        if (!w.succeeded()) {
+          return "a write of the transfer failed (" + w.failureMessage() + ")";
+        }
+      }
+      return null;
+    });
+  }
+}
