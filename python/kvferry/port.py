@@ -261,6 +261,9 @@ class PortClient:
         self._next_id = 1
         self._broken: str | None = "not connected"
         self._expected_loads: int | None = None
+        # Scheduler: requests whose cached-step entries the node reads (docs/engine-port.md,
+        # build_connector_meta): those named with do_remote_decode, until request_finished.
+        self._cached_wanted: set[str] = set()
         self.last_op_errors: list[dict[str, Any]] = []
 
     # -- connection --
@@ -455,6 +458,8 @@ class PortClient:
                 "num_computed_tokens": num_computed_tokens,
             },
         )
+        if kv_transfer_params and kv_transfer_params.get("do_remote_decode"):
+            self._cached_wanted.add(request_id)
         return int(ok["count"]), bool(ok["async"])
 
     def update_state_after_alloc(self, request_id: str, block_ids: list[int], num_external_tokens: int) -> None:
@@ -472,10 +477,16 @@ class PortClient:
     ) -> bytes:
         """The step's metadata. Errors of this connection's earlier one-way ops come back here:
         the first is raised (the metadata attached as ``metadata``, all of them as ``op_errors``)
-        unless ``raise_op_errors`` is false; ``last_op_errors`` holds them either way."""
+        unless ``raise_op_errors`` is false; ``last_op_errors`` holds them either way.
+
+        Of ``scheduled_cached_reqs`` only the entries the node reads are sent: those of requests
+        named with ``do_remote_decode`` (P's chunked prefill) and not finished yet. At hundreds of
+        running requests the rest cost most of the step's port time and change nothing."""
+        wanted = self._cached_wanted
         ok = self._call(
             "build_connector_meta",
-            {"scheduled_new_reqs": scheduled_new_reqs, "scheduled_cached_reqs": scheduled_cached_reqs},
+            {"scheduled_new_reqs": scheduled_new_reqs,
+             "scheduled_cached_reqs": [c for c in scheduled_cached_reqs if c["request_id"] in wanted]},
         )
         metadata = bytes(ok["metadata"])
         self.last_op_errors = list(ok.get("op_errors") or [])
@@ -497,6 +508,7 @@ class PortClient:
         if status not in ("length_capped", "stopped", "aborted"):
             raise ValueError(f"status must be length_capped, stopped or aborted, not {status!r}")
         ok = self._call("request_finished", {"request_id": request_id, "block_ids": list(block_ids), "status": status})
+        self._cached_wanted.discard(request_id)
         return bool(ok["delay_free"]), ok.get("kv_transfer_params")
 
     # -- worker ops --

@@ -240,3 +240,22 @@ def test_start_load_kv_skips_its_round_trip_when_the_metadata_says_nothing_loads
     assert node.ops("worker", 0) == ["hello", "bind_connector_metadata", "start_load_kv", "wait_for_save",
                                      "bind_connector_metadata", "start_load_kv", "get_finished"]
     node.close()
+
+
+def test_build_connector_meta_sends_only_the_cached_entries_the_node_reads(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = PortClient(node.path, "scheduler", engine={"role": "prefill", "mode": "write"})
+    c.hello()
+    c.get_num_new_matched_tokens("plain", 64, None, 0)
+    c.get_num_new_matched_tokens("to-d", 64, {"do_remote_decode": True, "transfer_id": "t"}, 0)
+    c.get_num_new_matched_tokens("from-p", 64, {"do_remote_prefill": True, "transfer_id": "u"}, 0)
+    cached = [{"request_id": r, "new_block_ids": [9], "num_computed_tokens": 65} for r in ("plain", "to-d", "from-p")]
+    new = [{"request_id": "fresh", "block_ids": [1], "num_computed_tokens": 16}]
+    c.build_connector_meta(new, cached)
+    sent = node.calls("build_connector_meta")[-1]
+    assert sent["scheduled_new_reqs"] == new  # new requests always go
+    assert [x["request_id"] for x in sent["scheduled_cached_reqs"]] == ["to-d"]
+    c.request_finished("to-d", [9], "length_capped")
+    c.build_connector_meta([], cached)
+    assert node.calls("build_connector_meta")[-1]["scheduled_cached_reqs"] == []
+    node.close()

@@ -302,7 +302,9 @@ def test_prefill_steps_call_the_port_in_vllms_order(tmp_path, engines):
     g = geometry(layers=2)
     e = engines(g, role="prefill", socket_path=node.path, max_num_batched_tokens=16)
     e.connect()
-    run(e, list(range(1, 21)), max_tokens=1, rid="p1")
+    # A P request for D (WRITE): the node reads its chunks' cached entries.
+    run(e, list(range(1, 21)), max_tokens=1, rid="p1",
+        params={"do_remote_decode": True, "transfer_id": "t-p1", "remote_engine_id": "d0"})
     sched = node.ops("scheduler")
     assert sched[:4] == ["hello", "get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta"]
     assert sched[-1] == "request_finished"
