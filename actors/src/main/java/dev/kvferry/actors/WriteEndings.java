@@ -1,6 +1,7 @@
 package dev.kvferry.actors;
 
 import dev.kvferry.actors.engine.EngineIdentity;
+import java.util.OptionalInt;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.jspecify.annotations.Nullable;
 
@@ -67,14 +68,25 @@ final class WriteEndings {
         new SendOutcome.Failed("transfer " + transferId + " already ended")));
   }
 
-  /** Tells D's workers this worker writes into (all we can know of them) {@code message}. */
+  /**
+   * Tells D's workers this worker writes into {@code message}: {@code knownRanks}, or the ranks
+   * D's TP size gives. While D is not listed here its TP size is unknown, and guessing (our own
+   * rank) is wrong whenever the sizes differ: P rank 1 of TP 2 would confirm to a D rank 1 that
+   * a D of TP 1 does not have, and D would wait for that confirmation forever. So the message
+   * waits in the outbox until D is listed.
+   */
   private void tellDecode(
-      String decodeEngineId, int @Nullable [] knownRanks, PeerProtocol.Message message) {
-    int[] ranks = knownRanks != null ? knownRanks
-        : PeerPlanning.targetsFor(
-            self, PeerPlanning.tpSizeOf(outbox.directory(), decodeEngineId), mla);
-    for (int rank : ranks) {
-      outbox.send(decodeEngineId, rank, message);
+      String decodeEngineId, int @Nullable [] knownRanks, PeerProtocol.TransferFailed message) {
+    if (knownRanks != null) {
+      for (int rank : knownRanks) {
+        outbox.send(decodeEngineId, rank, message);
+      }
+      return;
     }
+    outbox.withTpSizeOf(decodeEngineId, message.transferId(), decodeTp -> {
+      for (int rank : PeerPlanning.targetsFor(self, OptionalInt.of(decodeTp), mla)) {
+        outbox.send(decodeEngineId, rank, message);
+      }
+    });
   }
 }

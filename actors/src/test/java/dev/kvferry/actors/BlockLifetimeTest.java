@@ -243,6 +243,24 @@ class BlockLifetimeTest {
   }
 
   @Test
+  void prefillConfirmsAnAbandonToTheDecodeRanksItWritesOnceDecodeIsListed() {
+    // P rank 1 of TP 2; D (TP 1) asks it to abandon a transfer before D is listed here (it may
+    // just have attached). Its confirmation must reach D's rank 0, the one rank it writes: with
+    // D's TP size unknown the writer once guessed its own rank 1, which D does not have, and D
+    // waited for that confirmation until its engine detached.
+    ConnectorWorker p = fx.worker(
+        new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 1, 2, TransferMode.WRITE),
+        ConnectorSettings.DEFAULTS);
+    p.engineRef().tell(new PeerProtocol.TransferFailed("tx20", "decode-0", "decode gave up", 0));
+    fx.peerInbox.expectNoMessage(QUIET);
+
+    fx.startPeer(decode, fx::peerMetadata);
+    PeerProtocol.TransferFailed confirm = fishPeer(PeerProtocol.TransferFailed.class);
+    assertEquals("tx20", confirm.transferId());
+    assertEquals(1, confirm.senderTpRank());
+  }
+
+  @Test
   void aReadFailureWaitsForTheOtherLayersInFlightBeforeInvalidatingAndReleasing() {
     GatedTransport gated = new GatedTransport(fx.transport);
     listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.READ));

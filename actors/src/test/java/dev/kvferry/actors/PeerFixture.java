@@ -105,6 +105,14 @@ final class PeerFixture implements AutoCloseable {
     return worker(role, mode, engineId, s, transport, localLayers);
   }
 
+  /** A worker of the given identity (a TP rank other than 0 of 1, say). */
+  ConnectorWorker worker(EngineIdentity identity, ConnectorSettings s) {
+    ConnectorWorker w = new ConnectorWorker(kit.system(), identity, transport, s);
+    w.registerKvCaches(GEOMETRY, localLayers);
+    workers.add(w);
+    return w;
+  }
+
   /** A worker with its own transport over the given layers (the peer's, for a second worker). */
   ConnectorWorker worker(Role role, TransferMode mode, String engineId, ConnectorSettings s,
       Transport t, List<MemoryRegion> layers) {
