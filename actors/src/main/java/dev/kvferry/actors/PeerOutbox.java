@@ -22,7 +22,8 @@ final class PeerOutbox {
   private record Held(PeerKey to, PeerProtocol.Message message, long heldSinceNanos) {}
 
   /** Work that needs a peer engine's TP size; dropped when its transfer ends. */
-  private record AwaitingTpSize(String engineId, String transferId, IntConsumer action) {}
+  private record AwaitingTpSize(
+      String engineId, String transferId, IntConsumer action, long heldSinceNanos) {}
 
   private final Logger log;
   private final ConnectorSettings settings;
@@ -75,18 +76,26 @@ final class PeerOutbox {
    * (dropped when transfer {@code transferId} ends, see {@link #drop}).
    */
   void withTpSizeOf(String engineId, String transferId, IntConsumer action) {
-    OptionalInt tp = PeerPlanning.tpSizeOf(directory, engineId);
+    runOrHold(new AwaitingTpSize(engineId, transferId, action, System.nanoTime()));
+  }
+
+  private void runOrHold(AwaitingTpSize a) {
+    OptionalInt tp = PeerPlanning.tpSizeOf(directory, a.engineId());
     if (tp.isPresent()) {
-      action.accept(tp.getAsInt());
+      a.action().accept(tp.getAsInt());
       return;
     }
-    log.debug("{} not listed yet; holding work that needs its TP size", engineId);
+    if (System.nanoTime() - a.heldSinceNanos() > settings.transferTimeout().toNanos()) {
+      log.warn("{} never joined; dropping work of transfer {}", a.engineId(), a.transferId());
+      return;
+    }
+    log.debug("{} not listed yet; holding work that needs its TP size", a.engineId());
     if (awaitingTpSize.size() >= settings.terminalIdCapacity()) {
       AwaitingTpSize oldest = awaitingTpSize.poll();
       log.warn("too much work held for engines not listed; dropping work of transfer {} for {}",
           oldest.transferId(), oldest.engineId());
     }
-    awaitingTpSize.add(new AwaitingTpSize(engineId, transferId, action));
+    awaitingTpSize.add(a);
   }
 
   /** Whether work of {@code transferId} waits for a peer's TP size. */
@@ -119,7 +128,7 @@ final class PeerOutbox {
   void flush() {
     List<AwaitingTpSize> needTp = new ArrayList<>(awaitingTpSize);
     awaitingTpSize.clear();
-    needTp.forEach(a -> withTpSizeOf(a.engineId(), a.transferId(), a.action()));
+    needTp.forEach(this::runOrHold);
     List<Held> waiting = new ArrayList<>(held);
     held.clear();
     waiting.forEach(this::send);
