@@ -10,7 +10,6 @@ import dev.kvferry.rdma.RegionKind;
 import dev.kvferry.rdma.RegionRegistry;
 import dev.kvferry.rdma.cuda.Cuda;
 import dev.kvferry.rdma.cuda.CudaEvent;
-import dev.kvferry.rdma.cuda.CudaKernels;
 import dev.kvferry.rdma.cuda.CudaStream;
 import dev.kvferry.rdma.cuda.KernelArgs;
 import java.util.ArrayDeque;
@@ -24,7 +23,7 @@ import org.jspecify.annotations.Nullable;
 /**
  * The KV cache on one GPU: each rank's layers cudaMalloc'd and registered as CUDA regions (moved
  * by the {@code cuda} transport), filled by {@code kvferry_kv_fill} on the engine's compute stream
- * and checked by {@code kvferry_kv_verify} (rdma-jni's kvferry_kernels.cu), which compute the
+ * and checked by {@code kvferry_kv_verify} (sim_kernels.cu, loaded by {@link SimKernels}), which compute the
  * same bytes as {@link KvPattern}. All TP ranks of the engine share the device and the stream.
  *
  * <p>Per call, the token table (byte offset, request key, position per token) goes through a
@@ -110,7 +109,7 @@ public final class GpuKvCache implements SimKvCache {
     try {
       Cuda.setDevice(device);
       stream = CudaStream.create(device);
-      CudaKernels kernels = CudaKernels.forDevice(device);
+      SimKernels kernels = SimKernels.forDevice(device);
       fillKernel = kernels.function("kvferry_kv_fill");
       verifyKernel = kernels.function("kvferry_kv_verify");
       maxCtas = kernels.multiProcessors() * 8;

@@ -20,7 +20,7 @@ import dev.kvferry.rdma.RegionRegistry;
 import dev.kvferry.rdma.cuda.Cuda;
 import dev.kvferry.rdma.cuda.CudaEvent;
 import dev.kvferry.rdma.cuda.CudaEventPoller;
-import dev.kvferry.rdma.cuda.CudaKernels;
+import dev.kvferry.sim.SimKernels;
 import dev.kvferry.rdma.cuda.CudaStream;
 import dev.kvferry.actors.EngineActor;
 import java.time.Clock;
@@ -171,7 +171,7 @@ public final class GpuConnectorRun {
       }
       long[] pSlots = pKv.slotOffsets(pIds);
       long pOffsets = pKv.upload(pSlots);
-      CudaKernels k = CudaKernels.forDevice(pGpu);
+      SimKernels k = SimKernels.forDevice(pGpu);
       List<CudaEvent> events = new ArrayList<>();
       for (int l = 0; l < layers; l++) {
         events.add(CudaEvent.create(pGpu, true));

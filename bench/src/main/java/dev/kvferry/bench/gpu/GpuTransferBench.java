@@ -12,7 +12,7 @@ import dev.kvferry.rdma.testing.ChildJvm;
 import dev.kvferry.rdma.cuda.Cuda;
 import dev.kvferry.rdma.cuda.CudaEvent;
 import dev.kvferry.rdma.cuda.CudaEventPoller;
-import dev.kvferry.rdma.cuda.CudaKernels;
+import dev.kvferry.sim.SimKernels;
 import dev.kvferry.rdma.cuda.CudaStream;
 import dev.kvferry.rdma.cuda.SharedDoneWords;
 import java.io.BufferedReader;
@@ -119,7 +119,7 @@ public final class GpuTransferBench {
     Cuda.setDevice(kv.device);
     long counter = Cuda.malloc(8);
     Cuda.memset(counter, 0, 8);
-    CudaKernels k = CudaKernels.forDevice(kv.device);
+    SimKernels k = SimKernels.forDevice(kv.device);
     try (CudaStream s = CudaStream.create(kv.device); Memory host = new Memory(8)) {
       for (int l = 0; l < kv.layers; l++) {
         k.verifyPattern(s, kv.regions.get(l).address(), offsets, slots.length, kv.blockBytes, l,
@@ -435,7 +435,7 @@ public final class GpuTransferBench {
     private void fill(GpuKvLayers kv, int[] pIds, int seed, long spin, CudaStream stream) {
       long[] slots = kv.slotOffsets(pIds);
       long offsets = kv.upload(slots);
-      CudaKernels k = CudaKernels.forDevice(kv.device);
+      SimKernels k = SimKernels.forDevice(kv.device);
       try (CudaStream s = CudaStream.create(kv.device)) {
         for (int l = 0; l < kv.layers; l++) {
           k.fillPattern(s, kv.regions.get(l).address(), offsets, slots.length, kv.blockBytes, l,
@@ -460,7 +460,7 @@ public final class GpuTransferBench {
         int seed) throws IOException {
       long[] slots = kv.slotOffsets(pIds);
       long offsets = kv.upload(slots);
-      CudaKernels k = CudaKernels.forDevice(kv.device);
+      SimKernels k = SimKernels.forDevice(kv.device);
       List<CudaEvent> events = new ArrayList<>();
       for (int l = 0; l < kv.layers; l++) {
         events.add(CudaEvent.create(kv.device, true));

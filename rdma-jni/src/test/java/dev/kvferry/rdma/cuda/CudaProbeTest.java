@@ -51,9 +51,8 @@ class CudaProbeTest {
   void kernelPtxShipsInTheJarWithItsEntryPoints() {
     String ptx = new String(CudaKernels.ptx(), java.nio.charset.StandardCharsets.US_ASCII);
     assertTrue(ptx.contains(".entry kvferry_scatter_copy("));
-    assertTrue(ptx.contains(".entry kvferry_fill_pattern("));
-    assertTrue(ptx.contains(".entry kvferry_verify_pattern("));
-    assertTrue(ptx.contains(".entry kvferry_kv_fill("));
-    assertTrue(ptx.contains(".entry kvferry_kv_verify("));
+    // The simulator's kernels ship with the simulator (sim's SimKernels), not with the runtime.
+    assertFalse(ptx.contains("kvferry_fill_pattern"));
+    assertFalse(ptx.contains("kvferry_kv_fill"));
   }
 }
