@@ -33,19 +33,30 @@ out=${OUT:+$OUT/gpu-model-p$P-d$D}
 [ -z "$out" ] || mkdir -p "$out"
 logs=${out:-$work}
 
-kvferry() { "$JAVA" -Xmx2g -XX:+UseSerialGC "${CUDA_PROPS[@]}" -cp "$CP" dev.kvferry.cli.KvferryCli "$@"; }
+# KVFERRY_GC_LOG (per JVM): where its garbage collections are logged, with their pauses.
+kvferry() {
+  "$JAVA" -Xmx2g -XX:+UseSerialGC ${KVFERRY_GC_LOG:+"-Xlog:gc:file=$KVFERRY_GC_LOG"} "${CUDA_PROPS[@]}" \
+    -cp "$CP" dev.kvferry.cli.KvferryCli "$@"
+}
 router_port=25520
 kvferry router --port $router_port --management-port 25530 --seed-nodes 127.0.0.1:$router_port \
   > "$logs/router.log" 2>&1 &
 pids+=($!)
 node() {  # role gpu port mgmt
-  kvferry node --role "$1" --engine-id "$1-0" --mode write,read --engine port \
+  KVFERRY_GC_LOG=$logs/$1-gc.log kvferry node --role "$1" --engine-id "$1-0" --mode write,read --engine port \
     --engine-socket "$work/$1.sock" --tp-size 1 --gpu "$2" --transport cuda --port "$3" \
     --management-port "$4" --seed-nodes 127.0.0.1:$router_port > "$logs/$1.log" 2>&1 &
   pids+=($!)
 }
 node prefill "$P" 25521 25531
 node decode "$D" 25522 25532
+if command -v top >/dev/null; then
+  # Every 20 s, the busiest threads of the machine: a thread spinning beside the engines shows here.
+  (while sleep 20; do
+     date +%T; top -b -H -n 1 -w 200 | head -30; nvidia-smi pmon -c 1 -s u 2>/dev/null || true
+   done) > "$logs/top.txt" 2>&1 &
+  pids+=($!)
+fi
 
 set +e
 PYTHONPATH=$py${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 python3 -c \

@@ -195,8 +195,11 @@ class _EngineState:
         return "aborted"
 
     def cmd_compare(self, rid: str, p_chunks: list[list[int]], p_hit: int, steps: int,
-                    with_generate: bool) -> dict:
-        """Decodes on D and on the engine without kvferry doing P's work, step by step."""
+                    with_generate: bool, control: bool = False, probe: bool = False,
+                    profile: bool = False, delay_s: float = 0.0, pre_steps: int = 0) -> dict:
+        """Decodes on D and on the engine without kvferry doing P's work, step by step. With
+        ``control`` the engine without kvferry decodes a second time from the same state: whether
+        it agrees with itself tells kernel nondeterminism from a kvferry fault."""
         import torch
 
         e, b = self._e(), self.baseline
@@ -209,13 +212,51 @@ class _EngineState:
         if pre["hit_tokens"] != p_hit:
             raise RuntimeError(f"{rid}: baseline prefix hit {pre['hit_tokens']} != P's {p_hit}")
         b_first, b_blocks = b.first_token(bid, prompt, pre["blocks"], remote=False)
+        b_blocks_first = list(b_blocks)  # decode appends to the table it is given
+        assert e.sched is not None and e.worker is not None
+        e.sched.reset_op_seconds()
+        e.worker.reset_op_seconds()
+        if delay_s:
+            time.sleep(delay_s)
+        pre_decode = None
+        if pre_steps:
+            # Diagnostic: the same decode for a few steps on a copy of the table first.
+            n_blocks = -(-len(prompt) // e.cache.block_size)
+            warm = list(r["blocks"][:n_blocks])
+            e.decode("probe-before", prompt, warm, r["logits"], pre_steps)
+            pre_decode = dict(e.last_decode)
+            e.pool.free(warm[n_blocks:])
+        gc_d = _GcTimer()
+        prof = _profiler() if profile else None
         t_base = time.perf_counter()
         d_tokens, d_logits = e.decode(rid, prompt, r["blocks"], r["logits"], steps)
         t_d = time.perf_counter()
+        prof_text = _profiler_done(prof)
+        gc_d.stop()
+        d_split = dict(e.last_decode)
+        d_ops = {"scheduler": e.sched.reset_op_seconds(), "worker": e.worker.reset_op_seconds()}
+        gc_b = _GcTimer()
         b_tokens, b_logits = b.decode(bid, prompt, b_blocks, b_first, steps)
         t_b = time.perf_counter()
+        gc_b.stop()
+        b_split = dict(b.last_decode)
         after = self._cache_after_decode(e, b, r["blocks"], b_blocks, len(prompt), steps,
                                          d_tokens == b_tokens)
+        ctl = None
+        t_c0 = t_c1 = time.perf_counter()
+        if control:
+            # The positions before the prompt's end are untouched by decoding, and each decoded
+            # position is written before it is read: the same state, decoded again.
+            c_blocks = list(b_blocks_first)
+            c_tokens, c_logits = b.decode(bid, prompt, c_blocks, b_first, steps)
+            t_c1 = time.perf_counter()
+            ctl = {"tokens_equal": c_tokens == b_tokens,
+                   "logits_equal_steps": sum(1 for x, y in zip(c_logits, b_logits)
+                                             if torch.equal(x.view(torch.int16), y.view(torch.int16))),
+                   "first_differing_step": next((i for i, (x, y) in enumerate(zip(c_logits, b_logits))
+                                                 if not torch.equal(x.view(torch.int16), y.view(torch.int16))), None)}
+            b.pool.free(c_blocks[len(b_blocks_first):])
+        probes = self._decode_probes(e, b, prompt, r, b_blocks_first, b_first, steps, profile) if probe else None
         e.finish_decoded(rid, r["blocks"])
         b.finish_decoded(bid, b_blocks)
         first_equal = bool(torch.equal(d_logits[0].view(torch.int16), b_logits[0].view(torch.int16)))
@@ -232,12 +273,63 @@ class _EngineState:
                "logits_equal_steps": logits_equal_steps, "steps": len(d_logits), "divergence": divergence,
                "d_tokens": d_tokens}
         out["cache_after_decode"] = after
+        if ctl is not None:
+            out["control"] = ctl
+        if probes is not None:
+            out["decode_probes"] = probes
+        out["decode_split_ms"] = {"d": d_split, "baseline": b_split}
+        out["decode_gc"] = {"d": gc_d.summary(), "baseline": gc_b.summary()}
+        if prof_text is not None:
+            out["d_decode_profile"] = prof_text
+        if pre_decode is not None:
+            out["pre_decode"] = pre_decode
+        out["d_decode_port_ops"] = {side: {op: [int(v[0]), round(v[1] * 1e3, 3), round(v[2] * 1e3, 3)]
+                                           for op, v in ops.items()} for side, ops in d_ops.items()}
         t_g = time.perf_counter()
         if with_generate:
             out["generate"] = self._generate_agreement(prompt, b_tokens)
         out["compare_ms"] = {"baseline_prefill": (t_base - t_start) * 1e3, "d_decode": (t_d - t_base) * 1e3,
-                             "baseline_decode": (t_b - t_d) * 1e3, "cache_check": (t_g - t_b) * 1e3,
+                             "baseline_decode": (t_b - t_d) * 1e3,
+                             "cache_check": (t_g - t_b) * 1e3 - (t_c1 - t_c0) * 1e3,
+                             "control_decode": (t_c1 - t_c0) * 1e3,
                              "generate": (time.perf_counter() - t_g) * 1e3}
+        return out
+
+    def _decode_probes(self, e: Any, b: Any, prompt: list[int], r: dict, b_blocks_first: list[int],
+                       b_first: Any, steps: int, profile: bool = False) -> dict:
+        """Where D's slower decode comes from (a diagnostic): the same decode again (each decoded
+        position is written before it is read) on D's cache without the port, and on the cache of
+        the engine without kvferry with two port pings per step. Wall ms of forward+argmax."""
+        from .gpu_model import ModelEngine
+
+        out = {}
+        n_blocks = -(-len(prompt) // e.cache.block_size)
+        again = list(r["blocks"][:n_blocks])
+        prof = _profiler() if profile else None
+        e.decode("probe-again", prompt, again, r["logits"], steps)
+        text = _profiler_done(prof)
+        if text is not None:
+            out["d_again_profile"] = text
+        out["d_again"] = dict(e.last_decode)
+        e.pool.free(again[n_blocks:])
+        calls = list(b_blocks_first)
+        b.decode("probe-step-calls", prompt, calls, b_first, steps,
+                 between_steps=lambda: (e._step_begin([], []), e._step_end()))
+        out["baseline_cache_with_step_calls"] = dict(b.last_decode)
+        b.pool.free(calls[len(b_blocks_first):])
+        bare = ModelEngine(self.model, self.spec, e.cache, role="decode", mode="write",
+                           chunk_tokens=self.cfg["chunk_tokens"])
+        bare.pool = e.pool
+        d_first = r["logits"]
+        d_blocks = list(r["blocks"][:n_blocks])
+        bare.decode(r["request"] if "request" in r else "probe", prompt, d_blocks, d_first, steps)
+        out["d_cache_without_port"] = dict(bare.last_decode)
+        e.pool.free(d_blocks[n_blocks:])
+        pings = list(b_blocks_first)
+        b.decode("probe-pings", prompt, pings, b_first, steps,
+                 between_steps=lambda: (e.sched.ping(), e.worker.ping()))
+        out["baseline_cache_with_pings"] = dict(b.last_decode)
+        b.pool.free(pings[len(b_blocks_first):])
         return out
 
     @staticmethod
@@ -319,6 +411,70 @@ class _EngineState:
             z.synchronize()
             times.append(a.elapsed_time(z))
         return {"bytes": nbytes, "ms": statistics.median(times[2:])}
+
+
+def _profiler() -> Any:
+    """torch's profiler with CUDA activity (kernel times on the GPU), else cProfile."""
+    import torch
+
+    if torch.cuda.is_available():
+        from torch.profiler import ProfilerActivity, profile
+
+        p = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        p.__enter__()
+        return p
+    import cProfile
+
+    p = cProfile.Profile()
+    p.enable()
+    return p
+
+
+def _profiler_done(p: Any) -> str | None:
+    if p is None:
+        return None
+    import io
+    import pstats
+
+    if hasattr(p, "key_averages"):
+        p.__exit__(None, None, None)
+        return (p.key_averages().table(sort_by="cuda_time_total", row_limit=20)
+                + "\n" + p.key_averages().table(sort_by="cpu_time_total", row_limit=12))
+    p.disable()
+    text = io.StringIO()
+    pstats.Stats(p, stream=text).sort_stats("tottime").print_stats(25)
+    return text.getvalue()
+
+
+class _GcTimer:
+    """Python's garbage collections while it runs: count per generation and their wall time."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.counts = [0, 0, 0]
+        self.seconds = 0.0
+        self.longest = 0.0
+        self._began = 0.0
+        self._gc = gc
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            took = time.perf_counter() - self._began
+            self.seconds += took
+            self.longest = max(self.longest, took)
+            self.counts[info.get("generation", 0)] += 1
+
+    def stop(self) -> None:
+        if self._callback in self._gc.callbacks:
+            self._gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict:
+        return {"collections": list(self.counts), "ms": round(self.seconds * 1e3, 2),
+                "longest_ms": round(self.longest * 1e3, 2)}
 
 
 class _Proc:
@@ -456,8 +612,16 @@ def run_mode(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
             phase.mark("kv_check")
             rec["ttft_s"] = (first["received_at"] - pre["start"]) + (first["first_end"] - first["first_start"])
             generate = not args.no_generate and i % args.generate_every == 0
+            control = args.control_every > 0 and i % args.control_every == 0
             rec.update(d.call("compare", rid=rid, p_chunks=pre["chunks"], p_hit=pre["hit_tokens"],
-                              steps=args.decode_steps, with_generate=generate))
+                              steps=args.decode_steps, with_generate=generate, control=control,
+                              probe=i < args.decode_probes, profile=i < args.profile_decode,
+                              delay_s=args.decode_delay_s if i % 2 else 0.0,
+                              pre_steps=args.pre_decode_steps if i % 2 == 0 else 0))
+            if "d_decode_profile" in rec:
+                log(f"{rid}: D's decode, profiled:\n{rec.pop('d_decode_profile')}")
+            if "d_again_profile" in rec.get("decode_probes", {}):
+                log(f"{rid}: D's decode again, profiled:\n{rec['decode_probes'].pop('d_again_profile')}")
             phase.mark("compare")
             completed.append(prompt)
         except Exception as ex:  # noqa: BLE001 - one request's failure is reported, the run goes on
@@ -509,6 +673,36 @@ def _after(r: dict) -> str:
             f" transferred_differing={a['transferred_positions_differing']}")
 
 
+def _control(r: dict) -> str:
+    c = r.get("control")
+    if c is None:
+        return ""
+    return (f" control_tokens_equal={c['tokens_equal']} control_logits_equal_steps={c['logits_equal_steps']}"
+            f"/{r['steps']}")
+
+
+def _split(r: dict) -> str:
+    sp = r.get("decode_split_ms")
+    if not sp:
+        return ""
+    d, b = sp["d"], sp["baseline"]
+    pr = r.get("decode_probes")
+    probes = "" if not pr else (
+        f" probe_d_cache_without_port_compute_ms={pr['d_cache_without_port']['compute_ms']:.1f}"
+        f" probe_baseline_cache_with_pings_compute_ms={pr['baseline_cache_with_pings']['compute_ms']:.1f}"
+        f" probe_pings_ms={pr['baseline_cache_with_pings']['port_ms']:.1f}"
+        f" probe_d_again_compute_ms={pr['d_again']['compute_ms']:.1f}"
+        f" probe_baseline_cache_with_step_calls_compute_ms={pr['baseline_cache_with_step_calls']['compute_ms']:.1f}")
+    g = r.get("decode_gc", {})
+    gcs = "" if not g else (f" gc_d={g['d']['collections']}/{g['d']['ms']}ms"
+                            f" gc_baseline={g['baseline']['collections']}/{g['baseline']['ms']}ms")
+    pre = r.get("pre_decode")
+    if pre:
+        probes += f" pre_decode_steps={pre['steps']} pre_decode_compute_ms={pre['compute_ms']:.1f}"
+    return (f" d_decode_port_ms={d['port_ms']:.1f} d_decode_compute_ms={d['compute_ms']:.1f}"
+            f" baseline_decode_compute_ms={b['compute_ms']:.1f}{probes}{gcs}")
+
+
 def _line(r: dict) -> str:
     if "error" in r:
         return f"{r['request']} n={r['prompt_tokens']} {r['kind']}: ERROR {r['error'].splitlines()[-1] if r['error'] else ''}"
@@ -519,6 +713,7 @@ def _line(r: dict) -> str:
             f"chunks={r['chunks']} kv_equal={r['kv_equal']} first_logits_equal={r['first_logits_bitwise_equal']} "
             f"tokens_equal={r['tokens_equal']} logits_equal_steps={r['logits_equal_steps']}/{r['steps']} "
             f"generate_agree={gen} ttft_ms={r['ttft_s'] * 1e3:.2f}{_after(r)}"
+            f"{_control(r)}{_split(r)}"
             f" phases_ms={json.dumps(r.get('phase_ms', {}), separators=(',', ':'))}"
             f" compare_ms={json.dumps({k: round(v, 1) for k, v in r.get('compare_ms', {}).items()}, separators=(',', ':'))}"
             + (f" DIVERGENCE step={div['step']} logits_bitwise_equal={div['logits_bitwise_equal']} "
@@ -653,9 +848,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--attention", default="efficient", choices=["efficient", "cudnn", "math", "default"],
+                   help="the attention kernel on a GPU, the same in P, D and the engine without kvferry")
     p.add_argument("--no-generate", action="store_true", help="skip transformers' generate() comparison")
     p.add_argument("--generate-every", type=int, default=1,
                    help="run the generate() comparison (information) on every K-th request only")
+    p.add_argument("--control-every", type=int, default=4,
+                   help="on every K-th request the engine without kvferry decodes twice (0: never): "
+                        "its agreement with itself is the control for the greedy comparison")
+    p.add_argument("--decode-probes", type=int, default=0,
+                   help="diagnostic: on the first K requests of each mode, decode again on D's cache "
+                        "without the port and on the other cache with port pings, timed")
+    p.add_argument("--decode-delay-s", type=float, default=0.0,
+                   help="diagnostic: on every odd request D waits this long before decoding")
+    p.add_argument("--pre-decode-steps", type=int, default=0,
+                   help="diagnostic: on every even request D first decodes this many steps on a copy")
+    p.add_argument("--profile-decode", type=int, default=0,
+                   help="diagnostic: profile D's decode (cProfile) on the first K requests of each mode")
     p.add_argument("--ttft-lengths", type=lambda s: [int(x) for x in s.split(",") if x], default=[256, 1024, 2048, 4096])
     p.add_argument("--ttft-reps", type=int, default=5)
     p.add_argument("--max-prompt-tokens", type=int, default=PROMPT_MAX)
@@ -674,7 +883,7 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, flush=True)
 
     ctx = tmp.get_context("spawn")
-    cfg = {"spec": {"layers": args.layers, "vocab": args.vocab, "seed": args.seed},
+    cfg = {"spec": {"layers": args.layers, "vocab": args.vocab, "seed": args.seed, "attention": args.attention},
            "num_blocks": args.num_blocks, "block_size": args.block_size, "chunk_tokens": args.chunk_tokens}
     rng = random.Random(args.seed)
     report: dict[str, Any] = {"config": vars(args)}
@@ -738,6 +947,12 @@ def summarize(report: dict) -> dict:
         lines.append(f"  cache after decoding equal to the engine without kvferry's (every position, every layer) "
                      f"{sum(1 for a in after if a['equal'])}/{len(after)}; transferred positions changed after the "
                      f"check in {len(late)}" + (f": {', '.join(late)}" if late else ""))
+        ctl = [r for r in done if "control" in r]
+        if ctl:
+            lines.append(f"  control (the engine without kvferry decoding the same state twice): tokens identical "
+                         f"{sum(1 for r in ctl if r['control']['tokens_equal'])}/{len(ctl)}, every step's logits "
+                         f"bitwise equal {sum(1 for r in ctl if r['control']['first_differing_step'] is None)}"
+                         f"/{len(ctl)}")
         for r in done:
             if r.get("divergence"):
                 dv = r["divergence"]

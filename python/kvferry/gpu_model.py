@@ -46,6 +46,11 @@ class ModelSpec:
     vocab: int = 32000
     seed: int = 1234
     max_positions: int = 8192
+    # The attention kernel on a GPU: "efficient" (PyTorch's memory-efficient kernel), "cudnn",
+    # "math" or "default" (PyTorch picks; on an H200 with torch 2.11 that is cuDNN, which builds an
+    # execution plan the first time it sees each KV length: ~35 ms per new length, paid by whichever
+    # engine decodes a length first; docs/gpu.md, run 6).
+    attention: str = "efficient"
 
     @property
     def hidden(self) -> int:
@@ -198,6 +203,14 @@ class PagedLlama:
         new_slots = cache.slots(blocks, start, end)
         all_slots = cache.slots(blocks, 0, end)
         mask = (torch.arange(end, device=dev)[None, :] <= torch.arange(start, end, device=dev)[:, None])
+        with _attention_kernel(spec.attention, dev):
+            return self._layers(cache, h, cos, sin, new_slots, all_slots, mask, n, layer_written, before_layer)
+
+    def _layers(self, cache: PagedKvCache, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                new_slots: torch.Tensor, all_slots: torch.Tensor, mask: torch.Tensor, n: int,
+                layer_written: Callable[[int], None] | None,
+                before_layer: Callable[[int], None] | None) -> torch.Tensor:
+        spec, m = self.spec, self.model.model
         groups = spec.heads // spec.kv_heads
         for i, layer in enumerate(m.layers):
             if before_layer is not None:
@@ -218,6 +231,23 @@ class PagedLlama:
             h = h + a.o_proj(o.transpose(1, 2).reshape(1, n, spec.hidden))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.model.lm_head(m.norm(h[:, -1:]))[0, -1]
+
+
+def _attention_kernel(name: str, device: torch.device) -> Any:
+    """The context that restricts scaled_dot_product_attention to the chosen kernel (GPU only)."""
+    import contextlib
+
+    if device.type != "cuda" or name == "default":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kernels = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+               "math": SDPBackend.MATH}
+    if name not in kernels:
+        raise ValueError(f"attention must be one of {sorted(kernels) + ['default']}, not {name!r}")
+    # The math kernel stays allowed behind the chosen one: a shape the chosen kernel refuses still
+    # runs (the same shape picks the same kernel in every engine, so bits stay comparable).
+    return sdpa_kernel([kernels[name], SDPBackend.MATH] if name != "math" else [SDPBackend.MATH])
 
 
 class GpuWorkerClient(PortClient):
@@ -265,6 +295,7 @@ class ModelEngine:
         self.events: list[Any] = []
         self._slot = 0
         self._finished_ids: list[str] = []
+        self.last_decode: dict[str, float] = {}
         # With record_timeline (GPU): a timing event after each layer's KV is written, per step.
         self.record_timeline = False
         self._timeline: list[tuple[int, Any]] = []
@@ -506,22 +537,36 @@ class ModelEngine:
         self._cache_full_blocks(prompt, blocks, n)
         return logits, blocks
 
-    def decode(self, rid: str, prompt: list[int], blocks: list[int], first: torch.Tensor, steps: int
-               ) -> tuple[list[int], list[torch.Tensor]]:
-        """Greedy: the first token from ``first``, then ``steps`` more; every step's logits kept."""
+    def decode(self, rid: str, prompt: list[int], blocks: list[int], first: torch.Tensor, steps: int,
+               between_steps: Callable[[], None] | None = None) -> tuple[list[int], list[torch.Tensor]]:
+        """Greedy: the first token from ``first``, then ``steps`` more; every step's logits kept.
+        ``between_steps`` (a diagnostic) runs after each step's connector calls, timed with them."""
         bs = self.cache.block_size
         tokens = [int(torch.argmax(first))]
         logits_seen = [first]
         pos = len(prompt)
+        port: list[float] = []
+        compute: list[float] = []
         for _ in range(steps):
             added = self.pool.allocate(max(0, -(-(pos + 1) // bs) - len(blocks))) or []
             blocks += added
+            t0 = time.perf_counter()
             self._step_begin([], [{"request_id": rid, "new_block_ids": added or None, "num_computed_tokens": pos + 1}])
+            t1 = time.perf_counter()
             logits = self.runner.forward(self.cache, tokens[-1:], blocks, pos)
+            tokens.append(int(torch.argmax(logits)))  # waits for the GPU: compute ends here
+            t2 = time.perf_counter()
             self._step_end()
+            if between_steps is not None:
+                between_steps()
+            port.append(t1 - t0 + time.perf_counter() - t2)
+            compute.append(t2 - t1)
             logits_seen.append(logits)
-            tokens.append(int(torch.argmax(logits)))
             pos += 1
+        # Where the steps' wall time went: the connector's calls against the forward pass.
+        self.last_decode = {"steps": steps, "port_ms": sum(port) * 1e3, "compute_ms": sum(compute) * 1e3,
+                            "port_max_ms": max(port, default=0.0) * 1e3,
+                            "compute_max_ms": max(compute, default=0.0) * 1e3}
         return tokens, logits_seen
 
     def finish_decoded(self, rid: str, blocks: list[int]) -> None:

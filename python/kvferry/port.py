@@ -265,6 +265,9 @@ class PortClient:
         # build_connector_meta): those named with do_remote_decode, until request_finished.
         self._cached_wanted: set[str] = set()
         self.last_op_errors: list[dict[str, Any]] = []
+        # Per op: [calls, total seconds, longest seconds] of this client's side of each op (a
+        # round trip for a call, the send for a one-way op): where an engine's step time goes.
+        self.op_seconds: dict[str, list[float]] = {}
 
     # -- connection --
 
@@ -385,7 +388,30 @@ class PortClient:
         self._broken = f"refused: {err.get('code')}"
         return error_for(str(err.get("code", "internal")), str(err.get("message", "")))
 
+    def _timed(self, op: str, began: float) -> None:
+        took = time.perf_counter() - began
+        s = self.op_seconds.get(op)
+        if s is None:
+            self.op_seconds[op] = [1, took, took]
+        else:
+            s[0] += 1
+            s[1] += took
+            if took > s[2]:
+                s[2] = took
+
+    def reset_op_seconds(self) -> dict[str, list[float]]:
+        """Returns the per-op times gathered so far and starts again."""
+        out, self.op_seconds = self.op_seconds, {}
+        return out
+
     def _call(self, op: str, args: dict[str, Any] | None = None, request_id: int | None = None) -> Any:
+        began = time.perf_counter()
+        try:
+            return self._round_trip(op, args, request_id)
+        finally:
+            self._timed(op, began)
+
+    def _round_trip(self, op: str, args: dict[str, Any] | None, request_id: int | None) -> Any:
         if request_id is None:
             request_id = self._next_id
             self._next_id += 1
@@ -429,7 +455,11 @@ class PortClient:
         return reply["ok"]
 
     def _one_way(self, op: str, args: dict[str, Any]) -> None:
-        self._send({"op": op, "args": args})
+        began = time.perf_counter()
+        try:
+            self._send({"op": op, "args": args})
+        finally:
+            self._timed(op, began)
 
     def call(self, op: str, args: dict[str, Any] | None = None) -> Any:
         """Any op by name (for ops this client has no method for)."""

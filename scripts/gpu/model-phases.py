@@ -25,6 +25,24 @@ def main(path: str) -> None:
         slow = sum(1 for x in ratios if x > 2)
         print(f"  D's decode through the port / the same decode without kvferry: median "
               f"{statistics.median(ratios):.2f}x, max {ratios[-1]:.2f}x; more than 2x in {slow} of {len(ratios)}")
+        split = [r["decode_split_ms"] for r in done if "decode_split_ms" in r]
+        if split:
+            for name, pick in (("D port calls", lambda x: x["d"]["port_ms"]),
+                               ("D forward+argmax", lambda x: x["d"]["compute_ms"]),
+                               ("baseline forward+argmax", lambda x: x["baseline"]["compute_ms"])):
+                v = [pick(x) for x in split]
+                print(f"  decode split: {name:<24} median {statistics.median(v):9.1f} ms   max {max(v):9.1f} ms")
+            ops: dict[str, list[float]] = {}
+            for r in done:
+                for side, per in r.get("d_decode_port_ops", {}).items():
+                    for op, (calls, total, longest) in per.items():
+                        o = ops.setdefault(f"{side}.{op}", [0, 0.0, 0.0])
+                        o[0] += calls
+                        o[1] += total
+                        o[2] = max(o[2], longest)
+            for op, (calls, total, longest) in sorted(ops.items(), key=lambda kv: -kv[1][1]):
+                print(f"  D's port op during decode {op:<36} calls {calls:6d}  mean {total / calls * 1e3:9.1f} us"
+                      f"  longest {longest:8.2f} ms")
 
 
 if __name__ == "__main__":
