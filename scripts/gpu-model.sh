@@ -34,16 +34,18 @@ out=${OUT:+$OUT/gpu-model-p$P-d$D}
 logs=${out:-$work}
 
 # KVFERRY_GC_LOG (per JVM): where its garbage collections are logged, with their pauses.
+# KVFERRY_NODE_JAVA_OPTS: more JVM options for the two nodes, e.g.
+# -Dkvferry.cuda.copy-method=memcpy-batch (auto, kernel or memcpy-batch; docs/gpu.md).
 kvferry() {
   "$JAVA" -Xmx2g -XX:+UseSerialGC ${KVFERRY_GC_LOG:+"-Xlog:gc:file=$KVFERRY_GC_LOG"} "${CUDA_PROPS[@]}" \
-    -cp "$CP" dev.kvferry.cli.KvferryCli "$@"
+    ${KVFERRY_JVM_OPTS:-} -cp "$CP" dev.kvferry.cli.KvferryCli "$@"
 }
 router_port=25520
 kvferry router --port $router_port --management-port 25530 --seed-nodes 127.0.0.1:$router_port \
   > "$logs/router.log" 2>&1 &
 pids+=($!)
 node() {  # role gpu port mgmt
-  KVFERRY_GC_LOG=$logs/$1-gc.log kvferry node --role "$1" --engine-id "$1-0" --mode write,read --engine port \
+  KVFERRY_GC_LOG=$logs/$1-gc.log KVFERRY_JVM_OPTS=${KVFERRY_NODE_JAVA_OPTS:-} kvferry node --role "$1" --engine-id "$1-0" --mode write,read --engine port \
     --engine-socket "$work/$1.sock" --tp-size 1 --gpu "$2" --transport cuda --port "$3" \
     --management-port "$4" --seed-nodes 127.0.0.1:$router_port > "$logs/$1.log" 2>&1 &
   pids+=($!)

@@ -164,7 +164,7 @@ class _EngineState:
         t1 = time.perf_counter()
         r["logits"], r["blocks"] = logits, blocks
         return {"ok": True, "received_at": got["end"], "first_start": t0, "first_end": t1,
-                "load_errors": got["load_errors"], "range": [lo, hi]}
+                "load_errors": got["load_errors"], "range": [lo, hi], "first_split": dict(e.last_first)}
 
     def cmd_check_kv(self, rid: str, p_kv: bytes) -> dict:
         """D's received KV against P's bytes, compared on D's device."""
@@ -385,11 +385,12 @@ class _EngineState:
         b._sync()
         t0 = time.perf_counter()
         pre = b.prefill(rid, prompt, None, finish=False)
+        tp = time.perf_counter()
         _, blocks = b.first_token(rid, prompt, pre["blocks"], remote=False)
         b._sync()
         t1 = time.perf_counter()
         b.finish_decoded(rid, blocks)
-        return {"ttft_s": t1 - t0}
+        return {"ttft_s": t1 - t0, "prefill_s": tp - t0, "first_s": t1 - tp, "first_split": dict(b.last_first)}
 
     def cmd_layer_copy_time(self, tokens: int, reps: int = 20) -> dict:
         """One layer's KV of ``tokens`` tokens copied device to device by torch (the same bytes
@@ -727,6 +728,7 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
     rows = []
     for n in args.ttft_lengths:
         dis, base = [], []
+        parts: dict[str, list[float]] = {}
         timeline = None
         for rep in range(args.ttft_reps + 2):
             last = rep == args.ttft_reps + 1  # an extra run with timing events, not counted
@@ -736,6 +738,11 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
             xfer = f"xfer-{rid}"
             p_params = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": xfer,
                         "remote_engine_id": d_info["engine_id"]}
+            # Odd reps measure the engine without kvferry first: neither side always runs a
+            # shape first (first-time costs land on whichever does).
+            b = None
+            if rep % 2 == 1:
+                b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)])
             if mode == "write":
                 d.call("admit", rid=rid, prompt=prompt, params={
                     "do_remote_prefill": True, "do_remote_decode": False, "transfer_id": xfer,
@@ -757,7 +764,8 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
             if not first["ok"]:
                 raise RuntimeError(f"{rid}: {first['why']}")
             d.call("finish_first", rid=rid)
-            b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)])
+            if b is None:
+                b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)])
             if last:
                 timeline = _timeline(pre, first)
                 continue
@@ -765,12 +773,25 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                 continue  # warm-up
             dis.append((first["received_at"] - pre["start"]) + (first["first_end"] - first["first_start"]))
             base.append(b["ttft_s"])
+            # Where the added time goes: P's prefill against the same chunks without kvferry, the
+            # KV landing after P's end, D's first token against the same step without kvferry.
+            for k, v in (("p_prefill_ms", (pre["end"] - pre["start"]) * 1e3),
+                         ("baseline_prefill_ms", b["prefill_s"] * 1e3),
+                         ("kv_after_p_end_ms", (first["received_at"] - pre["end"]) * 1e3),
+                         ("d_first_token_ms", (first["first_end"] - first["first_start"]) * 1e3),
+                         ("baseline_first_token_ms", b["first_s"] * 1e3),
+                         ("d_first_port_ms", first["first_split"].get("port_ms", 0.0)),
+                         ("d_first_forward_ms", first["first_split"].get("forward_ms", 0.0)),
+                         ("baseline_first_forward_ms", b["first_split"].get("forward_ms", 0.0))):
+                parts.setdefault(k, []).append(v)
         layer = d.call("layer_copy_time", tokens=n)
         row = {"mode": mode, "prompt_tokens": n, "reps": len(dis),
                "ttft_disagg_ms": statistics.median(dis) * 1e3, "ttft_baseline_ms": statistics.median(base) * 1e3,
                "layer_bytes": layer["bytes"], "layer_copy_ms": layer["ms"]}
         row["added_ms"] = row["ttft_disagg_ms"] - row["ttft_baseline_ms"]
+        row["parts_ms"] = {k: statistics.median(v) for k, v in parts.items()}
         row["timeline"] = timeline
+        log(f"  TTFT {mode} n={n} medians: " + ", ".join(f"{k} {v:.3f}" for k, v in row["parts_ms"].items()))
         if timeline:
             for line in timeline["lines"]:
                 log(f"  timeline {mode} n={n}: {line}")

@@ -296,6 +296,7 @@ class ModelEngine:
         self._slot = 0
         self._finished_ids: list[str] = []
         self.last_decode: dict[str, float] = {}
+        self.last_first: dict[str, float] = {}
         # With record_timeline (GPU): a timing event after each layer's KV is written, per step.
         self.record_timeline = False
         self._timeline: list[tuple[int, Any]] = []
@@ -526,15 +527,23 @@ class ModelEngine:
         prefilling the rest). Returns its logits and the block table."""
         bs = self.cache.block_size
         n = len(prompt)
+        t0 = time.perf_counter()
         added = self.pool.allocate(max(0, -(-n // bs) - len(blocks))) or []
         blocks = blocks + added
         if self.sched is not None and remote:
             self.sched.update_state_after_alloc(rid, added, 0)  # vLLM's second call, no external tokens
         new = [{"request_id": rid, "block_ids": list(blocks), "num_computed_tokens": n}]
         self._step_begin(new, [])
+        t1 = time.perf_counter()
         logits = self.runner.forward(self.cache, prompt[n - 1:], blocks, n - 1)
+        self._sync()
+        t2 = time.perf_counter()
         self._step_end()
+        t3 = time.perf_counter()
         self._cache_full_blocks(prompt, blocks, n)
+        # Where the step's time went (the forward synchronized, so it holds the GPU's time).
+        self.last_first = {"port_ms": (t1 - t0 + t3 - t2) * 1e3, "forward_ms": (t2 - t1) * 1e3,
+                           "prefix_hashes_ms": (time.perf_counter() - t3) * 1e3}
         return logits, blocks
 
     def decode(self, rid: str, prompt: list[int], blocks: list[int], first: torch.Tensor, steps: int,

@@ -15,8 +15,11 @@ import dev.kvferry.rdma.RegionDescriptor;
 import dev.kvferry.rdma.Transport;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.HashSet;
+import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.concurrent.Executor;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
@@ -49,7 +52,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   public sealed interface Command
       permits PeerProtocol.Message, StartLoad, SaveLayer, SealWrites, AnnounceRemoteBlocks,
           AbortTransfer, AbortReceive, ReceiveOverdue, ReleaseOverdue, PeerGone, GetTransfers,
-          Stop, ListingChanged {}
+          Stop, ListingChanged, ListedWorkerStopped {}
 
   // ---- from the local engine (worker and scheduler side) ----
 
@@ -107,6 +110,12 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
 
   private record ListingChanged(Receptionist.Listing listing) implements Command, LocalOnly {}
 
+  /**
+   * A listed worker's actor terminated (death watch): the listing drops it only after the
+   * Receptionist's gossip, up to seconds later, and until then a message sent to it is lost.
+   */
+  private record ListedWorkerStopped(ActorRef<Command> ref) implements Command, LocalOnly {}
+
   /** Everything needed to start a worker. */
   public record Setup(
       EngineIdentity identity,
@@ -138,6 +147,12 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   /** D: where a receive's early endings go, the reader (READ) or the receiver (WRITE). */
   private final ActorRef<ReceiveEnding> receiveSide;
   private final Map<Role, EngineDirectory> listings = new HashMap<>();
+  /** The last listing of each role: every worker, and those of our own role reachable now. */
+  private final Map<Role, Set<ActorRef<Command>>> listed = new HashMap<>();
+  private Set<ActorRef<Command>> reachableOwnRole = Set.of();
+  /** Listed workers watched for termination, and those known to have terminated. */
+  private final Set<ActorRef<Command>> watched = new HashSet<>();
+  private final Set<ActorRef<Command>> stopped = new HashSet<>();
   private final DuplicateIdGuard duplicates;
 
   public static Behavior<Command> create(Setup setup) {
@@ -199,6 +214,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         .onMessage(PeerGone.class, this::onPeerGone)
         .onMessage(GetTransfers.class, this::onGetTransfers)
         .onMessage(ListingChanged.class, this::onListingChanged)
+        .onMessage(ListedWorkerStopped.class, this::onListedWorkerStopped)
         .onMessage(Stop.class, this::onStop)
         .build();
   }
@@ -332,10 +348,57 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
       if (m.listing().isForKey(serviceKey(role))) {
         // Unreachable workers too: one that is unreachable may still copy (a partition heals), so
         // only a worker the cluster downed and removed counts as gone (block lifetime rule).
-        listings.put(role,
-            EngineDirectory.of(m.listing().getAllServiceInstances(serviceKey(role))));
+        listed.put(role, Set.copyOf(m.listing().getAllServiceInstances(serviceKey(role))));
+        if (role == self.role()) {
+          reachableOwnRole = Set.copyOf(m.listing().getServiceInstances(serviceKey(role)));
+        }
       }
     }
+    watchListed();
+    publishDirectory(m.listing().isForKey(serviceKey(self.role())));
+    return this;
+  }
+
+  /**
+   * A worker still listed stopped (its engine detached, maybe to attach again at once): routing
+   * skips it from now on, so messages reach the new incarnation or wait for one.
+   */
+  private Behavior<Command> onListedWorkerStopped(ListedWorkerStopped m) {
+    watched.remove(m.ref());
+    boolean stillListed = listed.values().stream().anyMatch(refs -> refs.contains(m.ref()));
+    getContext().getLog().debug("{}: listed worker {} stopped (still listed: {})", self.label(),
+        m.ref().path(), stillListed);
+    if (stillListed && stopped.add(m.ref())) {
+      publishDirectory(true);
+    }
+    return this;
+  }
+
+  /** Watches every listed worker but this one; forgets those the listing no longer shows. */
+  private void watchListed() {
+    Set<ActorRef<Command>> all = new HashSet<>();
+    listed.values().forEach(all::addAll);
+    stopped.retainAll(all);
+    for (Iterator<ActorRef<Command>> it = watched.iterator(); it.hasNext(); ) {
+      ActorRef<Command> ref = it.next();
+      if (!all.contains(ref)) {
+        getContext().unwatch(ref);
+        it.remove();
+      }
+    }
+    for (ActorRef<Command> ref : all) {
+      if (!ref.equals(getContext().getSelf()) && !stopped.contains(ref) && watched.add(ref)) {
+        getContext().watchWith(ref, new ListedWorkerStopped(ref));
+      }
+    }
+  }
+
+  /** Tells every child the directory made of the last listings, less the stopped workers. */
+  private void publishDirectory(boolean ownRoleChanged) {
+    for (Map.Entry<Role, Set<ActorRef<Command>>> e : listed.entrySet()) {
+      listings.put(e.getKey(), EngineDirectory.of(e.getValue(), stopped));
+    }
+    getContext().getLog().debug("{}: listed {}, stopped {}", self.label(), listed, stopped);
     EngineDirectory merged = EngineDirectory.EMPTY;
     for (EngineDirectory d : listings.values()) {
       merged = merged.merge(d);
@@ -348,10 +411,10 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     reader.tell(new ReaderActor.DirectoryChanged(merged));
     releases.tell(new ReleaseActor.DirectoryChanged(merged));
     duplicates.report(merged);
-    if (m.listing().isForKey(serviceKey(self.role()))) {
-      duplicates.refuseOrResume(m.listing().getServiceInstances(serviceKey(self.role())),
-          listings.get(self.role()));
+    if (ownRoleChanged) {
+      Set<ActorRef<Command>> reachable = new HashSet<>(reachableOwnRole);
+      reachable.removeAll(stopped);
+      duplicates.refuseOrResume(reachable, listings.get(self.role()));
     }
-    return this;
   }
 }

@@ -315,10 +315,11 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     List<Incoming> ending = new ArrayList<>();
     for (Incoming in : incoming.values()) {
       String p = in.request.remoteEngineId();
-      if (before.contains(p) && !now.contains(p)) {
-        if (in.mayWrite != null) {
-          in.mayWrite.clear();
-        }
+      // Only receives whose blocks P was told: one still waiting for P's TP size told nobody,
+      // so nothing can land in it, and P may be an engine attaching again (its old worker
+      // dropped from the listing before the new one is in). Its deadline still bounds it.
+      if (before.contains(p) && !now.contains(p) && in.mayWrite != null) {
+        in.mayWrite.clear();
         ending.add(in);
       }
     }

@@ -41,22 +41,27 @@ import org.junit.jupiter.api.Test;
  */
 class TwoSystemClusterTest {
 
-  private static final int LAYERS = 4;
-  private static final int BLOCK = 16;
-  private static final KvCacheGeometry P_GEOMETRY = KvCacheGeometry.standard(64, BLOCK, 2, 16, 2);
-  private static final KvCacheGeometry D_GEOMETRY = KvCacheGeometry.standard(80, BLOCK, 2, 16, 2);
+  static final int LAYERS = 4;
+  static final int BLOCK = 16;
+  static final KvCacheGeometry P_GEOMETRY = KvCacheGeometry.standard(64, BLOCK, 2, 16, 2);
+  static final KvCacheGeometry D_GEOMETRY = KvCacheGeometry.standard(80, BLOCK, 2, 16, 2);
 
   private final List<AutoCloseable> closeables = new ArrayList<>();
   private final ActorTestKit prefillSystem = ActorTestKit.create("kvferry", clusterConfig());
   private final ActorTestKit decodeSystem = ActorTestKit.create("kvferry", clusterConfig());
 
   private static Config clusterConfig() {
+    return ConfigFactory.parseString("pekko.cluster.typed.receptionist.write-consistency = all")
+        .withFallback(loopbackClusterConfig());
+  }
+
+  /** A cluster node on loopback with the Receptionist's default (gossiped) consistency. */
+  static Config loopbackClusterConfig() {
     return ConfigFactory.parseString(String.join("\n",
             "pekko.actor.provider = cluster",
             "pekko.remote.artery.canonical.hostname = 127.0.0.1",
             "pekko.remote.artery.canonical.port = 0",
             "pekko.cluster.jmx.multi-mbeans-in-same-jvm = on",
-            "pekko.cluster.typed.receptionist.write-consistency = all",
             "pekko.loglevel = WARNING"))
         .withFallback(ConfigFactory.load());
   }
@@ -71,6 +76,10 @@ class TwoSystemClusterTest {
   }
 
   private void formCluster() {
+    formCluster(prefillSystem, decodeSystem);
+  }
+
+  static void formCluster(ActorTestKit prefillSystem, ActorTestKit decodeSystem) {
     Cluster p = Cluster.get(prefillSystem.system());
     Cluster d = Cluster.get(decodeSystem.system());
     p.manager().tell(Join.create(p.selfMember().address()));
@@ -82,10 +91,16 @@ class TwoSystemClusterTest {
     });
   }
 
-  private record Side(ConnectorWorker worker, ConnectorScheduler scheduler, List<MemoryRegion> layers) {}
+  record Side(ConnectorWorker worker, ConnectorScheduler scheduler, List<MemoryRegion> layers) {}
 
   private Side side(ActorTestKit kit, Role role, TransferMode mode, String id, KvCacheGeometry g)
       throws Exception {
+    return side(kit, closeables, role, mode, id, g);
+  }
+
+  /** A worker and scheduler over host layers (P's filled with a pattern); closed with the test. */
+  static Side side(ActorTestKit kit, List<AutoCloseable> closeables, Role role, TransferMode mode,
+      String id, KvCacheGeometry g) throws Exception {
     RegionRegistry registry = new RegionRegistry(id);
     closeables.add(registry);
     List<MemoryRegion> layers = new ArrayList<>();
@@ -109,7 +124,7 @@ class TwoSystemClusterTest {
     return new Side(w, s, layers);
   }
 
-  private void assertMoved(Side p, Side d, int[] pBlocks, int[] dBlocks) {
+  static void assertMoved(Side p, Side d, int[] pBlocks, int[] dBlocks) {
     for (int l = 0; l < LAYERS; l++) {
       for (int i = 0; i < pBlocks.length; i++) {
         for (int kv = 0; kv < 2; kv++) {
@@ -123,7 +138,7 @@ class TwoSystemClusterTest {
     }
   }
 
-  private static Set<String> await(ActorTestKit kit, ConnectorWorker w, boolean sending) {
+  static Set<String> await(ActorTestKit kit, ConnectorWorker w, boolean sending) {
     Set<String> got = new java.util.HashSet<>();
     kit.createTestProbe().awaitAssert(Duration.ofSeconds(20), Duration.ofMillis(10), () -> {
       var f = w.getFinished();

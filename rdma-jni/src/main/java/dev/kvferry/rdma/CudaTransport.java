@@ -50,7 +50,31 @@ public final class CudaTransport implements EventOrderedTransport {
      * entries average at least {@link #LARGE_ENTRY_BYTES} (merged runs: 5-7% faster, and copy
      * engines leave the SMs to compute), else KERNEL (16-token blocks: ~200x faster).
      */
-    AUTO
+    AUTO;
+
+    /** The system property that picks the method of the "cuda" transport a node opens. */
+    public static final String PROPERTY = "kvferry.cuda.copy-method";
+
+    /**
+     * {@code auto}, {@code kernel} or {@code memcpy-batch} (any case, {@code _} for {@code -}).
+     *
+     * @throws IllegalArgumentException naming the valid values
+     */
+    public static CopyMethod parse(String name) {
+      String n = name.trim().toUpperCase(java.util.Locale.ROOT).replace('-', '_');
+      for (CopyMethod m : values()) {
+        if (m.name().equals(n)) {
+          return m;
+        }
+      }
+      throw new IllegalArgumentException(PROPERTY + " = '" + name
+          + "' is not a copy method; valid: auto, kernel, memcpy-batch");
+    }
+
+    /** The method {@link #PROPERTY} names, {@link #AUTO} when it is not set. */
+    public static CopyMethod configured() {
+      return parse(System.getProperty(PROPERTY, "auto"));
+    }
   }
 
   /**

@@ -38,7 +38,7 @@ public final class Transports {
       case "local" -> new LocalTransport(registry);
       case "cma" -> new CmaTransport(options);
       case "tcp" -> new TcpTransport(registry, options);
-      case "cuda" -> new CudaTransport();
+      case "cuda" -> new CudaTransport(CudaTransport.CopyMethod.configured());
       case "ucx" -> new UcxTransport(options);
       default -> throw new IllegalArgumentException(
           "unknown transport '" + name + "'; valid: " + String.join(", ", NAMES));

@@ -4,9 +4,11 @@ import dev.kvferry.actors.EngineActor;
 import java.util.ArrayList;
 import java.util.Collection;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
+import java.util.Set;
 import org.apache.pekko.actor.typed.ActorRef;
 
 /**
@@ -15,7 +17,7 @@ import org.apache.pekko.actor.typed.ActorRef;
  */
 public final class EngineDirectory {
 
-  public static final EngineDirectory EMPTY = new EngineDirectory(Map.of(), List.of());
+  public static final EngineDirectory EMPTY = new EngineDirectory(Map.of(), List.of(), Set.of());
 
   /** One worker: who it is and where to send to it. */
   public record Entry(EngineIdentity identity, ActorRef<EngineActor.Command> ref) {}
@@ -37,10 +39,14 @@ public final class EngineDirectory {
 
   private final Map<String, Map<Integer, Entry>> byEngine;
   private final List<Duplicate> duplicates;
+  /** Every engine id listed, with workers known to have stopped: membership, not routing. */
+  private final Set<String> listedIds;
 
-  private EngineDirectory(Map<String, Map<Integer, Entry>> byEngine, List<Duplicate> duplicates) {
+  private EngineDirectory(Map<String, Map<Integer, Entry>> byEngine, List<Duplicate> duplicates,
+      Set<String> listedIds) {
     this.byEngine = byEngine;
     this.duplicates = duplicates;
+    this.listedIds = listedIds;
   }
 
   /**
@@ -49,7 +55,25 @@ public final class EngineDirectory {
    * the other is listed in {@link #duplicates()}.
    */
   public static EngineDirectory of(Collection<ActorRef<EngineActor.Command>> refs) {
+    return of(refs, Set.of());
+  }
+
+  /**
+   * As {@link #of(Collection)}, but workers in {@code stopped} (their actor is known to have
+   * terminated while the listing still shows it) are never routed to: an engine that attached
+   * again is reached at its new incarnation at once, and messages for one whose only listed
+   * worker stopped wait for a live one, instead of going to dead letters. Such an engine still
+   * {@link #contains counts as listed} until the listing drops it, so nothing treats it as gone
+   * sooner than the cluster says (the block-lifetime rule).
+   */
+  public static EngineDirectory of(Collection<ActorRef<EngineActor.Command>> refs,
+      Set<ActorRef<EngineActor.Command>> stopped) {
+    Set<String> listedIds = new HashSet<>();
+    for (ActorRef<EngineActor.Command> ref : refs) {
+      EngineIdentity.fromActorName(ref.path().name()).ifPresent(id -> listedIds.add(id.engineId()));
+    }
     List<ActorRef<EngineActor.Command>> ordered = new ArrayList<>(refs);
+    ordered.removeAll(stopped);
     // The same order on every node: by path, then by incarnation (uid) for one path reused.
     ordered.sort(
         java.util.Comparator.<ActorRef<EngineActor.Command>, String>comparing(
@@ -70,7 +94,7 @@ public final class EngineDirectory {
               });
     }
     map.replaceAll((k, v) -> Map.copyOf(v));
-    return new EngineDirectory(Map.copyOf(map), List.copyOf(duplicates));
+    return new EngineDirectory(Map.copyOf(map), List.copyOf(duplicates), Set.copyOf(listedIds));
   }
 
   /** Merges two directories (e.g. the listings of both roles). */
@@ -92,7 +116,9 @@ public final class EngineDirectory {
         }
       }
     }
-    return new EngineDirectory(Map.copyOf(map), List.copyOf(dups));
+    Set<String> ids = new HashSet<>(listedIds);
+    ids.addAll(other.listedIds);
+    return new EngineDirectory(Map.copyOf(map), List.copyOf(dups), Set.copyOf(ids));
   }
 
   /** Workers refused because another worker already has their engine id and TP rank. */
@@ -113,8 +139,12 @@ public final class EngineDirectory {
     return out;
   }
 
+  /**
+   * Whether the listing shows {@code engineId}, even if only by workers known to have stopped
+   * (then {@link #find} has nothing to route to until a live one is listed).
+   */
   public boolean contains(String engineId) {
-    return byEngine.containsKey(engineId);
+    return listedIds.contains(engineId);
   }
 
   @Override

@@ -1,0 +1,83 @@
+package dev.kvferry.actors;
+
+import static dev.kvferry.actors.TwoSystemClusterTest.BLOCK;
+import static dev.kvferry.actors.TwoSystemClusterTest.D_GEOMETRY;
+import static dev.kvferry.actors.TwoSystemClusterTest.LAYERS;
+import static dev.kvferry.actors.TwoSystemClusterTest.P_GEOMETRY;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+
+import dev.kvferry.actors.TwoSystemClusterTest.Side;
+import dev.kvferry.actors.connector.ConnectorMetadata;
+import dev.kvferry.actors.connector.ConnectorRequest;
+import dev.kvferry.actors.connector.HostLayerEvent;
+import dev.kvferry.actors.connector.KvTransferParams;
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.SchedulerOutput;
+import dev.kvferry.actors.connector.TransferMode;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Set;
+import java.util.concurrent.TimeUnit;
+import org.apache.pekko.actor.testkit.typed.javadsl.ActorTestKit;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * An engine that detaches and attaches again under the same id (a restarted vLLM worker, or the
+ * engine port's attach after a detach) is reached at its new incarnation at once. Two clustered
+ * systems with the Receptionist's default gossiped consistency, so the old worker stays listed on
+ * D for up to a gossip round after it stopped: D must not send its blocks to the dead one (they
+ * would be lost and the request would fail at its timeout), but wait for the new one.
+ */
+class ReattachTest {
+
+  private final List<AutoCloseable> closeables = new ArrayList<>();
+  private final ActorTestKit prefillSystem =
+      ActorTestKit.create("kvferry", TwoSystemClusterTest.loopbackClusterConfig());
+  private final ActorTestKit decodeSystem =
+      ActorTestKit.create("kvferry", TwoSystemClusterTest.loopbackClusterConfig());
+
+  @AfterEach
+  void stop() throws Exception {
+    for (AutoCloseable c : closeables) {
+      c.close();
+    }
+    decodeSystem.shutdownTestKit();
+    prefillSystem.shutdownTestKit();
+  }
+
+  @Test
+  void aPrefillEngineAttachedAgainIsWrittenToByItsNewIncarnation() throws Exception {
+    TwoSystemClusterTest.formCluster(prefillSystem, decodeSystem);
+    Side d = TwoSystemClusterTest.side(decodeSystem, closeables, Role.DECODE, TransferMode.WRITE,
+        "decode-w", D_GEOMETRY);
+    int[] pBlocks = {2, 3, 4};
+    int[] dBlocks = {7, 1, 30};
+    int prompt = pBlocks.length * BLOCK;
+    for (int attach = 0; attach < 3; attach++) {
+      Side p = TwoSystemClusterTest.side(prefillSystem, closeables, Role.PREFILL,
+          TransferMode.WRITE, "prefill-w", P_GEOMETRY);
+      String id = "w" + attach;
+      ConnectorRequest dReq =
+          new ConnectorRequest(id, prompt, KvTransferParams.forDecode("tx-" + id, "prefill-w", 0));
+      ConnectorRequest pReq =
+          new ConnectorRequest(id, prompt, KvTransferParams.forPrefill("tx-" + id, "decode-w", 0));
+      d.scheduler().updateStateAfterAlloc(dReq, dBlocks, prompt);
+      p.scheduler().updateStateAfterAlloc(pReq, pBlocks, 0);
+      ConnectorMetadata meta = p.scheduler().buildConnectorMeta(new SchedulerOutput(
+          List.of(new SchedulerOutput.NewRequest(id, pBlocks, prompt)), List.of()));
+      for (int l = 0; l < LAYERS; l++) {
+        p.worker().saveKvLayer(meta, l, HostLayerEvent.completed());
+      }
+      p.worker().waitForSave();
+      assertEquals(Set.of(id), TwoSystemClusterTest.await(decodeSystem, d.worker(), false),
+          "attach " + attach);
+      assertEquals(Set.of(id), TwoSystemClusterTest.await(prefillSystem, p.worker(), true));
+      TwoSystemClusterTest.assertMoved(p, d, pBlocks, dBlocks);
+      // The engine detaches; its next attach comes well inside the Receptionist's gossip round,
+      // after D's death watch had time to hear of the stop.
+      p.worker().stop().get(10, TimeUnit.SECONDS);
+      Thread.sleep(300);
+    }
+  }
+}
