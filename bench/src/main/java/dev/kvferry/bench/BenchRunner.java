@@ -60,6 +60,9 @@ public final class BenchRunner {
       if (options.suites().contains("tcp")) {
         progress.println("host transfer, tcp vs iperf3");
         rows.addAll(host.tcp());
+        progress.println("host transfer, tcp striped over " + HostTransferSuite.TCP_STREAMS
+            + " streams vs iperf3 -P " + HostTransferSuite.TCP_STREAMS);
+        rows.addAll(host.tcpStreams());
       }
       if (options.suites().contains("ucx")) {
         progress.println("host transfer, ucx put vs ucx_perftest ucp_put_bw");

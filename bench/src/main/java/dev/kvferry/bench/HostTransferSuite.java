@@ -28,6 +28,8 @@ public final class HostTransferSuite {
   public static final double CMA_CONTIGUOUS_GOAL = 0.95;
   public static final double CMA_SCATTERED_GOAL = 0.9;
   public static final double TCP_GOAL = 1.0;
+  /** Streams of the multi-stream tcp rows, against iperf3 -P of the same count. */
+  public static final int TCP_STREAMS = 2;
 
   /** What a scattered row moves, for its note. */
   static final String SCATTERED_NOTE =
@@ -135,7 +137,7 @@ public final class HostTransferSuite {
       List<Double> runs = new ArrayList<>();
       for (int r = 0; r < repeats; r++) {
         progress.printf("  iperf3 single stream on loopback, run %d of %d%n", r + 1, repeats);
-        runs.add(iperf3Gbps(iperf3));
+        runs.add(iperf3Gbps(iperf3, 1));
       }
       iperf = Samples.median(runs);
     } catch (PeerTools.MissingPeerException e) {
@@ -166,21 +168,67 @@ public final class HostTransferSuite {
     return rows;
   }
 
+  /**
+   * Rows for tcp with each batch striped over {@link #TCP_STREAMS} connections (contiguous 32 KiB
+   * blocks) at every prompt length, against one iperf3 figure with as many parallel streams.
+   */
+  public List<BenchRow> tcpStreams() {
+    List<BenchRow> rows = new ArrayList<>();
+    Double iperf = null;
+    String note = "";
+    try {
+      String iperf3 = peers.iperf3();
+      List<Double> runs = new ArrayList<>();
+      for (int r = 0; r < repeats; r++) {
+        progress.printf("  iperf3 -P %d on loopback, run %d of %d%n", TCP_STREAMS, r + 1, repeats);
+        runs.add(iperf3Gbps(iperf3, TCP_STREAMS));
+      }
+      iperf = Samples.median(runs);
+    } catch (PeerTools.MissingPeerException e) {
+      note = e.getMessage();
+    } catch (IOException | RuntimeException e) {
+      note = "iperf3 failed: " + e.getMessage();
+    }
+    for (int s = 0; s < promptTokens.length; s++) {
+      int tokens = promptTokens[s];
+      int blocks = Geometry.transferBlocks(tokens);
+      Measured striped = new Measured();
+      for (int r = 0; r < repeats; r++) {
+        progress.printf("  tcp %s, %d streams, run %d of %d%n", Geometry.tokens(tokens),
+            TCP_STREAMS, r + 1, repeats);
+        striped.add(new HostTransferBench.Config(Geometry.BLOCK_BYTES, blocks, rounds, "tcp",
+            Layout.CONTIGUOUS).withTcpStreams(TCP_STREAMS));
+      }
+      rows.add(striped.row(BenchRow.higherIsBetter(
+          "host P->D tcp loopback contiguous " + Geometry.tokens(tokens) + ", " + TCP_STREAMS
+              + " streams", "GB/s", striped.median(), iperf, TCP_GOAL,
+          join(note, "peer: iperf3 -P " + TCP_STREAMS + "; batches under "
+              + (dev.kvferry.rdma.TcpTransport.MIN_STRIPE_BYTES >> 20) + " MiB go on one stream"))));
+      put("kvferry tcp contiguous, " + TCP_STREAMS + " streams", s, striped.median());
+      put("iperf3 -P " + TCP_STREAMS + " (peer)", s, iperf);
+    }
+    return rows;
+  }
+
   /** kvferry's runs of one row; the first failure (wrong bytes, an error) ends them. */
   private final class Measured {
     private final List<Double> gbps = new ArrayList<>();
     private String failure;
 
     void add(String transport, int blocks, Layout layout) {
+      add(new HostTransferBench.Config(Geometry.BLOCK_BYTES, blocks, rounds, transport, layout));
+    }
+
+    void add(HostTransferBench.Config config) {
       if (failure != null) {
         return;
       }
+      String transport = config.transport();
       try {
-        HostTransferBench.Result r = HostTransferBench.run(new HostTransferBench.Config(
-            Geometry.BLOCK_BYTES, blocks, rounds, transport, layout));
+        HostTransferBench.Result r = HostTransferBench.run(config);
         if (!r.verified()) {
           failure = "the bytes at D differ from P's after the timed rounds of a " + transport + " "
-              + layout.name().toLowerCase(java.util.Locale.ROOT) + " run";
+              + config.layout().name().toLowerCase(java.util.Locale.ROOT) + " run";
         } else {
           gbps.add(r.medianGbps());
         }
@@ -203,8 +251,11 @@ public final class HostTransferSuite {
     return a.isEmpty() ? b : b.isEmpty() ? a : a + "; " + b;
   }
 
-  /** One iperf3 client run of 3 s (the first second omitted) against a one-shot server. */
-  private static double iperf3Gbps(String iperf3) throws IOException {
+  /**
+   * One iperf3 client run of 3 s (the first second omitted) with {@code parallel} streams
+   * against a one-shot server; the sum over the streams.
+   */
+  private static double iperf3Gbps(String iperf3, int parallel) throws IOException {
     int port = dev.kvferry.node.FreePorts.next();
     Process server = new ProcessBuilder(iperf3, "-s", "-1", "-p", String.valueOf(port),
         "-B", "127.0.0.1")
@@ -215,7 +266,7 @@ public final class HostTransferSuite {
       awaitListening(port, Duration.ofSeconds(10));
       PeerTools.Output o = PeerTools.run(
           List.of(iperf3, "-c", "127.0.0.1", "-p", String.valueOf(port), "-t", "3", "-O", "1",
-              "-J"), null, Duration.ofSeconds(60));
+              "-P", String.valueOf(parallel), "-J"), null, Duration.ofSeconds(60));
       JsonNode j = JSON.readTree(o.stdout());
       if (j.has("error")) {
         throw new IOException(j.get("error").asText());

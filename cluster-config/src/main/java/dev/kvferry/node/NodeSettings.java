@@ -59,6 +59,13 @@ public record NodeSettings(
             .withTcpStaging(tcp.getInt("staging-buffers"),
                 (int) Math.min(Integer.MAX_VALUE, tcp.getBytes("staging-buffer-bytes")))
             .withUcxTransports(n.getString("ucx.transports"));
+    int streams = tcp.getInt("streams");
+    if (streams < 1 || streams > TransportOptions.MAX_TCP_STREAMS) {
+      throw new IllegalArgumentException("kvferry.node.tcp.streams must be in [1, "
+          + TransportOptions.MAX_TCP_STREAMS + "], got " + streams);
+    }
+    options = options.withTcpStreams(streams)
+        .withIoThreads(Math.max(options.ioThreads(), streams));
     return new NodeSettings(
         role,
         engineId,

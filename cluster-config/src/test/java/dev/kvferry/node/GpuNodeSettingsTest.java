@@ -45,6 +45,19 @@ class GpuNodeSettingsTest {
   }
 
   @Test
+  void tcpStreamsComeFromTheNodeConfigAndTheIoThreadsGrowToMatch() {
+    NodeSettings defaults = settings(Map.of());
+    assertEquals(1, defaults.transportOptions().tcpStreams());
+    NodeSettings s = settings(Map.of("kvferry.node.tcp.streams", 4));
+    assertEquals(4, s.transportOptions().tcpStreams());
+    assertEquals(4, s.transportOptions().ioThreads());
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> settings(Map.of("kvferry.node.tcp.streams", 0)));
+    assertTrue(e.getMessage().contains("kvferry.node.tcp.streams must be in [1, 16], got 0"),
+        e.getMessage());
+  }
+
+  @Test
   void gpuWithTheCudaTransportIsAccepted() {
     NodeSettings s = settings(Map.of("kvferry.node.gpu", 1, "kvferry.node.transport", "cuda"));
     assertTrue(s.onGpu());

@@ -15,6 +15,8 @@ import java.util.Map;
 import java.util.Set;
 import java.util.Objects;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicReference;
 import java.util.concurrent.ConcurrentLinkedDeque;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -38,6 +40,9 @@ import org.jspecify.annotations.Nullable;
  */
 public final class TcpTransport implements Transport {
   private static final Logger log = LoggerFactory.getLogger(TcpTransport.class);
+
+  /** Batches smaller than this go on one connection whatever {@link TransportOptions#tcpStreams}. */
+  public static final long MIN_STRIPE_BYTES = 4L << 20;
   private static final int MAX_IDLE_PER_ENDPOINT = 8;
   /** Peer incarnations that may keep idle connections; the oldest seen go first beyond it. */
   static final int MAX_POOLED_PEERS = 64;
@@ -231,13 +236,45 @@ public final class TcpTransport implements Transport {
     if (refused != null) {
       return refused;
     }
+    Exchange exchange = toRemote ? Exchange.WRITE : Exchange.READ;
+    TransferBatch[] parts = batch.totalBytes() >= MIN_STRIPE_BYTES
+        ? batch.split(options.tcpStreams()) : new TransferBatch[] {batch};
     TransferStatus status = TransferStatus.pending();
-    executor.submit(status,
-        () -> run(remote, toRemote ? Exchange.WRITE : Exchange.READ, batch.totalBytes(), status,
-            c -> c.transfer(local, remote, batch, toRemote)),
-        local::unpin);
+    if (parts.length == 1) {
+      executor.submit(status,
+          () -> run(remote, exchange, batch.totalBytes(), status,
+              c -> c.transfer(local, remote, batch, toRemote)),
+          local::unpin);
+      return status;
+    }
+    // Striped: each part on its own connection, in parallel on the io threads; the batch ends
+    // when every part has (the local region stays pinned until then).
+    AtomicInteger left = new AtomicInteger(parts.length);
+    AtomicReference<@Nullable String> failure = new AtomicReference<>();
+    for (TransferBatch part : parts) {
+      TransferStatus partStatus = TransferStatus.pending();
+      executor.submit(partStatus,
+          () -> run(remote, exchange, part.totalBytes(), partStatus,
+              c -> c.transfer(local, remote, part, toRemote)),
+          () -> {
+            if (!partStatus.succeeded()) {
+              failure.compareAndSet(null, partStatus.failureMessage());
+            }
+            if (left.decrementAndGet() == 0) {
+              local.unpin();
+              String why = failure.get();
+              if (why == null) {
+                status.succeed(batch.totalBytes());
+              } else {
+                status.fail(why + " (one of " + parts.length + " streams of this batch; the other"
+                    + " streams' bytes may have landed)");
+              }
+            }
+          });
+    }
     return status;
   }
+
 
   /** What a connection is used for, as the failure messages name it. */
   private enum Exchange {
@@ -372,6 +409,15 @@ public final class TcpTransport implements Transport {
   /** Peer incarnations with a pool of idle connections (tests). */
   int pooledPeers() {
     return idle.size();
+  }
+
+  /** Idle pooled connections over all peers (tests: a striped batch leaves one per stream). */
+  int idleConnections() {
+    int n = 0;
+    for (ConcurrentLinkedDeque<Connection> pool : idle.values()) {
+      n += pool.size();
+    }
+    return n;
   }
 
   private void release(PeerIncarnation key, Connection c) {

@@ -65,6 +65,43 @@ public record TransferBatch(long[] localOffsets, long[] remoteOffsets, long[] si
     return null;
   }
 
+  /**
+   * This batch cut into at most {@code parts} batches of whole entries, in order, each near an
+   * equal share of the bytes; every part has at least one entry. One part: this batch.
+   */
+  public TransferBatch[] split(int parts) {
+    int n = count();
+    int want = Math.min(parts, n);
+    if (want <= 1) {
+      return new TransferBatch[] {this};
+    }
+    long total = totalBytes();
+    TransferBatch[] out = new TransferBatch[want];
+    int made = 0;
+    int start = 0;
+    long sum = 0;
+    for (int i = 0; i < n && made < want - 1; i++) {
+      sum += sizes[i];
+      // Close a part at its share of the bytes, leaving an entry for each part still to come.
+      if (sum * want >= total * (made + 1) && n - (i + 1) >= want - made - 1) {
+        out[made++] = slice(start, i + 1);
+        start = i + 1;
+      }
+    }
+    while (made < want - 1) {
+      // Shares ran out before the parts (a few huge entries last): one entry each.
+      out[made++] = slice(start, start + 1);
+      start++;
+    }
+    out[made] = slice(start, n);
+    return out;
+  }
+
+  private TransferBatch slice(int from, int to) {
+    return new TransferBatch(Arrays.copyOfRange(localOffsets, from, to),
+        Arrays.copyOfRange(remoteOffsets, from, to), Arrays.copyOfRange(sizes, from, to));
+  }
+
   public long totalBytes() {
     long total = 0;
     for (long s : sizes) {

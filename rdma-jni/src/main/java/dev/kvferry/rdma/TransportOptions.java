@@ -22,6 +22,10 @@ public final class TransportOptions {
   private final int tcpStagingBuffers;
   private final int tcpStagingBufferBytes;
   private final String ucxTransports;
+  private final int tcpStreams;
+
+  /** The most connections one tcp batch may be striped over. */
+  public static final int MAX_TCP_STREAMS = 16;
 
   /** Bounds of the staging knobs: a few buffers, each a page to 1 GiB (one tcp entry). */
   private static final int MAX_STAGING_BUFFERS = 16;
@@ -40,7 +44,8 @@ public final class TransportOptions {
       long cmaInlineMaxBytes,
       int tcpStagingBuffers,
       int tcpStagingBufferBytes,
-      String ucxTransports) {
+      String ucxTransports,
+      int tcpStreams) {
     if (tcpPort < 0 || tcpPort > 65535) {
       throw new IllegalArgumentException("tcp port must be in [0, 65535], got " + tcpPort);
     }
@@ -71,6 +76,11 @@ public final class TransportOptions {
     this.tcpStagingBuffers = tcpStagingBuffers;
     this.tcpStagingBufferBytes = tcpStagingBufferBytes;
     this.ucxTransports = Objects.requireNonNull(ucxTransports, "ucxTransports");
+    if (tcpStreams < 1 || tcpStreams > MAX_TCP_STREAMS) {
+      throw new IllegalArgumentException(
+          "tcp streams must be in [1, " + MAX_TCP_STREAMS + "], got " + tcpStreams);
+    }
+    this.tcpStreams = tcpStreams;
   }
 
   /**
@@ -80,28 +90,31 @@ public final class TransportOptions {
    */
   public static TransportOptions defaults() {
     return new TransportOptions(
-        "127.0.0.1", 0, "", true, 0, Duration.ofSeconds(30), 64, 2, 1 << 20, 2, 4 << 20, "");
+        "127.0.0.1", 0, "", true, 0, Duration.ofSeconds(30), 64, 2, 1 << 20, 2, 4 << 20, "", 1);
   }
 
   /** Where the TCP listener binds; port 0 picks a free port. */
   public TransportOptions withTcpBind(String host, int port) {
     return new TransportOptions(
         host, port, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout, maxConnections,
-        ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports);
+        ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
+        tcpStreams);
   }
 
   /** The host peers should connect to, when it differs from the bind host (0.0.0.0, NAT). */
   public TransportOptions withTcpAdvertisedHost(String host) {
     return new TransportOptions(
         tcpBindHost, tcpPort, host, tcpListen, tcpSocketBufferBytes, ioTimeout, maxConnections,
-        ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports);
+        ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
+        tcpStreams);
   }
 
   /** Whether the TCP transport serves its registry's regions (false: client only). */
   public TransportOptions withTcpListener(boolean listen) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, listen, tcpSocketBufferBytes, ioTimeout,
-        maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports);
+        maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
+        tcpStreams);
   }
 
   /**
@@ -112,35 +125,40 @@ public final class TransportOptions {
   public TransportOptions withTcpSocketBufferBytes(int bytes) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, bytes, ioTimeout, maxConnections,
-        ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports);
+        ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
+        tcpStreams);
   }
 
   /** A transfer (or a handshake) that makes no progress for this long fails. */
   public TransportOptions withIoTimeout(Duration timeout) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, timeout,
-        maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports);
+        maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
+        tcpStreams);
   }
 
   /** Most connections the TCP listener serves at once; more are closed on accept. */
   public TransportOptions withMaxConnections(int connections) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
-        connections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports);
+        connections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
+        tcpStreams);
   }
 
   /** Threads that run transfers in the background (TCP batches, large CMA batches). */
   public TransportOptions withIoThreads(int threads) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
-        maxConnections, threads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports);
+        maxConnections, threads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
+        tcpStreams);
   }
 
   /** CMA batches up to this many bytes are copied in the caller's thread; larger ones in the background. */
   public TransportOptions withCmaInlineMaxBytes(long bytes) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
-        maxConnections, ioThreads, bytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports);
+        maxConnections, ioThreads, bytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
+        tcpStreams);
   }
 
   /**
@@ -151,7 +169,7 @@ public final class TransportOptions {
   public TransportOptions withTcpStaging(int buffers, int bufferBytes) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
-        maxConnections, ioThreads, cmaInlineMaxBytes, buffers, bufferBytes, ucxTransports);
+        maxConnections, ioThreads, cmaInlineMaxBytes, buffers, bufferBytes, ucxTransports, tcpStreams);
   }
 
   /**
@@ -163,7 +181,23 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes,
-        transports);
+        transports, tcpStreams);
+  }
+
+  /**
+   * Connections one tcp batch is striped over, in parallel on the io threads (at most {@link
+   * #ioThreads} run at once): 1 (the default) sends a batch on one connection. Only batches of at
+   * least {@link TcpTransport#MIN_STRIPE_BYTES} are striped.
+   */
+  public TransportOptions withTcpStreams(int streams) {
+    return new TransportOptions(
+        tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
+        maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes,
+        ucxTransports, streams);
+  }
+
+  public int tcpStreams() {
+    return tcpStreams;
   }
 
   /** UCX_TLS for the ucx transport, or "" for UCX's own choice. */
@@ -224,6 +258,7 @@ public final class TransportOptions {
         + ", ioTimeout=" + ioTimeout + ", maxConnections=" + maxConnections + ", ioThreads="
         + ioThreads + ", cmaInlineMaxBytes=" + cmaInlineMaxBytes + ", tcpStaging="
         + tcpStagingBuffers + "x" + tcpStagingBufferBytes
+        + (tcpStreams == 1 ? "" : ", tcpStreams=" + tcpStreams)
         + (ucxTransports.isEmpty() ? "" : ", ucxTransports=" + ucxTransports) + "]";
   }
 }

@@ -67,6 +67,66 @@ class TcpTransportTest {
   }
 
   @Test
+  void aBatchStripedOverSeveralConnectionsLandsWhole() throws IOException {
+    TcpTransport striped = new TcpTransport(ours,
+        TransportOptions.defaults().withTcpListener(false).withTcpStreams(3).withIoThreads(3));
+    try {
+      int block = 64 << 10;
+      int blocks = 160; // 10 MiB: above the striping threshold
+      MemoryRegion src = ours.allocateHost((long) block * blocks);
+      MemoryRegion dst = peer.allocateHost((long) block * blocks);
+      MemoryRegion back = ours.allocateHost((long) block * blocks);
+      Patterns.fill(src, 0, block * blocks, 7);
+      long[] lo = new long[blocks];
+      long[] ro = new long[blocks];
+      long[] sz = new long[blocks];
+      for (int i = 0; i < blocks; i++) {
+        lo[i] = (long) i * block;
+        ro[i] = (long) ((i * 37) % blocks) * block;
+        sz[i] = block;
+      }
+      TransferBatch batch = new TransferBatch(lo, ro, sz);
+      assertTrue(batch.totalBytes() >= TcpTransport.MIN_STRIPE_BYTES);
+      TransferStatus w = Patterns.await(striped.write(src, server.describe(dst), batch));
+      assertTrue(w.succeeded(), w::toString);
+      assertEquals(batch.totalBytes(), w.bytesMoved());
+      for (int i = 0; i < blocks; i++) {
+        assertArrayEquals(Patterns.bytes(src, lo[i], block), Patterns.bytes(dst, ro[i], block));
+      }
+      // Parts run in parallel when io threads are free: between 1 and 3 connections were used.
+      assertTrue(striped.idleConnections() >= 1 && striped.idleConnections() <= 3);
+      TransferStatus r = Patterns.await(striped.read(back, server.describe(dst), batch));
+      assertTrue(r.succeeded(), r::toString);
+      assertEquals(Patterns.crc(src, 0, block * blocks), Patterns.crc(back, 0, block * blocks));
+    } finally {
+      striped.close();
+    }
+  }
+
+  @Test
+  void aStripedBatchFailsWithTheReasonOfAStreamThatFailed() throws IOException {
+    TcpTransport striped = new TcpTransport(ours,
+        TransportOptions.defaults().withTcpListener(false).withTcpStreams(2).withIoThreads(2));
+    try {
+      int length = 8 << 20;
+      MemoryRegion src = ours.allocateHost(length);
+      MemoryRegion dst = peer.allocateHost(length);
+      RegionDescriptor d = server.describe(dst);
+      dst.close();
+      TransferStatus s = Patterns.await(striped.write(src, d,
+          new TransferBatch(new long[] {0, length / 2}, new long[] {0, length / 2},
+              new long[] {length / 2, length / 2})));
+      assertFalse(s.succeeded());
+      assertTrue(s.failureMessage().contains("is not registered at D0"), s.failureMessage());
+      assertTrue(s.failureMessage().contains("one of 2 streams"), s.failureMessage());
+      assertTrue(src.tryPin(), "the local region was left pinned or closed");
+      src.unpin();
+    } finally {
+      striped.close();
+    }
+  }
+
+  @Test
   void splitsBatchesOfMoreEntriesThanOneFrameHolds() {
     int entries = 2 * TcpWire.MAX_ENTRIES + 100;
     MemoryRegion src = ours.allocateHost(entries * 8L);

@@ -59,15 +59,23 @@ public final class HostTransferBench {
    *
    * @param socketBufferBytes SO_SNDBUF/SO_RCVBUF for tcp, 0 for the kernel's autotuning
    * @param cmaInlineMaxBytes CMA batches up to this size run in the caller's thread
+   * @param tcpStreams connections a tcp batch is striped over ({@link
+   *     TransportOptions#withTcpStreams})
    */
   public record Config(
       long blockBytes, int blockCount, int rounds, String transport, Layout layout,
-      int socketBufferBytes, long cmaInlineMaxBytes) {
+      int socketBufferBytes, long cmaInlineMaxBytes, int tcpStreams) {
 
     /** Default transport options. */
     public Config(long blockBytes, int blockCount, int rounds, String transport, Layout layout) {
       this(blockBytes, blockCount, rounds, transport, layout, 0,
-          TransportOptions.defaults().cmaInlineMaxBytes());
+          TransportOptions.defaults().cmaInlineMaxBytes(), 1);
+    }
+
+    /** Default transport options but the tcp streams. */
+    public Config withTcpStreams(int streams) {
+      return new Config(blockBytes, blockCount, rounds, transport, layout, socketBufferBytes,
+          cmaInlineMaxBytes, streams);
     }
 
     public Config {
@@ -121,16 +129,19 @@ public final class HostTransferBench {
     if (args.length < 5) {
       System.err.println(
           "usage: HostTransferBench BLOCK_BYTES NUM_BLOCKS ROUNDS cma|tcp contiguous|scattered "
-              + "[--socket-buffer=BYTES] [--cma-inline-max=BYTES]");
+              + "[--socket-buffer=BYTES] [--cma-inline-max=BYTES] [--tcp-streams=N]");
       System.exit(2);
     }
     int socketBuffer = 0;
     long cmaInlineMax = TransportOptions.defaults().cmaInlineMaxBytes();
+    int streams = 1;
     for (int i = 5; i < args.length; i++) {
       if (args[i].startsWith("--socket-buffer=")) {
         socketBuffer = Integer.parseInt(args[i].substring("--socket-buffer=".length()));
       } else if (args[i].startsWith("--cma-inline-max=")) {
         cmaInlineMax = Long.parseLong(args[i].substring("--cma-inline-max=".length()));
+      } else if (args[i].startsWith("--tcp-streams=")) {
+        streams = Integer.parseInt(args[i].substring("--tcp-streams=".length()));
       } else {
         throw new IllegalArgumentException("unknown option " + args[i]);
       }
@@ -138,7 +149,7 @@ public final class HostTransferBench {
     Config config =
         new Config(
             Long.parseLong(args[0]), Integer.parseInt(args[1]), Integer.parseInt(args[2]), args[3],
-            Layout.parse(args[4]), socketBuffer, cmaInlineMax);
+            Layout.parse(args[4]), socketBuffer, cmaInlineMax, streams);
     System.out.println(run(config).toJson());
   }
 
@@ -159,7 +170,9 @@ public final class HostTransferBench {
                 TransportOptions.defaults()
                     .withTcpListener(false)
                     .withTcpSocketBufferBytes(config.socketBufferBytes())
-                    .withCmaInlineMaxBytes(config.cmaInlineMaxBytes()))) {
+                    .withCmaInlineMaxBytes(config.cmaInlineMaxBytes())
+                    .withTcpStreams(config.tcpStreams())
+                    .withIoThreads(Math.max(2, config.tcpStreams())))) {
       RegionDescriptor remote = descriptor(peer.awaitLine("DESCRIPTOR ", REPLY));
       MemoryRegion source = registry.allocateHost(config.regionBytes());
       fill(source);
