@@ -42,7 +42,7 @@ public final class TcpTransport implements Transport {
   private static final Logger log = LoggerFactory.getLogger(TcpTransport.class);
 
   /** Batches smaller than this go on one connection whatever {@link TransportOptions#tcpStreams}. */
-  public static final long MIN_STRIPE_BYTES = 4L << 20;
+  public static final long MIN_STRIPE_BYTES = 1L << 20;
   private static final int MAX_IDLE_PER_ENDPOINT = 8;
   /** Peer incarnations that may keep idle connections; the oldest seen go first beyond it. */
   static final int MAX_POOLED_PEERS = 64;
