@@ -24,9 +24,10 @@ import org.apache.pekko.actor.typed.receptionist.Receptionist;
  * The notify round trip between two cluster nodes in two JVMs: the decode side (this JVM) sends
  * {@link PeerProtocol.RemoteBlocks} with 64 block ids to the prefill side ({@link NotifyEcho}, a
  * child JVM), which answers with {@link PeerProtocol.WriteDone}; both are written by kvferry's
- * PeerMessageSerializer and go over Artery TCP on loopback, actor to actor. One round trip at a time, like the seed script, which does the
- * same with pyzmq DEALER/ROUTER sockets and msgpack (kvferry's peer seed_notify_rtt.py). The time is
- * taken in the sending actor, from the tell to the reply's handling.
+ * PeerMessageSerializer and go over Artery TCP on loopback, actor to actor. One round trip at a
+ * time, like the seed script, which does the same with pyzmq DEALER/ROUTER sockets and msgpack
+ * (kvferry's peer seed_notify_rtt.py). The time is taken in the sending actor, from the tell to
+ * the reply's handling.
  */
 public final class NotifyRoundTripSuite {
 
