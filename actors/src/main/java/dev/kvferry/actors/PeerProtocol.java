@@ -6,9 +6,11 @@ import org.jspecify.annotations.Nullable;
 
 /**
  * The messages one engine's worker sends another's over the network, all in one place. Every one
- * is {@link CborSerializable} (Jackson CBOR, bound in this module's reference.conf); the workers
- * that receive them are {@link EngineActor}s. Ranks are always the sender's or receiver's real TP
- * rank; a part that may be absent is a nested record that is null when absent, never a sentinel.
+ * is {@link CborSerializable} (Jackson CBOR, bound in this module's reference.conf) but the
+ * per-transfer ones, which {@link PeerMessageSerializer} writes (a change to their fields changes
+ * its layout and manifest version); the workers that receive them are {@link EngineActor}s. Ranks
+ * are always the sender's or receiver's real TP rank; a part that may be absent is a nested record
+ * that is null when absent, never a sentinel.
  */
 public interface PeerProtocol {
 

@@ -23,10 +23,11 @@ import org.apache.pekko.actor.typed.receptionist.Receptionist;
 /**
  * The notify round trip between two cluster nodes in two JVMs: the decode side (this JVM) sends
  * {@link PeerProtocol.RemoteBlocks} with 64 block ids to the prefill side ({@link NotifyEcho}, a
- * child JVM), which answers with {@link PeerProtocol.WriteDone}; both are Jackson CBOR over Artery
- * TCP on loopback, actor to actor. One round trip at a time, like the seed script, which does the
- * same with pyzmq DEALER/ROUTER sockets and msgpack (kvferry's peer seed_notify_rtt.py). The time is
- * taken in the sending actor, from the tell to the reply's handling.
+ * child JVM), which answers with {@link PeerProtocol.WriteDone}; both are written by kvferry's
+ * PeerMessageSerializer and go over Artery TCP on loopback, actor to actor. One round trip at a
+ * time, like the seed script, which does the same with pyzmq DEALER/ROUTER sockets and msgpack
+ * (kvferry's peer seed_notify_rtt.py). The time is taken in the sending actor, from the tell to
+ * the reply's handling.
  */
 public final class NotifyRoundTripSuite {
 
@@ -79,7 +80,7 @@ public final class NotifyRoundTripSuite {
     Latency kv = null;
     String failure = null;
     try {
-      progress.printf("  notify round trip, kvferry (Artery, CBOR, two JVMs), %,d round trips%n",
+      progress.printf("  notify round trip, kvferry (Artery, two JVMs), %,d round trips%n",
           roundTrips);
       kv = kvferry(roundTrips, warmup(roundTrips), warmupNanos);
     } catch (IOException | RuntimeException e) {
