@@ -130,21 +130,9 @@ public final class HostTransferSuite {
    */
   public List<BenchRow> tcp() {
     List<BenchRow> rows = new ArrayList<>();
-    Double iperf = null;
-    String note = "";
-    try {
-      String iperf3 = peers.iperf3();
-      List<Double> runs = new ArrayList<>();
-      for (int r = 0; r < repeats; r++) {
-        progress.printf("  iperf3 single stream on loopback, run %d of %d%n", r + 1, repeats);
-        runs.add(iperf3Gbps(iperf3, 1));
-      }
-      iperf = Samples.median(runs);
-    } catch (PeerTools.MissingPeerException e) {
-      note = e.getMessage();
-    } catch (IOException | RuntimeException e) {
-      note = "iperf3 failed: " + e.getMessage();
-    }
+    IperfFigure peer = iperf3(1);
+    Double iperf = peer.gbps();
+    String note = peer.note();
     for (int s = 0; s < promptTokens.length; s++) {
       int tokens = promptTokens[s];
       int blocks = Geometry.transferBlocks(tokens);
@@ -174,21 +162,9 @@ public final class HostTransferSuite {
    */
   public List<BenchRow> tcpStreams() {
     List<BenchRow> rows = new ArrayList<>();
-    Double iperf = null;
-    String note = "";
-    try {
-      String iperf3 = peers.iperf3();
-      List<Double> runs = new ArrayList<>();
-      for (int r = 0; r < repeats; r++) {
-        progress.printf("  iperf3 -P %d on loopback, run %d of %d%n", TCP_STREAMS, r + 1, repeats);
-        runs.add(iperf3Gbps(iperf3, TCP_STREAMS));
-      }
-      iperf = Samples.median(runs);
-    } catch (PeerTools.MissingPeerException e) {
-      note = e.getMessage();
-    } catch (IOException | RuntimeException e) {
-      note = "iperf3 failed: " + e.getMessage();
-    }
+    IperfFigure peer = iperf3(TCP_STREAMS);
+    Double iperf = peer.gbps();
+    String note = peer.note();
     for (int s = 0; s < promptTokens.length; s++) {
       int tokens = promptTokens[s];
       int blocks = Geometry.transferBlocks(tokens);
@@ -208,6 +184,25 @@ public final class HostTransferSuite {
       put("iperf3 -P " + TCP_STREAMS + " (peer)", s, iperf);
     }
     return rows;
+  }
+
+  /** The peer's median GB/s over {@code repeats} runs, or null and why it is missing. */
+  private record IperfFigure(Double gbps, String note) {}
+
+  private IperfFigure iperf3(int parallel) {
+    try {
+      String iperf3 = peers.iperf3();
+      List<Double> runs = new ArrayList<>();
+      for (int r = 0; r < repeats; r++) {
+        progress.printf("  iperf3 -P %d on loopback, run %d of %d%n", parallel, r + 1, repeats);
+        runs.add(iperf3Gbps(iperf3, parallel));
+      }
+      return new IperfFigure(Samples.median(runs), "");
+    } catch (PeerTools.MissingPeerException e) {
+      return new IperfFigure(null, e.getMessage());
+    } catch (IOException | RuntimeException e) {
+      return new IperfFigure(null, "iperf3 failed: " + e.getMessage());
+    }
   }
 
   /** kvferry's runs of one row; the first failure (wrong bytes, an error) ends them. */

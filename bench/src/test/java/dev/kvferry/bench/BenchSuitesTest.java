@@ -53,6 +53,7 @@ class BenchSuitesTest {
     assertEquals(List.of(
         "host P->D cma contiguous 16 tok", "host P->D cma scattered 16 tok",
         "host P->D tcp loopback contiguous 16 tok", "host P->D tcp loopback scattered 16 tok",
+        "host P->D tcp loopback contiguous 16 tok, 2 streams",
         "ucx put tcp 32 KiB x2048 distinct blocks", "ucx put tcp 32 KiB x2048 one buffer repeated",
         "ucx put tcp 1 MiB x64 distinct blocks", "ucx put tcp 1 MiB x64 one buffer repeated",
         "ucx put sm 32 KiB x2048 distinct blocks", "ucx put sm 32 KiB x2048 one buffer repeated",

@@ -39,14 +39,8 @@ class TcpTransportTest {
     peer.close();
   }
 
-  @Test
-  void writesAndReadsBackShuffledBlocks() {
-    int block = 4096;
-    int blocks = 64;
-    MemoryRegion src = ours.allocateHost((long) block * blocks);
-    MemoryRegion dst = peer.allocateHost((long) block * blocks);
-    MemoryRegion back = ours.allocateHost((long) block * blocks);
-    Patterns.fill(src, 0, block * blocks, 1);
+  /** Blocks 0..n-1 of P to D's blocks in a shuffled order (i * 37 mod n). */
+  private static TransferBatch shuffled(int block, int blocks) {
     long[] lo = new long[blocks];
     long[] ro = new long[blocks];
     long[] sz = new long[blocks];
@@ -55,13 +49,27 @@ class TcpTransportTest {
       ro[i] = (long) ((i * 37) % blocks) * block;
       sz[i] = block;
     }
-    TransferStatus w = Patterns.await(client.write(src, server.describe(dst), new TransferBatch(lo, ro, sz)));
+    return new TransferBatch(lo, ro, sz);
+  }
+
+  @Test
+  void writesAndReadsBackShuffledBlocks() {
+    int block = 4096;
+    int blocks = 64;
+    MemoryRegion src = ours.allocateHost((long) block * blocks);
+    MemoryRegion dst = peer.allocateHost((long) block * blocks);
+    MemoryRegion back = ours.allocateHost((long) block * blocks);
+    Patterns.fill(src, 0, block * blocks, 1);
+    TransferBatch batch = shuffled(block, blocks);
+    long[] lo = batch.localOffsets();
+    long[] ro = batch.remoteOffsets();
+    TransferStatus w = Patterns.await(client.write(src, server.describe(dst), batch));
     assertTrue(w.succeeded(), w::toString);
     assertEquals((long) block * blocks, w.bytesMoved());
     for (int i = 0; i < blocks; i++) {
       assertArrayEquals(Patterns.bytes(src, lo[i], block), Patterns.bytes(dst, ro[i], block));
     }
-    TransferStatus r = Patterns.await(client.read(back, server.describe(dst), new TransferBatch(lo, ro, sz)));
+    TransferStatus r = Patterns.await(client.read(back, server.describe(dst), batch));
     assertTrue(r.succeeded(), r::toString);
     assertEquals(Patterns.crc(src, 0, block * blocks), Patterns.crc(back, 0, block * blocks));
   }
@@ -77,15 +85,9 @@ class TcpTransportTest {
       MemoryRegion dst = peer.allocateHost((long) block * blocks);
       MemoryRegion back = ours.allocateHost((long) block * blocks);
       Patterns.fill(src, 0, block * blocks, 7);
-      long[] lo = new long[blocks];
-      long[] ro = new long[blocks];
-      long[] sz = new long[blocks];
-      for (int i = 0; i < blocks; i++) {
-        lo[i] = (long) i * block;
-        ro[i] = (long) ((i * 37) % blocks) * block;
-        sz[i] = block;
-      }
-      TransferBatch batch = new TransferBatch(lo, ro, sz);
+      TransferBatch batch = shuffled(block, blocks);
+      long[] lo = batch.localOffsets();
+      long[] ro = batch.remoteOffsets();
       assertTrue(batch.totalBytes() >= TcpTransport.MIN_STRIPE_BYTES);
       TransferStatus w = Patterns.await(striped.write(src, server.describe(dst), batch));
       assertTrue(w.succeeded(), w::toString);
