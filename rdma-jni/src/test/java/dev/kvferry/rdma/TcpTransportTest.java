@@ -163,8 +163,30 @@ class TcpTransportTest {
     assertEquals(1, server.listenerConnections());
   }
 
+  /**
+   * A free port below Linux's ephemeral range (32768 up): a test that closes its listener and
+   * binds the same port again must not find it taken by another process's outgoing connection.
+   */
+  private static int portOutsideTheEphemeralRange() throws IOException {
+    java.util.Random rnd = new java.util.Random();
+    for (int attempt = 0; attempt < 200; attempt++) {
+      int port = 20_000 + rnd.nextInt(12_000);
+      try (ServerSocket probe = new ServerSocket()) {
+        probe.setReuseAddress(true);
+        probe.bind(new java.net.InetSocketAddress("127.0.0.1", port));
+        return port;
+      } catch (IOException taken) {
+        // try another
+      }
+    }
+    throw new IOException("no free port in 20000-31999");
+  }
+
   @Test
   void retriesOnAFreshConnectionWhenThePooledOneDied() throws IOException {
+    server.close();
+    server = new TcpTransport(peer,
+        TransportOptions.defaults().withTcpBind("127.0.0.1", portOutsideTheEphemeralRange()));
     MemoryRegion src = ours.allocateHost(4096);
     MemoryRegion dst = peer.allocateHost(4096);
     RegionDescriptor d = server.describe(dst);
