@@ -75,9 +75,10 @@ final class ClusterChecks {
 
   /**
    * Polls the prefill {@code nodes}' /kvferry/transfers until one shows a write to {@code
-   * peerEngineId} that is mid-way: at least one layer written and at least two layers not yet
-   * computed, so it cannot finish within one layer's compute time of being seen (one layer left
-   * was too little on a loaded host: the poll and the kill came after the last layer had landed).
+   * peerEngineId} that is mid-way: at least one layer written and at least three layers not yet
+   * computed. The simulated compute runs before every layer but the last, so that leaves two
+   * layers' compute time between being seen and finishing; one was too little on a loaded host
+   * (the poll's answer and the kill came after the last layer had landed, CI 2026-12-01).
    */
   WriteMidway awaitWriteMidway(String peerEngineId, int layers, String... nodes) {
     WriteMidway[] seen = new WriteMidway[1];
@@ -95,7 +96,7 @@ final class ClusterChecks {
           if (t.path("state").asText().equals("writing")
               && t.path("peerEngineId").asText().equals(peerEngineId)
               && p.path("layerWritesDone").asInt() >= 1
-              && p.path("layersFired").asInt() <= layers - 2) {
+              && p.path("layersFired").asInt() <= layers - 3) {
             seen[0] = new WriteMidway(node, t.path("requestId").asText(),
                 t.path("transferId").asText(), peerEngineId, p.path("layersFired").asInt(),
                 p.path("layerWritesDone").asInt(), layers);
