@@ -75,13 +75,11 @@ final class ClusterChecks {
 
   /**
    * Polls the prefill {@code nodes}' /kvferry/transfers until one shows a write to {@code
-   * peerEngineId} that is mid-way: at least one layer written and at least {@code notComputed}
-   * layers not yet computed. The simulated compute runs before every layer but the last, so that
-   * leaves {@code notComputed - 1} layers' compute time between being seen and finishing; one
-   * was too little for a kill on a loaded host (the poll's answer and the kill came after the
-   * last layer had landed, CI 2026-12-01).
+   * peerEngineId} that is mid-way: at least one layer written and at least two layers not yet
+   * computed, so it cannot finish within one layer's compute time of being seen (one layer left
+   * was too little on a loaded host: the poll and the kill came after the last layer had landed).
    */
-  WriteMidway awaitWriteMidway(String peerEngineId, int layers, int notComputed, String... nodes) {
+  WriteMidway awaitWriteMidway(String peerEngineId, int layers, String... nodes) {
     WriteMidway[] seen = new WriteMidway[1];
     // What the polls saw instead, for the failure message: (state, peer, fired/done) -> times.
     Map<String, Integer> sawInstead = new java.util.TreeMap<>();
@@ -97,7 +95,7 @@ final class ClusterChecks {
           if (t.path("state").asText().equals("writing")
               && t.path("peerEngineId").asText().equals(peerEngineId)
               && p.path("layerWritesDone").asInt() >= 1
-              && p.path("layersFired").asInt() <= layers - notComputed) {
+              && p.path("layersFired").asInt() <= layers - 2) {
             seen[0] = new WriteMidway(node, t.path("requestId").asText(),
                 t.path("transferId").asText(), peerEngineId, p.path("layersFired").asInt(),
                 p.path("layerWritesDone").asInt(), layers);

@@ -123,7 +123,7 @@ class NetworkPartitionTest {
     // Cut while bytes cross the link: a write into D caught with layers written, the last not
     // computed yet.
     ClusterChecks.WriteMidway midway =
-        checks.awaitWriteMidway(demo.engineId("decode", "write"), LAYERS, 2, "prefill");
+        checks.awaitWriteMidway(demo.engineId("decode", "write"), LAYERS, "prefill");
 
     long cutAt = System.nanoTime();
     // Cut off, the minority downs itself and exits while we wait for P below: that exit is the

@@ -134,7 +134,7 @@ class NodeCrashTest {
     // a write into it caught with layers written and the last layer not computed yet.
     List<CompletableFuture<RouterActor.Routed>> inFlight = startRoutes(24, "busy-d");
     ClusterChecks.WriteMidway midway = checks.awaitWriteMidway(
-        demo.engineId("decode", "write"), LAYERS, 3, "prefill", "prefill-b");
+        demo.engineId("decode", "write"), LAYERS, "prefill", "prefill-b");
 
     long killedAt = System.nanoTime();
     demo.process("decode").kill();
@@ -205,7 +205,7 @@ class NodeCrashTest {
     List<CompletableFuture<RouterActor.Routed>> inFlight = startRoutes(16, "busy-p");
     // Killed while bytes move: a write of the dying P into the surviving D caught mid-way.
     ClusterChecks.WriteMidway midway = checks.awaitWriteMidway(
-        demo.engineId("decode-b", "write"), LAYERS, 3, "prefill");
+        demo.engineId("decode-b", "write"), LAYERS, "prefill");
     demo.process("prefill").kill();
     System.out.println("prefill killed with a write mid-way: " + midway);
 
