@@ -58,7 +58,8 @@ public record NodeSettings(
             .withTcpAdvertisedHost(tcp.getString("advertised-host"))
             .withTcpStaging(tcp.getInt("staging-buffers"),
                 (int) Math.min(Integer.MAX_VALUE, tcp.getBytes("staging-buffer-bytes")))
-            .withUcxTransports(n.getString("ucx.transports"));
+            .withUcxTransports(n.getString("ucx.transports"))
+            .withCmaMapPeerPages(n.getBoolean("cma.map-peer-pages"));
     int streams = tcp.getInt("streams");
     if (streams < 1 || streams > TransportOptions.MAX_TCP_STREAMS) {
       throw new IllegalArgumentException("kvferry.node.tcp.streams must be in [1, "

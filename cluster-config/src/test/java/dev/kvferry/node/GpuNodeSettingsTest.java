@@ -58,6 +58,13 @@ class GpuNodeSettingsTest {
   }
 
   @Test
+  void cmaMapsPeerPagesUnlessTheNodeConfigSaysOff() {
+    assertTrue(settings(Map.of()).transportOptions().cmaMapPeerPages());
+    assertFalse(settings(Map.of("kvferry.node.cma.map-peer-pages", "off"))
+        .transportOptions().cmaMapPeerPages());
+  }
+
+  @Test
   void gpuWithTheCudaTransportIsAccepted() {
     NodeSettings s = settings(Map.of("kvferry.node.gpu", 1, "kvferry.node.transport", "cuda"));
     assertTrue(s.onGpu());

@@ -23,6 +23,12 @@ import org.jspecify.annotations.Nullable;
  * status at once instead of blocking an actor for milliseconds, at under 0.1% of a 64 MiB
  * batch's time (HostTransferBench shows no difference between the two).
  *
+ * <p>Where the peer's region has {@link SharedPages} (kvferry allocates host regions as sealed
+ * memfds), the first copy maps the peer's pages here ({@link PeerMappings}) and every copy is then
+ * a memcpy through that mapping: {@code process_vm_*} pins and unpins the peer's pages on every
+ * call, which measured 0.67-0.92x of a memcpy of the same bytes. The bounds checks are the same
+ * either way, and the mapping covers exactly the peer's region.
+ *
  * <p>The peer must be on this host (same kernel boot id) and ptrace must be allowed (same user,
  * or {@code kernel.yama.ptrace_scope=0}, or CAP_SYS_PTRACE).
  */
@@ -35,6 +41,8 @@ public final class CmaTransport implements Transport {
   private static final long MAX_IOV_BYTES = 1L << 30;
 
   private final long inlineMaxBytes;
+  private final boolean mapPeerPages;
+  private final PeerMappings mappings = new PeerMappings();
   private final TransferExecutor executor;
   private final ThreadLocal<Scratch> scratch = ThreadLocal.withInitial(Scratch::new);
   private volatile boolean closed;
@@ -45,6 +53,7 @@ public final class CmaTransport implements Transport {
 
   public CmaTransport(TransportOptions options) {
     this.inlineMaxBytes = options.cmaInlineMaxBytes();
+    this.mapPeerPages = options.cmaMapPeerPages();
     this.executor = new TransferExecutor("cma", options.ioThreads());
   }
 
@@ -88,10 +97,32 @@ public final class CmaTransport implements Transport {
     return new MappedDoneWords(SharedDoneWords.openPeerWordsForCpu(name, slots));
   }
 
+  /** Drops our mappings of the peer's pages (they would keep its memory alive). */
+  @Override
+  public void peerGone(RegionDescriptor peerRegion) {
+    mappings.release(peerRegion.pid(), peerRegion.owner());
+  }
+
+  /** Peer regions mapped here now (tests, metrics). */
+  public int mappedPeerRegions() {
+    return mappings.open();
+  }
+
+  /** Peer regions mapped since this transport started (tests: the mapped path was taken). */
+  public int peerRegionsMappedTotal() {
+    return mappings.openedTotal();
+  }
+
+  /** Why copies with {@code remote} use the system calls, or null when they map its pages. */
+  public @Nullable String unmappedReason(RegionDescriptor remote) {
+    return mapPeerPages ? mappings.refusal(remote) : "mapping peer pages is turned off";
+  }
+
   @Override
   public void close() {
     closed = true;
     executor.close();
+    mappings.close();
   }
 
   private TransferStatus start(
@@ -154,6 +185,26 @@ public final class CmaTransport implements Transport {
       boolean toRemote,
       long total,
       TransferStatus status) {
+    PeerMappings.Mapping mapped = mapPeerPages ? mappings.acquire(remote) : null;
+    if (mapped != null) {
+      try {
+        // Our mapping outlives the peer; copying into a dead process fails as the calls would.
+        LibC.kill((int) remote.pid(), 0);
+      } catch (LastErrorException e) {
+        mapped.unpin();
+        if (e.getErrorCode() == LibC.ESRCH) {
+          mappings.release(remote.pid(), remote.owner());
+        }
+        status.fail(explain(e.getErrorCode(), toRemote, remote, 0, total));
+        return;
+      }
+      try {
+        copyMapped(local, mapped, batch, toRemote, total, status);
+      } finally {
+        mapped.unpin();
+      }
+      return;
+    }
     Scratch s = scratch.get();
     int entries = s.load(batch, local.address(), remote.baseAddress(), toRemote);
     int localSegments = s.merge(s.entryLocal, s.entryLength, entries, s.localAddr, s.localLen);
@@ -215,6 +266,49 @@ public final class CmaTransport implements Transport {
       }
     }
     status.succeed(total);
+  }
+
+  /**
+   * The batch as memmoves through our mapping of the peer's region: entries in {@link
+   * Scratch#load}'s order, runs that continue on both sides joined into one call.
+   */
+  private void copyMapped(
+      MemoryRegion local,
+      PeerMappings.Mapping peer,
+      TransferBatch batch,
+      boolean toRemote,
+      long total,
+      TransferStatus status) {
+    Scratch s = scratch.get();
+    int entries = s.load(batch, local.address(), peer.address, toRemote);
+    long runLocal = 0;
+    long runRemote = 0;
+    long runLength = 0;
+    for (int i = 0; i < entries; i++) {
+      long l = s.entryLocal[i];
+      long r = s.entryRemote[i];
+      long n = s.entryLength[i];
+      if (runLength > 0 && l == runLocal + runLength && r == runRemote + runLength) {
+        runLength += n;
+        continue;
+      }
+      move(runLocal, runRemote, runLength, toRemote);
+      runLocal = l;
+      runRemote = r;
+      runLength = n;
+    }
+    move(runLocal, runRemote, runLength, toRemote);
+    status.succeed(total);
+  }
+
+  private static void move(long local, long remote, long length, boolean toRemote) {
+    if (length > 0) {
+      if (toRemote) {
+        LibC.memmove(remote, local, length);
+      } else {
+        LibC.memmove(local, remote, length);
+      }
+    }
   }
 
   /** D's words in this process's mapping of its file; the store is a release store. */

@@ -30,7 +30,15 @@ final class LibC {
   static final int O_RDWR = 0x2;
   static final int O_CLOEXEC = 0x80000;
   static final int MAP_ANONYMOUS = 0x20;
+  static final int MAP_FIXED = 0x10;
   static final int MADV_HUGEPAGE = 14;
+  static final int MFD_CLOEXEC = 0x1;
+  static final int MFD_ALLOW_SEALING = 0x2;
+  static final int F_ADD_SEALS = 1033;
+  static final int F_GET_SEALS = 1034;
+  static final int F_SEAL_SEAL = 0x1;
+  static final int F_SEAL_SHRINK = 0x2;
+  static final int F_SEAL_GROW = 0x4;
 
   static native long memmove(long dst, long src, long n);
 
@@ -45,6 +53,17 @@ final class LibC {
   static native int open(String path, int flags) throws LastErrorException;
 
   static native int close(int fd) throws LastErrorException;
+
+  /** An anonymous file in memory (glibc 2.27+); other processes reach it as /proc/PID/fd/FD. */
+  static native int memfd_create(String name, int flags) throws LastErrorException;
+
+  static native int ftruncate(int fd, long length) throws LastErrorException;
+
+  /** kill(pid, 0) asks only whether the process exists (ESRCH when not). */
+  static native int kill(int pid, int signal) throws LastErrorException;
+
+  /** fcntl with an integer argument (F_ADD_SEALS, F_GET_SEALS). */
+  static native int fcntl(int fd, int cmd, long arg) throws LastErrorException;
 
   static native int madvise(long addr, long length, int advice) throws LastErrorException;
 

@@ -19,6 +19,7 @@ public final class MemoryRegion implements AutoCloseable {
   private final long lengthBytes;
   private final RegionKind kind;
   private final int device;
+  private final @Nullable SharedPages shared;
   private final @Nullable Runnable release;
   private volatile boolean closed;
   /** Transfers in flight (low bits) plus {@link #CLOSED_BIT}: memory is freed when both say so. */
@@ -33,6 +34,7 @@ public final class MemoryRegion implements AutoCloseable {
       long lengthBytes,
       RegionKind kind,
       int device,
+      @Nullable SharedPages shared,
       @Nullable Runnable release) {
     this.registry = registry;
     this.id = id;
@@ -40,6 +42,7 @@ public final class MemoryRegion implements AutoCloseable {
     this.lengthBytes = lengthBytes;
     this.kind = Objects.requireNonNull(kind);
     this.device = device;
+    this.shared = shared;
     this.release = release;
   }
 
@@ -81,18 +84,24 @@ public final class MemoryRegion implements AutoCloseable {
   /** The transport-independent part of this region's descriptor. */
   public RegionDescriptor descriptor() {
     return new RegionDescriptor(
-        id,
-        lengthBytes,
-        kind,
-        device,
-        owner(),
-        ProcessHandle.current().pid(),
-        address,
-        HostIdentity.bootId(),
-        "",
-        0,
-        new byte[0],
-        new byte[0]);
+            id,
+            lengthBytes,
+            kind,
+            device,
+            owner(),
+            ProcessHandle.current().pid(),
+            address,
+            HostIdentity.bootId(),
+            "",
+            0,
+            new byte[0],
+            new byte[0])
+        .withSharedPages(shared);
+  }
+
+  /** How a process on this host maps this region's pages itself, or null where it cannot. */
+  public @Nullable SharedPages sharedPages() {
+    return shared;
   }
 
   /** Checks that {@code [offsetBytes, offsetBytes + length)} lies inside this region. */

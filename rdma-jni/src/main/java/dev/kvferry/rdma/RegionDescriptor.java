@@ -6,6 +6,7 @@ import java.util.HexFormat;
 import java.util.Objects;
 import org.msgpack.core.MessageBufferPacker;
 import org.msgpack.core.MessagePack;
+import org.jspecify.annotations.Nullable;
 import org.msgpack.core.MessageUnpacker;
 
 /**
@@ -27,6 +28,8 @@ import org.msgpack.core.MessageUnpacker;
  * @param cudaIpcHandle CUDA IPC memory handle (64 bytes) for CUDA regions, else empty
  * @param ucxWorkerAddress the owner's UCX worker address (ucp_worker_get_address), else empty
  * @param ucxRkey the region's packed UCX remote key (ucp_rkey_pack), else empty
+ * @param sharedPages how a cma peer maps the region's pages itself, or null (it then uses the
+ *     system calls)
  */
 public record RegionDescriptor(
     int regionId,
@@ -42,7 +45,8 @@ public record RegionDescriptor(
     byte[] token,
     byte[] cudaIpcHandle,
     byte[] ucxWorkerAddress,
-    byte[] ucxRkey) {
+    byte[] ucxRkey,
+    @Nullable SharedPages sharedPages) {
 
   /** Upper bound on a packed descriptor; anything larger is refused unread. */
   public static final int MAX_PACKED_BYTES = 4096;
@@ -66,6 +70,26 @@ public record RegionDescriptor(
     }
   }
 
+  /** A descriptor without shared pages. */
+  public RegionDescriptor(
+      int regionId,
+      long lengthBytes,
+      RegionKind kind,
+      int device,
+      String owner,
+      long pid,
+      long baseAddress,
+      String bootId,
+      String tcpHost,
+      int tcpPort,
+      byte[] token,
+      byte[] cudaIpcHandle,
+      byte[] ucxWorkerAddress,
+      byte[] ucxRkey) {
+    this(regionId, lengthBytes, kind, device, owner, pid, baseAddress, bootId, tcpHost, tcpPort,
+        token, cudaIpcHandle, ucxWorkerAddress, ucxRkey, null);
+  }
+
   /** A descriptor without UCX fields (the form before the ucx transport). */
   public RegionDescriptor(
       int regionId,
@@ -81,28 +105,35 @@ public record RegionDescriptor(
       byte[] token,
       byte[] cudaIpcHandle) {
     this(regionId, lengthBytes, kind, device, owner, pid, baseAddress, bootId, tcpHost, tcpPort,
-        token, cudaIpcHandle, new byte[0], new byte[0]);
+        token, cudaIpcHandle, new byte[0], new byte[0], null);
   }
 
   /** Same descriptor with the TCP endpoint and token filled in. */
   public RegionDescriptor withTcp(String host, int port, byte[] newToken) {
     return new RegionDescriptor(
         regionId, lengthBytes, kind, device, owner, pid, baseAddress, bootId, host, port, newToken,
-        cudaIpcHandle, ucxWorkerAddress, ucxRkey);
+        cudaIpcHandle, ucxWorkerAddress, ucxRkey, sharedPages);
   }
 
   /** Same descriptor with a CUDA IPC handle. */
   public RegionDescriptor withCudaIpcHandle(byte[] handle) {
     return new RegionDescriptor(
         regionId, lengthBytes, kind, device, owner, pid, baseAddress, bootId, tcpHost, tcpPort,
-        token, handle, ucxWorkerAddress, ucxRkey);
+        token, handle, ucxWorkerAddress, ucxRkey, sharedPages);
   }
 
   /** Same descriptor with the owner's UCX worker address and the region's packed remote key. */
   public RegionDescriptor withUcx(byte[] workerAddress, byte[] rkey) {
     return new RegionDescriptor(
         regionId, lengthBytes, kind, device, owner, pid, baseAddress, bootId, tcpHost, tcpPort,
-        token, cudaIpcHandle, workerAddress, rkey);
+        token, cudaIpcHandle, workerAddress, rkey, sharedPages);
+  }
+
+  /** Same descriptor with (or, given null, without) the region's shared pages. */
+  public RegionDescriptor withSharedPages(@Nullable SharedPages pages) {
+    return new RegionDescriptor(
+        regionId, lengthBytes, kind, device, owner, pid, baseAddress, bootId, tcpHost, tcpPort,
+        token, cudaIpcHandle, ucxWorkerAddress, ucxRkey, pages);
   }
 
   /**
@@ -135,7 +166,7 @@ public record RegionDescriptor(
     }
     boolean ucx = ucxWorkerAddress.length > 0 || ucxRkey.length > 0;
     try (MessageBufferPacker p = MessagePack.newDefaultBufferPacker()) {
-      p.packMapHeader(ucx ? 14 : 12);
+      p.packMapHeader(12 + (ucx ? 2 : 0) + (sharedPages != null ? 3 : 0));
       p.packString("region_id").packInt(regionId);
       p.packString("length").packLong(lengthBytes);
       p.packString("kind").packString(kind.name());
@@ -155,6 +186,11 @@ public record RegionDescriptor(
             .packBinaryHeader(ucxWorkerAddress.length)
             .writePayload(ucxWorkerAddress);
         p.packString("ucx_rkey").packBinaryHeader(ucxRkey.length).writePayload(ucxRkey);
+      }
+      if (sharedPages != null) {
+        p.packString("shm_fd").packInt(sharedPages.fd());
+        p.packString("shm_dev").packLong(sharedPages.device());
+        p.packString("shm_ino").packLong(sharedPages.inode());
       }
       byte[] packed = p.toByteArray();
       if (packed.length > MAX_PACKED_BYTES) {
@@ -197,6 +233,9 @@ public record RegionDescriptor(
     byte[] ipc = new byte[0];
     byte[] ucxAddress = new byte[0];
     byte[] ucxRkey = new byte[0];
+    Integer shmFd = null;
+    Long shmDev = null;
+    Long shmIno = null;
     try (MessageUnpacker u = MessagePack.newDefaultUnpacker(packed)) {
       int fields = u.unpackMapHeader();
       if (fields > 64) {
@@ -219,6 +258,9 @@ public record RegionDescriptor(
           case "cuda_ipc_handle" -> ipc = readBinary(u, MAX_SECRET_BYTES, "cuda_ipc_handle");
           case "ucx_worker_address" -> ucxAddress = readBinary(u, MAX_UCX_BYTES, "ucx_worker_address");
           case "ucx_rkey" -> ucxRkey = readBinary(u, MAX_UCX_BYTES, "ucx_rkey");
+          case "shm_fd" -> shmFd = u.unpackInt();
+          case "shm_dev" -> shmDev = u.unpackLong();
+          case "shm_ino" -> shmIno = u.unpackLong();
           default -> u.skipValue(); // newer peers may add fields
         }
       }
@@ -238,9 +280,18 @@ public record RegionDescriptor(
       throw new MalformedDescriptorException(
           "region descriptor has out-of-range values: length=" + length + " tcp_port=" + tcpPort);
     }
+    SharedPages shared = null;
+    if (shmFd != null || shmDev != null || shmIno != null) {
+      if (shmFd == null || shmDev == null || shmIno == null || shmFd < 0) {
+        throw new MalformedDescriptorException(
+            "region descriptor's shared pages need shm_fd >= 0, shm_dev and shm_ino, got fd="
+                + shmFd + " dev=" + shmDev + " ino=" + shmIno);
+      }
+      shared = new SharedPages(shmFd, shmDev, shmIno);
+    }
     return new RegionDescriptor(
         regionId, length, kind, device, owner, pid, base, bootId, tcpHost, tcpPort, token, ipc,
-        ucxAddress, ucxRkey);
+        ucxAddress, ucxRkey, shared);
   }
 
   private static RegionKind parseKind(String s) throws MalformedDescriptorException {
@@ -276,7 +327,8 @@ public record RegionDescriptor(
         && Arrays.equals(token, d.token)
         && Arrays.equals(cudaIpcHandle, d.cudaIpcHandle)
         && Arrays.equals(ucxWorkerAddress, d.ucxWorkerAddress)
-        && Arrays.equals(ucxRkey, d.ucxRkey);
+        && Arrays.equals(ucxRkey, d.ucxRkey)
+        && Objects.equals(sharedPages, d.sharedPages);
   }
 
   @Override
@@ -301,6 +353,7 @@ public record RegionDescriptor(
         + HexFormat.of().toHexDigits(baseAddress)
         + (tcpPort > 0 ? ", tcp=" + tcpHost + ":" + tcpPort : "")
         + (ucxWorkerAddress.length > 0 ? ", ucx worker address of " + ucxWorkerAddress.length + " bytes" : "")
+        + (sharedPages != null ? ", shared fd " + sharedPages.fd() : "")
         + "]";
   }
 }

@@ -23,6 +23,7 @@ public final class TransportOptions {
   private final int tcpStagingBufferBytes;
   private final String ucxTransports;
   private final int tcpStreams;
+  private final boolean cmaMapPeerPages;
 
   /** The most connections one tcp batch may be striped over. */
   public static final int MAX_TCP_STREAMS = 16;
@@ -45,7 +46,8 @@ public final class TransportOptions {
       int tcpStagingBuffers,
       int tcpStagingBufferBytes,
       String ucxTransports,
-      int tcpStreams) {
+      int tcpStreams,
+      boolean cmaMapPeerPages) {
     if (tcpPort < 0 || tcpPort > 65535) {
       throw new IllegalArgumentException("tcp port must be in [0, 65535], got " + tcpPort);
     }
@@ -81,6 +83,7 @@ public final class TransportOptions {
           "tcp streams must be in [1, " + MAX_TCP_STREAMS + "], got " + tcpStreams);
     }
     this.tcpStreams = tcpStreams;
+    this.cmaMapPeerPages = cmaMapPeerPages;
   }
 
   /**
@@ -90,7 +93,7 @@ public final class TransportOptions {
    */
   public static TransportOptions defaults() {
     return new TransportOptions(
-        "127.0.0.1", 0, "", true, 0, Duration.ofSeconds(30), 64, 2, 1 << 20, 2, 4 << 20, "", 1);
+        "127.0.0.1", 0, "", true, 0, Duration.ofSeconds(30), 64, 2, 1 << 20, 2, 4 << 20, "", 1, true);
   }
 
   /** Where the TCP listener binds; port 0 picks a free port. */
@@ -98,7 +101,7 @@ public final class TransportOptions {
     return new TransportOptions(
         host, port, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout, maxConnections,
         ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams);
+        tcpStreams, cmaMapPeerPages);
   }
 
   /** The host peers should connect to, when it differs from the bind host (0.0.0.0, NAT). */
@@ -106,7 +109,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, host, tcpListen, tcpSocketBufferBytes, ioTimeout, maxConnections,
         ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams);
+        tcpStreams, cmaMapPeerPages);
   }
 
   /** Whether the TCP transport serves its registry's regions (false: client only). */
@@ -114,7 +117,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, listen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams);
+        tcpStreams, cmaMapPeerPages);
   }
 
   /**
@@ -126,7 +129,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, bytes, ioTimeout, maxConnections,
         ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams);
+        tcpStreams, cmaMapPeerPages);
   }
 
   /** A transfer (or a handshake) that makes no progress for this long fails. */
@@ -134,7 +137,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, timeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams);
+        tcpStreams, cmaMapPeerPages);
   }
 
   /** Most connections the TCP listener serves at once; more are closed on accept. */
@@ -142,7 +145,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         connections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams);
+        tcpStreams, cmaMapPeerPages);
   }
 
   /** Threads that run transfers in the background (TCP batches, large CMA batches). */
@@ -150,7 +153,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, threads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams);
+        tcpStreams, cmaMapPeerPages);
   }
 
   /** CMA batches up to this many bytes are copied in the caller's thread; larger ones in the background. */
@@ -158,7 +161,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, bytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams);
+        tcpStreams, cmaMapPeerPages);
   }
 
   /**
@@ -169,7 +172,7 @@ public final class TransportOptions {
   public TransportOptions withTcpStaging(int buffers, int bufferBytes) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
-        maxConnections, ioThreads, cmaInlineMaxBytes, buffers, bufferBytes, ucxTransports, tcpStreams);
+        maxConnections, ioThreads, cmaInlineMaxBytes, buffers, bufferBytes, ucxTransports, tcpStreams, cmaMapPeerPages);
   }
 
   /**
@@ -181,7 +184,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes,
-        transports, tcpStreams);
+        transports, tcpStreams, cmaMapPeerPages);
   }
 
   /**
@@ -193,11 +196,27 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes,
-        ucxTransports, streams);
+        ucxTransports, streams, cmaMapPeerPages);
   }
 
   public int tcpStreams() {
     return tcpStreams;
+  }
+
+  /**
+   * Same options where the cma transport maps a peer's shared region pages and copies with
+   * memcpy ({@code true}, the default), or always uses {@code process_vm_writev}/{@code readv}.
+   */
+  public TransportOptions withCmaMapPeerPages(boolean map) {
+    return new TransportOptions(
+        tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
+        maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes,
+        ucxTransports, tcpStreams, map);
+  }
+
+  /** Whether cma copies through mappings of peers' shared pages where they have them. */
+  public boolean cmaMapPeerPages() {
+    return cmaMapPeerPages;
   }
 
   /** UCX_TLS for the ucx transport, or "" for UCX's own choice. */
@@ -259,6 +278,7 @@ public final class TransportOptions {
         + ioThreads + ", cmaInlineMaxBytes=" + cmaInlineMaxBytes + ", tcpStaging="
         + tcpStagingBuffers + "x" + tcpStagingBufferBytes
         + (tcpStreams == 1 ? "" : ", tcpStreams=" + tcpStreams)
+        + (cmaMapPeerPages ? "" : ", cma without mapped peer pages")
         + (ucxTransports.isEmpty() ? "" : ", ucxTransports=" + ucxTransports) + "]";
   }
 }

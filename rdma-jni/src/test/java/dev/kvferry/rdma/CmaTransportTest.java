@@ -11,8 +11,9 @@ import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
 
 /**
- * CMA within this process (a process may process_vm_writev itself), which reaches every code path
- * but the second process; {@link CrossProcessTransferTest} covers that.
+ * CMA's system calls within this process (a process may process_vm_writev itself), which reaches
+ * every code path but the second process; {@link CrossProcessTransferTest} covers that. Copies
+ * through mapped peer pages are {@link CmaMappedPagesTest}'s.
  */
 class CmaTransportTest {
   private RegionRegistry ours;
@@ -23,7 +24,8 @@ class CmaTransportTest {
   void open() {
     ours = new RegionRegistry("P0");
     peer = new RegionRegistry("D0");
-    cma = new CmaTransport(TransportOptions.defaults().withCmaInlineMaxBytes(64 * 1024));
+    cma = new CmaTransport(
+        TransportOptions.defaults().withCmaInlineMaxBytes(64 * 1024).withCmaMapPeerPages(false));
   }
 
   @AfterEach

@@ -2,6 +2,7 @@ package dev.kvferry.rdma;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvferry.rdma.testing.ChildJvm;
@@ -93,6 +94,13 @@ class CrossProcessTransferTest {
   }
 
   @Test
+  void cmaCopiesThroughItsMappingOfTheChildsPages() throws Exception {
+    writeAndVerify(cma, childCma, 13);
+    assertNull(cma.unmappedReason(childCma), "the child's region was not mapped");
+    assertTrue(cma.mappedPeerRegions() >= 1);
+  }
+
+  @Test
   void childReadsOurRegionThroughTcp() throws Exception {
     childReadsOurs("tcp", tcp.describe(source), 32);
   }
@@ -101,6 +109,7 @@ class CrossProcessTransferTest {
   void failsCleanlyNamingThePeerWhenItsProcessIsKilled() throws Exception {
     RegionDescriptor deadCma;
     RegionDescriptor deadTcp;
+    int mappedBefore;
     ChildJvm doomed =
         ChildJvm.start(
             ChildRegionHolder.class.getName(),
@@ -109,6 +118,13 @@ class CrossProcessTransferTest {
     try {
       deadCma = descriptor(doomed.awaitLine("DESCRIPTOR cma ", REPLY));
       deadTcp = descriptor(doomed.awaitLine("DESCRIPTOR tcp ", REPLY));
+      // Mapped while alive: the mapping outlives the child, and must not hide its death.
+      int before = cma.peerRegionsMappedTotal();
+      mappedBefore = cma.mappedPeerRegions();
+      TransferStatus alive = Patterns.await(cma.write(source, deadCma,
+          new TransferBatch(new long[] {0}, new long[] {0}, new long[] {4096})));
+      assertTrue(alive.succeeded(), alive::toString);
+      assertEquals(before + 1, cma.peerRegionsMappedTotal(), "the live child's pages were mapped");
       doomed.kill(); // as kill -9
       assertTrue(doomed.awaitExit(REPLY).isPresent(), "the child outlived kill -9");
     } finally {
@@ -120,6 +136,7 @@ class CrossProcessTransferTest {
         "cma: peer process " + doomed.pid() + " of child-" + doomed.pid()
             + " is gone (ESRCH from process_vm_writev)",
         viaCma.failureMessage());
+    assertEquals(mappedBefore, cma.mappedPeerRegions(), "the dead child's mapping is dropped");
     TransferStatus viaTcp = Patterns.await(tcp.write(source, deadTcp, batch));
     assertTrue(
         viaTcp.failureMessage().startsWith(

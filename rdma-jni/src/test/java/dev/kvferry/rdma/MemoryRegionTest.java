@@ -15,7 +15,8 @@ class MemoryRegionTest {
     try (RegionRegistry registry = new RegionRegistry("E0")) {
       AtomicInteger frees = new AtomicInteger();
       MemoryRegion region =
-          new MemoryRegion(registry, 42, 4096, 4096, RegionKind.HOST, -1, frees::incrementAndGet);
+          new MemoryRegion(
+              registry, 42, 4096, 4096, RegionKind.HOST, -1, null, frees::incrementAndGet);
       assertTrue(region.tryPin());
       region.close();
       assertTrue(region.isClosed());

@@ -39,10 +39,27 @@ class RegionDescriptorTest {
                 Arbitraries.integers().between(0, 65535))
             .as((id, length, kind, device, pid, base, port) ->
                 new RegionDescriptor(id, length, kind, device, "", pid, base, "", "", port, null, null));
-    return Combinators.combine(numbers, text, text, text, secret, secret)
-        .as((n, owner, bootId, host, token, handle) ->
+    return Combinators.combine(numbers, text, text, text, secret, secret,
+            Arbitraries.integers().between(-1, 1 << 20), Arbitraries.longs())
+        .as((n, owner, bootId, host, token, handle, fd, inode) ->
             new RegionDescriptor(n.regionId(), n.lengthBytes(), n.kind(), n.device(), owner, n.pid(),
-                n.baseAddress(), bootId, host, n.tcpPort(), token, handle));
+                n.baseAddress(), bootId, host, n.tcpPort(), token, handle)
+                .withSharedPages(fd < 0 ? null : new SharedPages(fd, inode >>> 7, inode)));
+  }
+
+  @Example
+  void sharedPagesMissingAPartAreMalformed() throws Exception {
+    try (MessageBufferPacker p = MessagePack.newDefaultBufferPacker()) {
+      p.packMapHeader(5);
+      p.packString("region_id").packInt(1);
+      p.packString("length").packLong(4096);
+      p.packString("kind").packString("HOST");
+      p.packString("shm_fd").packInt(7);
+      p.packString("shm_ino").packLong(99);
+      MalformedDescriptorException e = assertThrows(MalformedDescriptorException.class,
+          () -> RegionDescriptor.unpack(p.toByteArray()));
+      assertTrue(e.getMessage().contains("shm_dev"), e.getMessage());
+    }
   }
 
   @Property(tries = 200)

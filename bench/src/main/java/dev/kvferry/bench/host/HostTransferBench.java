@@ -1,5 +1,6 @@
 package dev.kvferry.bench.host;
 
+import dev.kvferry.rdma.CmaTransport;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.testing.ChildJvm;
 import dev.kvferry.rdma.MalformedDescriptorException;
@@ -61,21 +62,29 @@ public final class HostTransferBench {
    * @param cmaInlineMaxBytes CMA batches up to this size run in the caller's thread
    * @param tcpStreams connections a tcp batch is striped over ({@link
    *     TransportOptions#withTcpStreams})
+   * @param cmaMapPeerPages cma copies through a mapping of the peer's pages (the default), else
+   *     with process_vm_writev ({@link TransportOptions#withCmaMapPeerPages})
    */
   public record Config(
       long blockBytes, int blockCount, int rounds, String transport, Layout layout,
-      int socketBufferBytes, long cmaInlineMaxBytes, int tcpStreams) {
+      int socketBufferBytes, long cmaInlineMaxBytes, int tcpStreams, boolean cmaMapPeerPages) {
 
     /** Default transport options. */
     public Config(long blockBytes, int blockCount, int rounds, String transport, Layout layout) {
       this(blockBytes, blockCount, rounds, transport, layout, 0,
-          TransportOptions.defaults().cmaInlineMaxBytes(), 1);
+          TransportOptions.defaults().cmaInlineMaxBytes(), 1, true);
     }
 
     /** Default transport options but the tcp streams. */
     public Config withTcpStreams(int streams) {
       return new Config(blockBytes, blockCount, rounds, transport, layout, socketBufferBytes,
-          cmaInlineMaxBytes, streams);
+          cmaInlineMaxBytes, streams, cmaMapPeerPages);
+    }
+
+    /** Default transport options but whether cma maps the peer's pages. */
+    public Config withCmaMapPeerPages(boolean map) {
+      return new Config(blockBytes, blockCount, rounds, transport, layout, socketBufferBytes,
+          cmaInlineMaxBytes, tcpStreams, map);
     }
 
     public Config {
@@ -107,19 +116,21 @@ public final class HostTransferBench {
    * @param verified whether D's region held exactly the expected bytes after the timed rounds
    * @param sourceRuns runs of adjacent blocks on P's side once entries are sorted by P's address
    * @param destinationRuns the same on D's side: what a transport that merges runs can merge
+   * @param copyPath how the bytes moved: cma {@code mapped} (memcpy through a mapping of the
+   *     peer's pages) or {@code syscalls} (process_vm_writev); tcp {@code tcp}
    */
   public record Result(Config config, double medianGbps, double minGbps, double maxGbps,
-      boolean verified, int sourceRuns, int destinationRuns) {
+      boolean verified, int sourceRuns, int destinationRuns, String copyPath) {
     public String toJson() {
       return String.format(
           Locale.ROOT,
           "{\"transport\": \"%s\", \"layout\": \"%s\", \"block_bytes\": %d, \"num_blocks\": %d, "
               + "\"pool_blocks\": %d, \"source_runs\": %d, \"destination_runs\": %d, "
               + "\"rounds\": %d, \"gbps\": %.3f, \"min_gbps\": %.3f, \"max_gbps\": %.3f, "
-              + "\"verified\": %s}",
+              + "\"verified\": %s, \"copy_path\": \"%s\"}",
           config.transport(), config.layout().name().toLowerCase(Locale.ROOT), config.blockBytes(),
           config.blockCount(), config.poolBlocks(), sourceRuns, destinationRuns, config.rounds(),
-          medianGbps, minGbps, maxGbps, verified);
+          medianGbps, minGbps, maxGbps, verified, copyPath);
     }
   }
 
@@ -129,12 +140,14 @@ public final class HostTransferBench {
     if (args.length < 5) {
       System.err.println(
           "usage: HostTransferBench BLOCK_BYTES NUM_BLOCKS ROUNDS cma|tcp contiguous|scattered "
-              + "[--socket-buffer=BYTES] [--cma-inline-max=BYTES] [--tcp-streams=N]");
+              + "[--socket-buffer=BYTES] [--cma-inline-max=BYTES] [--tcp-streams=N] "
+              + "[--cma-syscalls]");
       System.exit(2);
     }
     int socketBuffer = 0;
     long cmaInlineMax = TransportOptions.defaults().cmaInlineMaxBytes();
     int streams = 1;
+    boolean mapPeerPages = true;
     for (int i = 5; i < args.length; i++) {
       if (args[i].startsWith("--socket-buffer=")) {
         socketBuffer = Integer.parseInt(args[i].substring("--socket-buffer=".length()));
@@ -142,6 +155,8 @@ public final class HostTransferBench {
         cmaInlineMax = Long.parseLong(args[i].substring("--cma-inline-max=".length()));
       } else if (args[i].startsWith("--tcp-streams=")) {
         streams = Integer.parseInt(args[i].substring("--tcp-streams=".length()));
+      } else if (args[i].equals("--cma-syscalls")) {
+        mapPeerPages = false;
       } else {
         throw new IllegalArgumentException("unknown option " + args[i]);
       }
@@ -149,7 +164,7 @@ public final class HostTransferBench {
     Config config =
         new Config(
             Long.parseLong(args[0]), Integer.parseInt(args[1]), Integer.parseInt(args[2]), args[3],
-            Layout.parse(args[4]), socketBuffer, cmaInlineMax, streams);
+            Layout.parse(args[4]), socketBuffer, cmaInlineMax, streams, mapPeerPages);
     System.out.println(run(config).toJson());
   }
 
@@ -172,6 +187,7 @@ public final class HostTransferBench {
                     .withTcpSocketBufferBytes(config.socketBufferBytes())
                     .withCmaInlineMaxBytes(config.cmaInlineMaxBytes())
                     .withTcpStreams(config.tcpStreams())
+                    .withCmaMapPeerPages(config.cmaMapPeerPages())
                     .withIoThreads(Math.max(2, config.tcpStreams())))) {
       RegionDescriptor remote = descriptor(peer.awaitLine("DESCRIPTOR ", REPLY));
       MemoryRegion source = registry.allocateHost(config.regionBytes());
@@ -204,8 +220,11 @@ public final class HostTransferBench {
       }
       boolean verified = verify(peer, source, from, to, config);
       Arrays.sort(gbps);
+      String path = transport instanceof CmaTransport cma
+          ? (cma.peerRegionsMappedTotal() > 0 ? "mapped" : "syscalls")
+          : config.transport();
       return new Result(config, gbps[gbps.length / 2], gbps[0], gbps[gbps.length - 1], verified,
-          runs(from), runs(to));
+          runs(from), runs(to), path);
     }
   }
 

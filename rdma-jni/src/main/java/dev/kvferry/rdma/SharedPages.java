@@ -1,0 +1,26 @@
+package dev.kvferry.rdma;
+
+/**
+ * How another process on this host maps the pages of a host region itself: the region is the
+ * start of a sealed memfd that its owner keeps open as descriptor {@code fd}, so a peer opens
+ * {@code /proc/<pid>/fd/<fd>} and checks that it got that very file ({@code device}, {@code
+ * inode}: a closed and reused descriptor number names another file). The file is sealed against
+ * shrinking, so a peer's mapping can never fault past its end.
+ *
+ * @param fd the owner's descriptor of the file
+ * @param device the file's device number (stat st_dev)
+ * @param inode the file's inode number (stat st_ino)
+ */
+public record SharedPages(int fd, long device, long inode) {
+
+  public SharedPages {
+    if (fd < 0) {
+      throw new IllegalArgumentException("shared pages need a file descriptor, got " + fd);
+    }
+  }
+
+  /** The path under which a process on this host opens the owner's file. */
+  public String procPath(long ownerPid) {
+    return "/proc/" + ownerPid + "/fd/" + fd;
+  }
+}
