@@ -32,6 +32,21 @@ public final class CudaEvent implements AutoCloseable {
     return new CudaEvent(Cuda.ipcOpenEventHandle(ipcHandle), device, false);
   }
 
+  /**
+   * A new event on {@code device} that other processes can open from {@link #ipcHandle} and make
+   * their streams wait for (no timing: CUDA refuses interprocess events with timing).
+   */
+  public static CudaEvent createInterprocess(int device) {
+    Cuda.setDevice(device);
+    return new CudaEvent(Cuda.eventCreateInterprocess(), device, false);
+  }
+
+  /** The 64-byte cudaIpcEventHandle_t of an event made by {@link #createInterprocess}. */
+  public byte[] ipcHandle() {
+    Cuda.setDevice(device);
+    return Cuda.ipcGetEventHandle(handle);
+  }
+
   public long handle() {
     return handle;
   }
