@@ -225,6 +225,15 @@ public final class CudaTransport implements EventOrderedTransport {
       throw new IllegalArgumentException("event of device " + event.device()
           + " recorded behind copies of region " + local.id() + " on device " + device);
     }
+    synchronized (event) {
+      if (closed || event.isClosed()) {
+        return; // the worker's session or this transport ended: no stream waits for it any more
+      }
+      recordBehindLanes(event, device, remotes);
+    }
+  }
+
+  private void recordBehindLanes(CudaEvent event, int device, List<RegionDescriptor> remotes) {
     Cuda.setDevice(device);
     java.util.Set<LaneKey> keys = new java.util.LinkedHashSet<>();
     for (RegionDescriptor r : remotes) {
@@ -239,6 +248,9 @@ public final class CudaTransport implements EventOrderedTransport {
     }
     Join join = joins.computeIfAbsent(device, Join::new);
     synchronized (join) {
+      if (join.closed) {
+        return; // the transport closed meanwhile, after its streams had finished
+      }
       if (open.size() == 1) {
         Lane lane = open.get(0);
         synchronized (lane) {
@@ -564,6 +576,7 @@ public final class CudaTransport implements EventOrderedTransport {
   private static final class Join {
     final int device;
     final long stream;
+    boolean closed;
 
     Join(int device) {
       this.device = device;
@@ -572,6 +585,10 @@ public final class CudaTransport implements EventOrderedTransport {
     }
 
     synchronized void close() {
+      if (closed) {
+        return;
+      }
+      closed = true;
       Cuda.setDevice(device);
       Cuda.streamSynchronize(stream);
       Cuda.streamDestroy(stream);

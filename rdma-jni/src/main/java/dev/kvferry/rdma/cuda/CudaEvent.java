@@ -74,8 +74,18 @@ public final class CudaEvent implements AutoCloseable {
     return Cuda.eventElapsedMs(earlier.handle, handle);
   }
 
+  /** True once {@link #close} ran; read under the event's monitor to use it without a race. */
+  public boolean isClosed() {
+    return closed;
+  }
+
+  /**
+   * Destroys the event (for an opened IPC event, this process's reference). Synchronized: code
+   * that records it while holding its monitor and checking {@link #isClosed} never records a
+   * destroyed event.
+   */
   @Override
-  public void close() {
+  public synchronized void close() {
     if (!closed) {
       closed = true;
       Cuda.eventDestroy(handle);
