@@ -94,7 +94,8 @@ class _EngineState:
         if self.engine is not None:
             self.engine.disconnect()
         self.engine = ModelEngine(self.model, self.spec, self.cache, role=self.role, mode=mode,
-                                  socket_path=self.socket_path, chunk_tokens=self.cfg["chunk_tokens"])
+                                  socket_path=self.socket_path, chunk_tokens=self.cfg["chunk_tokens"],
+                                  load_events=self.cfg.get("load_events", True))
         info = self.engine.connect(wait_s=180)
         if self.baseline is not None:
             self.baseline.reset_prefix_cache()
@@ -103,9 +104,10 @@ class _EngineState:
     def cmd_detach(self) -> dict:
         e = self._e()
         free = e.pool.free_count
+        waits = e.load_waits()
         e.disconnect()
         self.engine = None
-        out = {"free_blocks": free, "num_blocks": e.pool.num_blocks}
+        out = {"free_blocks": free, "num_blocks": e.pool.num_blocks, "load_waits": waits}
         if self.baseline is not None:
             out["baseline_free_blocks"] = self.baseline.pool.free_count
         return out
@@ -892,6 +894,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-mla-probe", action="store_true")
     p.add_argument("--max-errors", type=int, default=3, help="per mode, then the mode stops")
     p.add_argument("--mode-budget-s", type=float, default=600.0, help="per mode: no new request after this")
+    p.add_argument("--cpu-load-wait", action="store_true",
+                   help="READ on D: do not ask for the node's load events; the CPU waits for each layer's copies")
     p.add_argument("--json", help="write the full report here")
     return p.parse_args(argv)
 
@@ -905,7 +909,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ctx = tmp.get_context("spawn")
     cfg = {"spec": {"layers": args.layers, "vocab": args.vocab, "seed": args.seed, "attention": args.attention},
-           "num_blocks": args.num_blocks, "block_size": args.block_size, "chunk_tokens": args.chunk_tokens}
+           "num_blocks": args.num_blocks, "block_size": args.block_size, "chunk_tokens": args.chunk_tokens,
+           "load_events": not args.cpu_load_wait}
     rng = random.Random(args.seed)
     report: dict[str, Any] = {"config": vars(args)}
     t0 = time.time()
@@ -980,6 +985,11 @@ def summarize(report: dict) -> dict:
                 lines.append(f"  divergence {r['request']} step {dv['step']}: logits bitwise equal {dv['logits_bitwise_equal']}, "
                              f"top-2 margin {dv['top2_margin']:.4g}")
         lines.append(f"  blocks at end: {json.dumps(m['blocks_at_end'])}")
+        lw = m["blocks_at_end"].get("D", {}).get("load_waits")
+        if lw is not None and m["mode"] == "read":
+            path = "GPU event" if lw["event"] > 0 else "CPU wait"
+            lines.append(f"  D's wait_for_layer_load path: {path} (asked for load events {lw['asked']}, node exported "
+                         f"{lw['exported']}; answers with an event {lw['event']}, without {lw['no_event']})")
         ok = not errors and kv == len(done) == first == toks and len(done) > 0 and not late
         ends = m["blocks_at_end"]
         for side in ("P", "D"):

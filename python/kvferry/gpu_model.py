@@ -281,7 +281,11 @@ class ModelEngine:
     greedy decoding; the connector is called in vLLM's order on every step."""
 
     def __init__(self, model: Any, spec: ModelSpec, cache: PagedKvCache, *, role: str, mode: str,
-                 socket_path: str | None = None, chunk_tokens: int = 512, ring: int = 0):
+                 socket_path: str | None = None, chunk_tokens: int = 512, ring: int = 0,
+                 load_events: bool = True):
+        """``load_events``: D in READ mode on a GPU asks the node for its load-event ring, so
+        ``wait_for_layer_load`` makes the stream wait on the GPU (false: the CPU waits for the
+        copies, as before); ``load_waits()`` says which path the waits took."""
         self.runner = PagedLlama(model, spec)
         self.spec = spec
         self.cache = cache
@@ -311,7 +315,10 @@ class ModelEngine:
             ident = {"role": role, "mode": mode, "tp_size": 1}
             self.worker = GpuWorkerClient(socket_path, "worker", engine=ident, tp_rank=0,
                                           geometry=cache.port_geometry(), memory=cache.port_memory(),
-                                          events=handles)
+                                          events=handles,
+                                          load_events=load_events and self.gpu and role == "decode"
+                                          and mode == "read",
+                                          event_device=cache.device if self.gpu else None)
             self.sched = PortClient(socket_path, "scheduler", engine=ident)
 
     def connect(self, wait_s: float = 120.0) -> dict[str, Any]:
@@ -329,6 +336,14 @@ class ModelEngine:
                 pass
         if self.sched is not None:
             self.sched.close()
+
+    def load_waits(self) -> dict[str, Any]:
+        """Which path D's wait_for_layer_load took: whether the node exported events, and how
+        many waits were answered with an event (the stream waited) or without one."""
+        w = self.worker
+        if w is None:
+            return {"asked": False, "exported": 0, "event": 0, "no_event": 0}
+        return {"asked": w.load_events, "exported": len(w.load_event_handles), **w.load_waits}
 
     def reset_prefix_cache(self) -> None:
         self.pool = BlockPool(self.cache.num_blocks, prefix_caching=True)
@@ -494,7 +509,8 @@ class ModelEngine:
 
     def receive(self, rid: str, timeout_s: float = 20.0) -> dict[str, Any]:
         """Steps until the node reports ``rid`` received (or failed); per-layer waits when the
-        node says this step loads (READ)."""
+        node says this step loads (READ): with the node's load events the current stream waits
+        on the GPU (the client does it), else the CPU waits until the layer landed."""
         deadline = time.monotonic() + timeout_s
         load_errors: list[int] = []
         while time.monotonic() < deadline:

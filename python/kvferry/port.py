@@ -7,6 +7,13 @@ id and get no reply: this client sends ``update_state_after_alloc``, ``bind_conn
 ``start_load_kv`` one-way. Their errors come back in the next ``build_connector_meta``
 (scheduler) or ``get_finished`` (worker) reply and are raised there.
 
+Load events (GPU memory, READ mode on D): a worker created with ``load_events=True`` asks the
+node for its ring of interprocess CUDA events at hello; the node exports one when the worker's
+memory is ``cuda_ipc`` and its transport is ``cuda`` (else the reply's ``load_events`` is empty).
+Then ``wait_for_layer_load`` may come back before the layer's copies have landed, naming the slot
+the node recorded behind them; the client opens the events once (torch, on first use) and makes
+the current CUDA stream wait on that event, so no CPU waits for the copies.
+
 Thread-safety: a ``PortClient`` is one connection and is NOT thread-safe. The protocol is
 synchronous per connection (send a request, read its reply, then the next), so give each thread
 (the scheduler, each TP rank's worker) a client of its own.
@@ -25,6 +32,7 @@ import msgpack
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 64 * 1024 * 1024
+IPC_HANDLE_BYTES = 64  # cudaIpcEventHandle_t
 _LENGTH = struct.Struct(">I")
 
 __all__ = [
@@ -37,6 +45,8 @@ __all__ = [
     "encode_frame",
     "FrameReader",
     "error_for",
+    "parse_load_events",
+    "parse_layer_load",
 ]
 
 
@@ -217,6 +227,34 @@ def _loads_in(metadata: bytes) -> int | None:
     return loads if isinstance(loads, int) and not isinstance(loads, bool) else None
 
 
+def parse_load_events(hello_reply: dict[str, Any]) -> list[bytes]:
+    """The node's exported load events (64-byte IPC handles) in a hello reply; empty when the
+    node exported none (host memory, another transport, not asked, or an older node)."""
+    raw = hello_reply.get("load_events")
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ProtocolViolation(f"hello's load_events is a {type(raw).__name__}, not a list")
+    handles = []
+    for i, h in enumerate(raw):
+        if not isinstance(h, (bytes, bytearray)) or len(h) != IPC_HANDLE_BYTES:
+            raise ProtocolViolation(f"hello's load_events[{i}] is not a {IPC_HANDLE_BYTES}-byte handle")
+        handles.append(bytes(h))
+    return handles
+
+
+def parse_layer_load(reply: dict[str, Any], ring_size: int) -> tuple[bool, int | None]:
+    """``(ok, event_slot)`` of a ``wait_for_layer_load`` reply; the slot must be in the ring."""
+    ok = bool(reply["ok"])
+    slot = reply.get("event_slot")
+    if slot is None:
+        return ok, None
+    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < ring_size:
+        raise ProtocolViolation(f"wait_for_layer_load's event_slot {slot!r} is not a slot of the "
+                                f"{ring_size} load events this connection got")
+    return ok, slot
+
+
 # ---- client ----
 
 
@@ -241,7 +279,12 @@ class PortClient:
         http_url: str | None = None,
         timeout_s: float = 120.0,
         connect_timeout_s: float = 5.0,
+        load_events: bool = False,
+        event_device: Any = None,
     ):
+        """``load_events`` (a worker on GPU memory): ask for the node's load-event ring; then
+        ``wait_for_layer_load`` makes the current stream of ``event_device`` (a torch device or
+        index, default the current CUDA device) wait on the slot the node names."""
         if side not in ("scheduler", "worker"):
             raise ValueError(f"side must be 'scheduler' or 'worker', not {side!r}")
         if side == "worker" and (tp_rank is None or geometry is None or memory is None):
@@ -265,6 +308,15 @@ class PortClient:
         # build_connector_meta): those named with do_remote_decode, until request_finished.
         self._cached_wanted: set[str] = set()
         self.last_op_errors: list[dict[str, Any]] = []
+        self.load_events = load_events
+        self.event_device = event_device
+        # The node's exported events for READ loads (IPC handles, by slot), from the hello reply;
+        # opened lazily with torch, dropped with the connection (the node destroys them then).
+        self.load_event_handles: list[bytes] = []
+        self._opened_load_events: dict[int, Any] = {}
+        # wait_for_layer_load answers by path: "event" (the stream waited on a node's event),
+        # "no_event" (answered once landed, or nothing was in flight): which path a run took.
+        self.load_waits: dict[str, int] = {"event": 0, "no_event": 0}
         # Per op: [calls, total seconds, longest seconds] of this client's side of each op (a
         # round trip for a call, the send for a one-way op): where an engine's step time goes.
         self.op_seconds: dict[str, list[float]] = {}
@@ -299,6 +351,7 @@ class PortClient:
             self._close_socket()
             self._broken = "hello refused"
             raise
+        self.load_event_handles = parse_load_events(self.node_info)
         return self.node_info
 
     def hello(self) -> dict[str, Any]:
@@ -330,6 +383,8 @@ class PortClient:
         self.close()
 
     def _close_socket(self) -> None:
+        # The node destroys its exported events when the connection ends: never wait on them again.
+        self._opened_load_events = {}
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -346,6 +401,8 @@ class PortClient:
             args["tp_rank"] = self.tp_rank
             args["geometry"] = self.geometry
             args["memory"] = self.memory
+            if self.load_events:
+                args["load_events"] = True
         elif self.http_url is not None:
             args["http_url"] = self.http_url
         return args
@@ -558,7 +615,46 @@ class PortClient:
         return int(self._call("start_load_kv")["loads"])
 
     def wait_for_layer_load(self, layer: int) -> bool:
-        return bool(self._call("wait_for_layer_load", {"layer": layer})["ok"])
+        """False if a load of this layer failed (its blocks come back from ``get_finished``).
+        When the node answers with an ``event_slot`` (load events, GPU), the current CUDA stream
+        is made to wait on that event before this returns: work queued after it sees the bytes."""
+        ok, slot = self.wait_for_layer_load_event(layer)
+        if slot is not None:
+            self._stream_wait(slot)
+        return ok
+
+    def wait_for_layer_load_event(self, layer: int) -> tuple[bool, int | None]:
+        """``wait_for_layer_load`` without the stream wait: ``(ok, event_slot)``. With a slot,
+        the caller must make its stream wait on ``load_event(slot)`` before it sends any other op
+        (the node may record the slot again from the worker's next ``start_load_kv``)."""
+        reply = self._call("wait_for_layer_load", {"layer": layer})
+        ok, slot = parse_layer_load(reply, len(self.load_event_handles))
+        self.load_waits["event" if slot is not None else "no_event"] += 1
+        return ok, slot
+
+    def load_event(self, slot: int) -> Any:
+        """The node's event of ``slot`` as a ``torch.cuda.Event``, opened once per connection."""
+        ev = self._opened_load_events.get(slot)
+        if ev is None:
+            import torch
+
+            ev = torch.cuda.Event.from_ipc_handle(self._cuda_device(), self.load_event_handles[slot])
+            self._opened_load_events[slot] = ev
+        return ev
+
+    def _cuda_device(self) -> Any:
+        import torch
+
+        d = self.event_device
+        if d is None:
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
+
+    def _stream_wait(self, slot: int) -> None:
+        import torch
+
+        ev = self.load_event(slot)
+        torch.cuda.current_stream(self._cuda_device()).wait_event(ev)
 
     def save_kv_layer(self, layer: int) -> None:
         """One-way: send it after the layer's KV is in memory."""

@@ -559,6 +559,10 @@ class KvferryWorker:
         self.loads = self._client().start_load_kv()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
+        """vLLM runs the layer's attention after this returns. Host memory (what this adapter
+        registers): the node answers once the layer's reads landed. A client with the node's load
+        events (GPU memory) instead gets an event slot and makes the current stream wait on it
+        before returning, so the layer's kernels queue behind the copies without a CPU wait."""
         if self.loads <= 0 or layer_name not in self.layer_index:
             return
         layer = self.layer_index[layer_name]

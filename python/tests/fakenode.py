@@ -40,6 +40,9 @@ class FakeNode:
         self.matched: Callable[[dict], dict] = lambda a: {"count": 0, "async": False}
         self.finish: Callable[[dict], dict] = lambda a: {"delay_free": False, "kv_transfer_params": None}
         self.loads = 0
+        # Worker hellos that ask for load_events get these handles back (a node on GPU memory).
+        self.load_event_handles: list[bytes] = []
+        self.layer_load: Callable[[dict], dict] = lambda a: {"ok": True}
         self.reply_before_close: bytes | None = None
         self._conns: list[socket.socket] = []
         if os.path.exists(path):
@@ -158,9 +161,12 @@ class FakeNode:
             state["rank"] = a.get("tp_rank")
             with self.lock:
                 self.hellos.append(a)
-            return {"version": 1, "node": "fake", "engine_id": (a.get("engine") or {}).get("engine_id", "fake-0"),
-                    "role": (a.get("engine") or {}).get("role", "prefill"), "mode": "write", "dp_rank": 0,
-                    "tp_size": 1, "transport": "none"}
+            reply = {"version": 1, "node": "fake", "engine_id": (a.get("engine") or {}).get("engine_id", "fake-0"),
+                     "role": (a.get("engine") or {}).get("role", "prefill"), "mode": "write", "dp_rank": 0,
+                     "tp_size": 1, "transport": "none"}
+            if a.get("load_events"):
+                reply["load_events"] = list(self.load_event_handles)
+            return reply
         if state["side"] is None:
             raise Refuse("hello_required", "say hello first")
         if op == "ping":
@@ -188,7 +194,7 @@ class FakeNode:
         if op == "start_load_kv":
             return {"loads": self.loads}
         if op == "wait_for_layer_load":
-            return {"ok": True}
+            return self.layer_load(a)
         if op in ("save_kv_layer",):
             return None
         if op == "wait_for_save":

@@ -259,3 +259,135 @@ def test_build_connector_meta_sends_only_the_cached_entries_the_node_reads(tmp_p
     c.build_connector_meta([], cached)
     assert node.calls("build_connector_meta")[-1]["scheduled_cached_reqs"] == []
     node.close()
+
+
+# ---- the node's load events (READ loads on GPU memory) ----
+
+
+class _FakeTorch:
+    """Just what the client touches of torch for load events, recording what it did."""
+
+    def __init__(self):
+        self.opened: list[tuple[str, bytes]] = []
+        self.waits: list[tuple[str, bytes]] = []
+        torch = self
+
+        class Event:
+            def __init__(self, device: str, handle: bytes):
+                self.device, self.handle = device, handle
+
+            @classmethod
+            def from_ipc_handle(cls, device, handle):
+                torch.opened.append((str(device), bytes(handle)))
+                return cls(str(device), bytes(handle))
+
+        class Stream:
+            def __init__(self, device: str):
+                self.device = device
+
+            def wait_event(self, ev):
+                torch.waits.append((self.device, ev.handle))
+
+        self.cuda = type("cuda", (), {
+            "Event": Event,
+            "current_device": staticmethod(lambda: 3),
+            "current_stream": staticmethod(lambda device=None: Stream(str(device))),
+        })
+
+    @staticmethod
+    def device(kind, index=None):
+        if index is None:
+            return kind if ":" in str(kind) else f"{kind}:0"
+        return f"{kind}:{index}"
+
+
+HANDLES = [bytes([i]) * 64 for i in range(4)]
+
+
+def test_a_worker_asks_for_load_events_only_when_told(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.load_event_handles = HANDLES
+    plain = worker_client(node.path)
+    plain.hello()
+    asking = worker_client(node.path, load_events=True)
+    asking.hello()
+    assert "load_events" not in node.hellos[0] and node.hellos[1]["load_events"] is True
+    assert plain.load_event_handles == [] and asking.load_event_handles == HANDLES
+    node.close()
+
+
+def test_a_layer_load_without_a_slot_is_the_cpu_wait_and_no_stream_waits(tmp_path, monkeypatch):
+    fake = _FakeTorch()
+    monkeypatch.setitem(__import__("sys").modules, "torch", fake)
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.load_event_handles = []  # host memory: the node exports none
+    answers = iter([{"ok": True}, {"ok": False}])
+    node.layer_load = lambda a: next(answers)
+    c = worker_client(node.path, load_events=True)
+    c.hello()
+    assert c.wait_for_layer_load(0) is True
+    assert c.wait_for_layer_load(1) is False  # a failed layer: its blocks come with get_finished
+    assert c.load_waits == {"event": 0, "no_event": 2}
+    assert fake.opened == [] and fake.waits == []
+    node.close()
+
+
+def test_an_event_slot_makes_the_current_stream_wait_on_that_event_opened_once(tmp_path, monkeypatch):
+    fake = _FakeTorch()
+    monkeypatch.setitem(__import__("sys").modules, "torch", fake)
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.load_event_handles = HANDLES
+    node.layer_load = lambda a: {"ok": True, "event_slot": a["layer"] + 1}
+    c = worker_client(node.path, load_events=True, event_device=1)
+    c.hello()
+    assert c.wait_for_layer_load(0) is True
+    assert c.wait_for_layer_load(2) is True
+    assert c.wait_for_layer_load(0) is True
+    assert fake.opened == [("cuda:1", HANDLES[1]), ("cuda:1", HANDLES[3])]
+    assert fake.waits == [("cuda:1", HANDLES[1]), ("cuda:1", HANDLES[3]), ("cuda:1", HANDLES[1])]
+    assert c.load_waits == {"event": 3, "no_event": 0}
+    # A new connection gets new events: nothing opened before is used again.
+    c.reconnect()
+    c.wait_for_layer_load(0)
+    assert fake.opened[-1] == ("cuda:1", HANDLES[1]) and len(fake.opened) == 3
+    node.close()
+
+
+def test_the_current_cuda_device_is_used_when_none_is_named(tmp_path, monkeypatch):
+    fake = _FakeTorch()
+    monkeypatch.setitem(__import__("sys").modules, "torch", fake)
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.load_event_handles = HANDLES
+    node.layer_load = lambda a: {"ok": True, "event_slot": 0}
+    c = worker_client(node.path, load_events=True)
+    c.hello()
+    c.wait_for_layer_load(5)
+    assert fake.opened == [("cuda:3", HANDLES[0])] and fake.waits == [("cuda:3", HANDLES[0])]
+    node.close()
+
+
+def test_a_slot_outside_the_ring_or_a_bad_handle_is_a_protocol_violation(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.load_event_handles = HANDLES[:2]
+    node.layer_load = lambda a: {"ok": True, "event_slot": 2}
+    c = worker_client(node.path, load_events=True)
+    c.hello()
+    with pytest.raises(ProtocolViolation, match="event_slot 2 is not a slot of the 2 load events"):
+        c.wait_for_layer_load_event(0)
+    node.load_event_handles = [b"\x00" * 63]
+    with pytest.raises(ProtocolViolation, match="load_events\\[0\\] is not a 64-byte handle"):
+        worker_client(node.path, load_events=True).hello()
+    node.close()
+
+
+def test_wait_for_layer_load_event_returns_the_slot_without_waiting(tmp_path, monkeypatch):
+    fake = _FakeTorch()
+    monkeypatch.setitem(__import__("sys").modules, "torch", fake)
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.load_event_handles = HANDLES
+    node.layer_load = lambda a: {"ok": True, "event_slot": 2}
+    c = worker_client(node.path, load_events=True)
+    c.hello()
+    assert c.wait_for_layer_load_event(0) == (True, 2)
+    assert fake.waits == []
+    node.close()

@@ -401,6 +401,8 @@ class ReferenceEngine:
             for rank, cache in enumerate(self.caches):
                 if c is not None and loads[rank] > 0:
                     # A failed layer's blocks come back in get_finished; nothing to do here.
+                    # (Host memory: answered once the layer landed. A GPU engine's client with
+                    # load events would make its current stream wait on the node's event.)
                     c.workers[rank].wait_for_layer_load(layer)
                 for r, ts in work:
                     for t in ts:

@@ -9,6 +9,7 @@ import dev.kvferry.actors.engine.TerminalIds;
 import dev.kvferry.actors.plan.InvalidBlockIdsException;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.actors.plan.TransferPlanner;
+import dev.kvferry.rdma.EventOrderedTransport;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionDescriptor;
 import dev.kvferry.rdma.TransferBatch;
@@ -80,6 +81,11 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
   private final EngineIdentity self;
   private final boolean mla;
   private final Executor io;
+  /**
+   * The transport orders copies on the GPU: queued reads are told to {@link LayerLoads}, so the
+   * engine's stream can wait behind them (the node's exported event ring).
+   */
+  private final boolean gpuOrdered;
   private final ActorRef<HandshakeActor.Command> handshake;
   private final ActorRef<RequestTrackerActor.Command> tracker;
   private final ActorRef<HandshakeActor.Result> handshakeAdapter;
@@ -116,6 +122,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     this.self = setup.identity();
     this.mla = setup.geometry().layout() == KvCacheGeometry.Layout.MLA;
     this.io = io;
+    this.gpuOrdered = setup.transport() instanceof EventOrderedTransport;
     this.handshake = handshake;
     this.tracker = tracker;
     this.outbox = new PeerOutbox(ctx.getLog(), setup.settings());
@@ -158,6 +165,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> {
         int[] sources = PeerPlanning.sourcesFor(self, prefillTp, mla);
         reads.put(r.transferId(), new ReadJob(r, sources, setup.layerRegions().size()));
+        setup.sink().layerLoads().readsPerLayer(r.transferId(), sources.length);
         for (int source : sources) {
           readsAwaitingPeer
               .computeIfAbsent(new PeerKey(r.remoteEngineId(), source), k -> new ArrayList<>())
@@ -213,12 +221,20 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       int l = layer;
       AtomicBoolean cancelled = job.cancelled;
       job.inFlight++;
+      String transferId = r.transferId();
       CompletableFuture<TransferStatus> done =
           CompletableFuture.supplyAsync(
-                  () ->
-                      cancelled.get()
-                          ? TransferStatus.failed("transfer ended before this layer was read")
-                          : setup.transport().read(local, remote, plan),
+                  () -> {
+                    if (cancelled.get()) {
+                      return TransferStatus.failed("transfer ended before this layer was read");
+                    }
+                    TransferStatus s = setup.transport().read(local, remote, plan);
+                    if (gpuOrdered && s.state() != TransferStatus.State.FAILED) {
+                      setup.sink().layerLoads().readQueued(
+                          transferId, l, new LayerLoads.QueuedRead(local, remote));
+                    }
+                    return s;
+                  },
                   io)
               .thenCompose(TransferStatus::completion);
       getContext()

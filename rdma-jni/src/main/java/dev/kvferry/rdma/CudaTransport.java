@@ -148,6 +148,8 @@ public final class CudaTransport implements EventOrderedTransport {
   /** An IPC-opened allocation: our device and the 64-byte handle (compared by content). */
   private record AllocationKey(int device, ByteBuffer handle) {}
   private final Map<LaneKey, Lane> lanes = new ConcurrentHashMap<>();
+  /** Per local device, the stream that joins several lanes for {@link #recordAfterCopies}. */
+  private final Map<Integer, Join> joins = new ConcurrentHashMap<>();
   private final Map<Long, byte[]> describedHandles = new ConcurrentHashMap<>();
   private volatile boolean closed;
 
@@ -208,6 +210,67 @@ public final class CudaTransport implements EventOrderedTransport {
       if (!lane.closed) {
         Cuda.streamWriteValue64(lane.stream, wordDeviceAddress, value);
       }
+    }
+  }
+
+  /**
+   * One lane's stream gets the record directly; several lanes each record their join event, which
+   * the device's join stream waits for before the record, so the event covers all of them.
+   */
+  @Override
+  public void recordAfterCopies(
+      CudaEvent event, MemoryRegion local, List<RegionDescriptor> remotes) {
+    int device = local.device();
+    if (event.device() != device) {
+      throw new IllegalArgumentException("event of device " + event.device()
+          + " recorded behind copies of region " + local.id() + " on device " + device);
+    }
+    synchronized (event) {
+      if (closed || event.isClosed()) {
+        return; // the worker's session or this transport ended: no stream waits for it any more
+      }
+      recordBehindLanes(event, device, remotes);
+    }
+  }
+
+  private void recordBehindLanes(CudaEvent event, int device, List<RegionDescriptor> remotes) {
+    Cuda.setDevice(device);
+    java.util.Set<LaneKey> keys = new java.util.LinkedHashSet<>();
+    for (RegionDescriptor r : remotes) {
+      keys.add(laneKey(device, r));
+    }
+    List<Lane> open = new java.util.ArrayList<>(keys.size());
+    for (LaneKey k : keys) {
+      Lane lane = lanes.get(k);
+      if (lane != null) {
+        open.add(lane); // no lane: nothing was queued to that peer (or it left: copies done)
+      }
+    }
+    Join join = joins.computeIfAbsent(device, Join::new);
+    synchronized (join) {
+      if (join.closed) {
+        return; // the transport closed meanwhile, after its streams had finished
+      }
+      if (open.size() == 1) {
+        Lane lane = open.get(0);
+        synchronized (lane) {
+          if (!lane.closed) {
+            Cuda.eventRecord(event.handle(), lane.stream);
+            return;
+          }
+        }
+      }
+      // Several lanes (or none open): the join stream waits for each, then records. A lane
+      // closed when its peer left, after its stream had finished.
+      for (Lane lane : open) {
+        synchronized (lane) {
+          if (!lane.closed) {
+            Cuda.eventRecord(lane.joinEvent, lane.stream);
+            Cuda.streamWaitEvent(join.stream, lane.joinEvent);
+          }
+        }
+      }
+      Cuda.eventRecord(event.handle(), join.stream);
     }
   }
 
@@ -498,11 +561,38 @@ public final class CudaTransport implements EventOrderedTransport {
       lane.close();
     }
     lanes.clear();
+    for (Join j : joins.values()) {
+      j.close();
+    }
+    joins.clear();
     for (Map.Entry<AllocationKey, Opened> e : openedAllocations.entrySet()) {
       Cuda.setDevice(e.getKey().device());
       Cuda.ipcCloseMemHandle(e.getValue().base());
     }
     openedAllocations.clear();
+  }
+
+  /** A device's join stream: it waits for several lanes' join events, then records. */
+  private static final class Join {
+    final int device;
+    final long stream;
+    boolean closed;
+
+    Join(int device) {
+      this.device = device;
+      Cuda.setDevice(device);
+      this.stream = Cuda.streamCreate();
+    }
+
+    synchronized void close() {
+      if (closed) {
+        return;
+      }
+      closed = true;
+      Cuda.setDevice(device);
+      Cuda.streamSynchronize(stream);
+      Cuda.streamDestroy(stream);
+    }
   }
 
   /** One peer's copy stream on one local device, with what its launches reuse. */
@@ -512,6 +602,11 @@ public final class CudaTransport implements EventOrderedTransport {
     final @Nullable CudaKernels kernels;
     final KernelArgs args = new KernelArgs(8);
     final ArrayDeque<Long> events = new ArrayDeque<>();
+    /**
+     * Recorded behind the lane's copies when the join stream must wait for them; recording it
+     * again later is safe, as a wait binds to the record before it.
+     */
+    final long joinEvent;
     final LinkedHashMap<TransferBatch, ScatterPlan> plans = new LinkedHashMap<>(16, 0.75f, true);
     @Nullable TransferBatch lastBatch;
     @Nullable ScatterPlan lastPlan;
@@ -527,6 +622,7 @@ public final class CudaTransport implements EventOrderedTransport {
       this.device = device;
       Cuda.setDevice(device);
       this.stream = Cuda.streamCreate();
+      this.joinEvent = Cuda.eventCreate(false);
       this.kernels = method != CopyMethod.MEMCPY_BATCH ? CudaKernels.forDevice(device) : null;
       attrs.clear();
       attrs.setInt(0, 1); // cudaMemcpySrcAccessOrderStream
@@ -618,6 +714,7 @@ public final class CudaTransport implements EventOrderedTransport {
         Cuda.eventDestroy(e);
       }
       events.clear();
+      Cuda.eventDestroy(joinEvent);
       Cuda.streamDestroy(stream);
     }
   }

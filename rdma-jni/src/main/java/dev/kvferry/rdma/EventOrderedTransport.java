@@ -1,6 +1,7 @@
 package dev.kvferry.rdma;
 
 import dev.kvferry.rdma.cuda.CudaEvent;
+import java.util.List;
 
 /**
  * A transport whose copies can be ordered on the GPU: they start once a CUDA event has fired (no
@@ -29,4 +30,13 @@ public interface EventOrderedTransport extends Transport {
    */
   void signalWhenCopied(
       MemoryRegion local, RegionDescriptor remote, long wordDeviceAddress, long value);
+
+  /**
+   * Records {@code event} (of {@code local}'s device) behind every copy queued so far between
+   * {@code local}'s device and the owner of each of {@code remotes}: a stream that waits for it
+   * (in this process or, for an interprocess event, another) sees those copies' bytes. The copies
+   * of several peers run on several streams, joined on the GPU before the record. Returns at once;
+   * no CPU thread waits.
+   */
+  void recordAfterCopies(CudaEvent event, MemoryRegion local, List<RegionDescriptor> remotes);
 }

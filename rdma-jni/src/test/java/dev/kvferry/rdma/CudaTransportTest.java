@@ -159,6 +159,51 @@ class CudaTransportTest {
     }
   }
 
+  @Test
+  void aLoadEventRecordedBehindQueuedReadsMakesAnotherStreamWaitForTheirBytes() throws Exception {
+    assumeGpu();
+    Cuda.setDevice(0);
+    long bytes = 64 * BLOCK;
+    long src = Cuda.malloc(bytes);
+    long dst = Cuda.malloc(bytes);
+    try (RegionRegistry p = new RegionRegistry("p");
+        RegionRegistry d = new RegionRegistry("d");
+        CudaTransport t = new CudaTransport();
+        CudaStream engine = CudaStream.create(0);
+        CudaEvent loaded = CudaEvent.createInterprocess(0);
+        CudaEvent nothing = CudaEvent.createInterprocess(0);
+        Memory back = new Memory(8)) {
+      byte[] handle = loaded.ipcHandle();
+      assertEquals(Cuda.IPC_HANDLE_BYTES, handle.length);
+      assertFalse(java.util.Arrays.equals(handle, nothing.ipcHandle()));
+      Cuda.memset(src, 0x5a, bytes);
+      Cuda.memset(dst, 0, bytes);
+      MemoryRegion local = d.registerExternal(dst, bytes, RegionKind.CUDA, 0);
+      MemoryRegion remote = p.registerExternal(src, bytes, RegionKind.CUDA, 0);
+      RegionDescriptor from = t.describe(remote);
+      TransferStatus s = t.read(local, from,
+          new TransferBatch(new long[] {0}, new long[] {0}, new long[] {bytes}));
+      t.recordAfterCopies(loaded, local, java.util.List.of(from));
+      // The engine's stream waits on the GPU; once it is idle, the bytes are there.
+      engine.waitFor(loaded);
+      engine.synchronize();
+      Cuda.memcpy(Pointer.nativeValue(back), dst + bytes - 8, 8);
+      assertEquals(0x5a5a5a5a5a5a5a5aL, back.getLong(0));
+      assertTrue(s.completion().get(10, TimeUnit.SECONDS).succeeded(), s.toString());
+
+      // Behind no lane (nothing queued to that peer): recorded on the join stream, it fires.
+      t.recordAfterCopies(nothing, local, java.util.List.of(cudaRegion(bytes, 0x1000)));
+      long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+      while (!nothing.isComplete()) {
+        assertTrue(System.nanoTime() < deadline, "an event behind no copies never fired");
+        Thread.onSpinWait();
+      }
+    } finally {
+      Cuda.free(src);
+      Cuda.free(dst);
+    }
+  }
+
 
   private static RegionDescriptor cudaRegion(long lengthBytes, long baseAddress) {
     return new RegionDescriptor(3, lengthBytes, RegionKind.CUDA, 0, "decode-0",

@@ -2,14 +2,18 @@ package dev.kvferry.actors.connector;
 
 import dev.kvferry.actors.EngineActor;
 import dev.kvferry.actors.FinishedSink;
+import dev.kvferry.actors.LayerLoads;
 import dev.kvferry.actors.TransferObserver;
 import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.actors.plan.KvCacheGeometry;
+import dev.kvferry.rdma.EventOrderedTransport;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.Transport;
+import dev.kvferry.rdma.cuda.CudaEvent;
 import java.util.HashSet;
 import java.util.List;
+import java.util.Optional;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import org.apache.pekko.actor.typed.ActorRef;
@@ -29,6 +33,8 @@ public final class ConnectorWorker implements AutoCloseable {
   private final ActorSystem<?> system;
   private final EngineIdentity identity;
   private final Transport transport;
+  /** The transport when it orders copies on the GPU (loads can then end in an event). */
+  private final @Nullable EventOrderedTransport eventOrdered;
   private final ConnectorSettings settings;
   private final FinishedSink sink;
   private volatile @Nullable ActorRef<EngineActor.Command> engine;
@@ -53,6 +59,7 @@ public final class ConnectorWorker implements AutoCloseable {
     this.system = system;
     this.identity = identity;
     this.transport = transport;
+    this.eventOrdered = transport instanceof EventOrderedTransport e ? e : null;
     this.settings = settings;
   }
 
@@ -99,6 +106,48 @@ public final class ConnectorWorker implements AutoCloseable {
       return true;
     }
     return sink.layerLoads().await(loadsThisStep, layer, settings.transferTimeout().toNanos());
+  }
+
+  /**
+   * Whether {@link #waitForLayerQueued} can be used: the transport queues reads on GPU streams
+   * that an event can be recorded behind.
+   */
+  public boolean ordersLoadsOnGpu() {
+    return eventOrdered != null;
+  }
+
+  /**
+   * D, GPU: like {@link #waitForLayerLoad}, but blocks only until the reads of layer {@code
+   * layer} of every load this step started are queued on the copy streams (or landed, or their
+   * transfer ended), then records {@code event} behind those still in flight. The engine's stream
+   * waits for the event instead of the engine's CPU waiting for the copies. {@code event} must be
+   * of this worker's GPU; recording it again is the caller's care once no stream may still wait.
+   *
+   * @throws IllegalStateException if the transport does not order copies on the GPU
+   */
+  public LayerLoadOrder waitForLayerQueued(int layer, CudaEvent event)
+      throws InterruptedException {
+    EventOrderedTransport ordered = eventOrdered;
+    if (ordered == null) {
+      throw new IllegalStateException("the " + transport.name() + " transport of "
+          + identity.label() + " does not order copies on the GPU; use waitForLayerLoad");
+    }
+    if (loadsThisStep.isEmpty()) {
+      return LayerLoadOrder.NOTHING_IN_FLIGHT;
+    }
+    Optional<List<LayerLoads.QueuedRead>> queued =
+        sink.layerLoads().awaitQueued(loadsThisStep, layer, settings.transferTimeout().toNanos());
+    if (queued.isEmpty()) {
+      return LayerLoadOrder.TIMED_OUT;
+    }
+    List<LayerLoads.QueuedRead> reads = queued.get();
+    if (reads.isEmpty()) {
+      return LayerLoadOrder.NOTHING_IN_FLIGHT;
+    }
+    // Every read of a layer lands in this worker's one region of that layer.
+    ordered.recordAfterCopies(event, reads.get(0).local(),
+        reads.stream().map(LayerLoads.QueuedRead::remote).toList());
+    return LayerLoadOrder.EVENT_RECORDED;
   }
 
   /** P: layer {@code layer} is being computed; its KV is complete when {@code event} fires. */

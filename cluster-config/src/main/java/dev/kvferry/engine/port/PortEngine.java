@@ -42,11 +42,17 @@ final class PortEngine {
   private static final Logger log = LoggerFactory.getLogger(PortEngine.class);
   /** Steps whose metadata a late worker can still bind. */
   static final int KEPT_STEPS = 1024;
+  /** Exported load events per layer of a worker (LoadEventRing). */
+  static final int LOAD_EVENTS_PER_LAYER = 2;
 
-  /** One TP rank's worker with the memory it registered. */
+  /**
+   * One TP rank's worker with the memory it registered, the events it shared (save_kv_layer) and
+   * the node's events exported to it for READ loads (wait_for_layer_load), with their handles.
+   */
   private record Slot(
       PortSession session, ConnectorWorker worker, RegionRegistry registry,
-      List<MemoryRegion> layers, KvCacheGeometry geometry, List<CudaEvent> events) {}
+      List<MemoryRegion> layers, KvCacheGeometry geometry, List<CudaEvent> events,
+      List<CudaEvent> loadEvents, List<byte[]> loadEventHandles) {}
 
   private final PortHost host;
   private final EnginePortServer server;
@@ -127,9 +133,14 @@ final class PortEngine {
     }
   }
 
-  /** Maps the worker's memory, registers it with a new worker and lists the worker. */
+  /**
+   * Maps the worker's memory, registers it with a new worker and lists the worker. With {@code
+   * wantsLoadEvents} (the hello's {@code load_events}), a worker of D in READ mode on GPU memory
+   * with the cuda transport also gets a ring of the node's interprocess events
+   * ({@link #loadEventHandles}).
+   */
   void joinWorker(PortSession session, int rank, KvCacheGeometry geometry,
-      WorkerMemory memory) throws PortException {
+      WorkerMemory memory, boolean wantsLoadEvents) throws PortException {
     synchronized (this) {
       checkOpen();
       if (slots[rank] != null) {
@@ -148,6 +159,9 @@ final class PortEngine {
     RegionRegistry registry = new RegionRegistry(id.label());
     List<MemoryRegion> layers = new ArrayList<>();
     List<CudaEvent> events = new ArrayList<>();
+    List<CudaEvent> loadEvents = new ArrayList<>();
+    List<byte[]> loadEventHandles = new ArrayList<>();
+    int device = -1;
     ConnectorWorker worker = null;
     try {
       if (memory instanceof WorkerMemory.Host h) {
@@ -155,7 +169,7 @@ final class PortEngine {
           layers.add(registry.mapSharedFile(m.path(), m.offset(), m.length()));
         }
       } else if (memory instanceof WorkerMemory.CudaIpc c) {
-        int device = cudaDevice(c.deviceUuid());
+        device = cudaDevice(c.deviceUuid());
         ImportedGpuMemory imported = new ImportedGpuMemory(device);
         for (WorkerMemory.CudaIpc.Layer l : c.layerHandles()) {
           layers.add(imported.register(registry, l.handle(), l.offset(), l.length()));
@@ -171,9 +185,19 @@ final class PortEngine {
               "engine " + engineId + " already has a worker for TP rank " + rank);
         }
         worker = host.newWorker(id, registry);
+        if (wantsLoadEvents && device >= 0 && role == Role.DECODE && mode == TransferMode.READ
+            && worker.ordersLoadsOnGpu()) {
+          // One slot per layer a step, twice over: a slot is recorded again a step later at the
+          // soonest (LoadEventRing).
+          for (int i = 0; i < LOAD_EVENTS_PER_LAYER * layers.size(); i++) {
+            CudaEvent ev = CudaEvent.createInterprocess(device);
+            loadEvents.add(ev);
+            loadEventHandles.add(ev.ipcHandle());
+          }
+        }
         worker.registerKvCaches(geometry, layers);
         slots[rank] = new Slot(session, worker, registry, List.copyOf(layers), geometry,
-            List.copyOf(events));
+            List.copyOf(events), List.copyOf(loadEvents), List.copyOf(loadEventHandles));
         if (allWorkersIn()) {
           List<ConnectorWorker> workers = workers();
           scheduler = new ConnectorScheduler(role, mode, engineId, host.dpRank(),
@@ -185,7 +209,11 @@ final class PortEngine {
         }
       }
     } catch (IOException | CudaException e) {
+      if (worker != null) {
+        worker.shutdown();
+      }
       events.forEach(CudaEvent::close);
+      loadEvents.forEach(CudaEvent::close);
       registry.close();
       throw new PortException(PortError.BAD_MEMORY, String.valueOf(e.getMessage()));
     } catch (PortException | RuntimeException e) {
@@ -193,6 +221,7 @@ final class PortEngine {
         worker.shutdown();
       }
       events.forEach(CudaEvent::close);
+      loadEvents.forEach(CudaEvent::close);
       registry.close();
       throw e;
     }
@@ -238,6 +267,18 @@ final class PortEngine {
   synchronized List<CudaEvent> events(int rank) {
     Slot s = slots[rank];
     return s == null ? List.of() : s.events();
+  }
+
+  /** The node's events exported to worker {@code rank} for READ loads, by slot; empty if none. */
+  synchronized List<CudaEvent> loadEvents(int rank) {
+    Slot s = slots[rank];
+    return s == null ? List.of() : s.loadEvents();
+  }
+
+  /** The IPC handles of {@link #loadEvents}, for the hello reply. */
+  synchronized List<byte[]> loadEventHandles(int rank) {
+    Slot s = slots[rank];
+    return s == null ? List.of() : s.loadEventHandles();
   }
 
   private boolean allWorkersIn() {
@@ -384,6 +425,9 @@ final class PortEngine {
       s.registry().close();
       // The workers stopped and their copies landed: no stream waits on these any more.
       s.events().forEach(CudaEvent::close);
+      // The worker's session is over (the client drops its copies of these with the
+      // connection); every record was behind copies that have finished by now.
+      s.loadEvents().forEach(CudaEvent::close);
     }
     host.engineDetached(engineId);
     server.engineGone(this);

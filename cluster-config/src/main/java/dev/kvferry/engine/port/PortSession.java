@@ -10,11 +10,13 @@ import dev.kvferry.actors.connector.Finished;
 import dev.kvferry.actors.connector.HostLayerEvent;
 import dev.kvferry.actors.connector.InvalidTransferParamsException;
 import dev.kvferry.actors.connector.KvTransferParams;
+import dev.kvferry.actors.connector.LayerLoadOrder;
 import dev.kvferry.actors.connector.MatchedTokens;
 import dev.kvferry.actors.connector.SchedulerOutput;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.engine.HttpEndpoint;
 import dev.kvferry.rdma.cuda.CudaEvent;
+import dev.kvferry.rdma.cuda.CudaException;
 import java.io.IOException;
 import java.net.URI;
 import java.net.URISyntaxException;
@@ -24,6 +26,7 @@ import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.OptionalInt;
 import java.util.Set;
 import java.util.TreeSet;
 import org.jspecify.annotations.Nullable;
@@ -56,6 +59,8 @@ final class PortSession implements Runnable {
   private final List<Map<String, Object>> opErrors = new ArrayList<>();
   private int droppedOpErrors;
   private final Set<Integer> loadErrorsSinceAsked = new TreeSet<>();
+  /** Worker: the slots of the node's exported load events; null when none were exported. */
+  private @Nullable LoadEventRing loadRing;
   private volatile boolean shutdownAsked;
 
   PortSession(EnginePortServer server, SocketChannel channel, Duration workersTimeout) {
@@ -174,6 +179,7 @@ final class PortSession implements Runnable {
           "protocol version " + version + " is not spoken here; supported: [" + PROTOCOL_VERSION
               + "]");
     }
+    List<byte[]> loadEventHandles = null;
     Side s = switch (a.string("side")) {
       case "scheduler" -> Side.SCHEDULER;
       case "worker" -> Side.WORKER;
@@ -200,8 +206,14 @@ final class PortSession implements Runnable {
             + e.tpSize());
       }
       KvCacheGeometry geometry = geometry(a.nested("geometry"));
-      e.joinWorker(this, tpRank, geometry, memory(a.nested("memory"), a, geometry));
+      boolean wantsLoadEvents = a.bool("load_events", false);
+      e.joinWorker(this, tpRank, geometry, memory(a.nested("memory"), a, geometry),
+          wantsLoadEvents);
       rank = tpRank;
+      loadEventHandles = wantsLoadEvents ? e.loadEventHandles(tpRank) : null;
+      if (loadEventHandles != null && !loadEventHandles.isEmpty()) {
+        loadRing = new LoadEventRing(loadEventHandles.size());
+      }
     }
     side = s;
     engine = e;
@@ -214,6 +226,11 @@ final class PortSession implements Runnable {
     r.put("dp_rank", server.host().dpRank());
     r.put("tp_size", e.tpSize());
     r.put("transport", server.host().transportName());
+    if (loadEventHandles != null) {
+      // Asked for: the ring (empty where loads are not GPU-ordered: host memory, another
+      // transport, not D in READ mode), so the client knows which wait it gets.
+      r.put("load_events", loadEventHandles);
+    }
     return r;
   }
 
@@ -396,6 +413,10 @@ final class PortSession implements Runnable {
 
   private Object startLoad() throws PortException {
     ConnectorWorker w = worker();
+    LoadEventRing ring = loadRing;
+    if (ring != null) {
+      ring.stepBegins(); // the engine's waits on the last step's slots are queued by now
+    }
     w.startLoadKv(bound);
     return Map.of("loads", bound.reqsToRecv().size());
   }
@@ -409,6 +430,35 @@ final class PortSession implements Runnable {
     ConnectorWorker w = worker();
     int layer = layer(a);
     try {
+      LoadEventRing ring = loadRing;
+      OptionalInt slot = ring == null ? OptionalInt.empty() : ring.take();
+      if (ring != null && slot.isPresent()) {
+        // GPU memory, cuda transport: answer once the layer's reads are queued, with the slot
+        // recorded behind them; the engine's stream waits for it (no CPU wait for the copies).
+        int s = slot.getAsInt();
+        CudaEvent event = requireSide(Side.WORKER).loadEvents(rank).get(s);
+        LayerLoadOrder order;
+        try {
+          order = w.waitForLayerQueued(layer, event);
+        } catch (CudaException e) {
+          ring.returnUnused(s);
+          log.warn("engine port: recording load event slot {} for layer {} failed; the engine's"
+              + " CPU waits for the copies instead", s, layer, e);
+          return Map.of("ok", w.waitForLayerLoad(layer));
+        }
+        return switch (order) {
+          case EVENT_RECORDED -> Map.of("ok", true, "event_slot", s);
+          case NOTHING_IN_FLIGHT -> {
+            ring.returnUnused(s);
+            yield Map.of("ok", true);
+          }
+          case TIMED_OUT -> {
+            ring.returnUnused(s);
+            yield Map.of("ok", false);
+          }
+        };
+      }
+      // Host memory, or no free slot this step: the CPU waits until the layer's reads landed.
       return Map.of("ok", w.waitForLayerLoad(layer));
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();

@@ -119,9 +119,19 @@ class EnginePortTest {
 
   private PortTestClient worker(Path socket, Path file, String mode) throws Exception {
     PortTestClient w = client(socket);
-    w.ok("hello", Map.of("version", 1, "side", "worker", "engine", Map.of("mode", mode),
-        "tp_rank", 0, "geometry", geometry(), "memory", memory(file, LAYER_BYTES)));
+    w.ok("hello", workerHello(file, mode, false));
     return w;
+  }
+
+  /** A worker's hello; {@code asksLoadEvents} asks for the node's load-event ring. */
+  private static Map<String, Object> workerHello(Path file, String mode, boolean asksLoadEvents) {
+    Map<String, Object> hello = new HashMap<>(Map.of("version", 1, "side", "worker",
+        "engine", Map.of("mode", mode), "tp_rank", 0, "geometry", geometry(),
+        "memory", memory(file, LAYER_BYTES)));
+    if (asksLoadEvents) {
+      hello.put("load_events", true);
+    }
+    return hello;
   }
 
   private PortTestClient scheduler(Path socket, String mode) throws Exception {
@@ -177,6 +187,11 @@ class EnginePortTest {
     Map<String, Object> gpuRefused = w.call("hello", gpuHello);
     assertEquals("bad_memory", PortTestClient.errorCode(gpuRefused));
     assertTrue(gpuRefused.toString().contains("--gpu"), gpuRefused.toString());
+    Map<String, Object> loadEventsNotABool = new HashMap<>(workerHello(file, "write", false));
+    loadEventsNotABool.put("load_events", "yes");
+    Map<String, Object> refused = w.call("hello", loadEventsNotABool);
+    assertEquals("bad_args", PortTestClient.errorCode(refused));
+    assertTrue(refused.toString().contains("load_events"), refused.toString());
     assertEquals("bad_args", PortTestClient.errorCode(w.call("hello", Map.of("version", 1,
         "side", "worker", "tp_rank", 0, "geometry", geometry(), "memory", Map.of("kind",
             "cuda_ipc", "device_uuid", "GPU-0", "layers", List.of(Map.of("handle", new byte[10],
@@ -275,7 +290,15 @@ class EnginePortTest {
     MappedByteBuffer dKv = map(dFile);
     PortTestClient pw = worker(pSocket, pFile, mode);
     PortTestClient ps = scheduler(pSocket, mode);
-    PortTestClient dw = worker(dSocket, dFile, mode);
+    // D's worker asks for the node's load events in READ mode: host memory has none, so the
+    // ring comes back empty and wait_for_layer_load keeps its CPU wait and its reply.
+    PortTestClient dw = client(dSocket);
+    Map<String, Object> dHello = dw.ok("hello", workerHello(dFile, mode, mode.equals("read")));
+    if (mode.equals("read")) {
+      assertEquals(List.of(), dHello.get("load_events"));
+    } else {
+      assertFalse(dHello.containsKey("load_events"), dHello.toString());
+    }
     PortTestClient ds = scheduler(dSocket, mode);
 
     int prompt = 10; // three blocks of four tokens, the last one partly filled
@@ -331,7 +354,7 @@ class EnginePortTest {
           dBlocks, "num_computed_tokens", prompt - 1)), false);
       assertEquals(1L, loads.get("loads"));
       for (int l = 0; l < LAYERS; l++) {
-        assertEquals(true, dw.ok("wait_for_layer_load", Map.of("layer", l)).get("ok"));
+        assertEquals(Map.of("ok", true), dw.ok("wait_for_layer_load", Map.of("layer", l)));
       }
     }
     awaitListed(d, dw, r, "done_receiving");

@@ -416,6 +416,17 @@ public final class Cuda {
     return e[0];
   }
 
+  /**
+   * The 64-byte IPC handle of {@code event}, which must have been made by {@link
+   * #eventCreateInterprocess}; another process opens it with cudaIpcOpenEventHandle.
+   */
+  public static byte[] ipcGetEventHandle(long event) {
+    require();
+    byte[] handle = new byte[IPC_HANDLE_BYTES];
+    check("cudaIpcGetEventHandle", CudaRt.cudaIpcGetEventHandle(handle, event));
+    return handle;
+  }
+
   // ---- streams and events -----------------------------------------------------------------------
 
   /** A stream that does not synchronize with the legacy default stream. */
@@ -446,6 +457,20 @@ public final class Cuda {
     check(
         "cudaEventCreateWithFlags",
         CudaRt.cudaEventCreateWithFlags(e, timing ? 0 : CudaRt.EVENT_DISABLE_TIMING));
+    return e[0];
+  }
+
+  /**
+   * An event other processes can open ({@link #ipcGetEventHandle}) and wait for; CUDA requires
+   * interprocess events to be created without timing.
+   */
+  public static long eventCreateInterprocess() {
+    require();
+    long[] e = new long[1];
+    check(
+        "cudaEventCreateWithFlags",
+        CudaRt.cudaEventCreateWithFlags(
+            e, CudaRt.EVENT_DISABLE_TIMING | CudaRt.EVENT_INTERPROCESS));
     return e[0];
   }
 

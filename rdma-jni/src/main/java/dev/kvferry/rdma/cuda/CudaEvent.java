@@ -32,6 +32,21 @@ public final class CudaEvent implements AutoCloseable {
     return new CudaEvent(Cuda.ipcOpenEventHandle(ipcHandle), device, false);
   }
 
+  /**
+   * A new event on {@code device} that other processes can open from {@link #ipcHandle} and make
+   * their streams wait for (no timing: CUDA refuses interprocess events with timing).
+   */
+  public static CudaEvent createInterprocess(int device) {
+    Cuda.setDevice(device);
+    return new CudaEvent(Cuda.eventCreateInterprocess(), device, false);
+  }
+
+  /** The 64-byte cudaIpcEventHandle_t of an event made by {@link #createInterprocess}. */
+  public byte[] ipcHandle() {
+    Cuda.setDevice(device);
+    return Cuda.ipcGetEventHandle(handle);
+  }
+
   public long handle() {
     return handle;
   }
@@ -59,8 +74,18 @@ public final class CudaEvent implements AutoCloseable {
     return Cuda.eventElapsedMs(earlier.handle, handle);
   }
 
+  /** True once {@link #close} ran; read under the event's monitor to use it without a race. */
+  public boolean isClosed() {
+    return closed;
+  }
+
+  /**
+   * Destroys the event (for an opened IPC event, this process's reference). Synchronized: code
+   * that records it while holding its monitor and checking {@link #isClosed} never records a
+   * destroyed event.
+   */
   @Override
-  public void close() {
+  public synchronized void close() {
     if (!closed) {
       closed = true;
       Cuda.eventDestroy(handle);

@@ -22,6 +22,7 @@ final class CudaRt {
 
   static final int STREAM_NON_BLOCKING = 0x01;
   static final int EVENT_DISABLE_TIMING = 0x02;
+  static final int EVENT_INTERPROCESS = 0x04;
   static final int IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x01;
   static final int HOST_ALLOC_DEFAULT = 0x00;
   static final int DEV_ATTR_MULTIPROCESSOR_COUNT = 16;
@@ -117,6 +118,8 @@ final class CudaRt {
   static native int cudaIpcOpenMemHandle(long[] devPtr, IpcMemHandle handle, int flags);
 
   static native int cudaIpcCloseMemHandle(long devPtr);
+
+  static native int cudaIpcGetEventHandle(byte[] handle, long event);
 
   static native int cudaIpcOpenEventHandle(long[] event, IpcEventHandle handle);
 
