@@ -646,9 +646,10 @@ class PortClient:
         import torch
 
         d = self.event_device
-        if d is None:
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
+        dev = None if d is None else torch.device("cuda", d) if isinstance(d, int) else torch.device(d)
+        if dev is None or dev.index is None:  # "cuda" alone: the current device, by its index
+            dev = torch.device("cuda", torch.cuda.current_device())
+        return dev
 
     def _stream_wait(self, slot: int) -> None:
         import torch

@@ -294,11 +294,15 @@ class _FakeTorch:
             "current_stream": staticmethod(lambda device=None: Stream(str(device))),
         })
 
-    @staticmethod
-    def device(kind, index=None):
-        if index is None:
-            return kind if ":" in str(kind) else f"{kind}:0"
-        return f"{kind}:{index}"
+    class device:  # noqa: N801 - torch's name
+        def __init__(self, kind, index=None):
+            kind = str(kind)
+            if ":" in kind:
+                kind, index = kind.split(":")[0], int(kind.split(":")[1])
+            self.type, self.index = kind, index
+
+        def __str__(self):
+            return self.type if self.index is None else f"{self.type}:{self.index}"
 
 
 HANDLES = [bytes([i]) * 64 for i in range(4)]
@@ -353,13 +357,14 @@ def test_an_event_slot_makes_the_current_stream_wait_on_that_event_opened_once(t
     node.close()
 
 
-def test_the_current_cuda_device_is_used_when_none_is_named(tmp_path, monkeypatch):
+@pytest.mark.parametrize("named", [None, "cuda"])
+def test_the_current_cuda_device_is_used_when_none_is_named(tmp_path, monkeypatch, named):
     fake = _FakeTorch()
     monkeypatch.setitem(__import__("sys").modules, "torch", fake)
     node = FakeNode(str(tmp_path / "n.sock"))
     node.load_event_handles = HANDLES
     node.layer_load = lambda a: {"ok": True, "event_slot": 0}
-    c = worker_client(node.path, load_events=True)
+    c = worker_client(node.path, load_events=True, event_device=named)
     c.hello()
     c.wait_for_layer_load(5)
     assert fake.opened == [("cuda:3", HANDLES[0])] and fake.waits == [("cuda:3", HANDLES[0])]
