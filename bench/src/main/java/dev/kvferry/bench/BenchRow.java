@@ -38,6 +38,11 @@ public record BenchRow(
     return new BenchRow(name, unit, kvferry, null, null, null, false, note);
   }
 
+  /** This row with {@code newNote} as its note. */
+  public BenchRow withNote(String newNote) {
+    return new BenchRow(name, unit, kvferry, peer, ratio, goal, failed, newNote);
+  }
+
   /** This row marked failed, {@code why} in front of its note. */
   public BenchRow failedBecause(String why) {
     return new BenchRow(name, unit, kvferry, peer, ratio, goal, true,

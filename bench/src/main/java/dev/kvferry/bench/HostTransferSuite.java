@@ -84,6 +84,8 @@ public final class HostTransferSuite {
       int blocks = Geometry.transferBlocks(tokens);
       Measured contiguous = new Measured();
       Measured scattered = new Measured();
+      // The fallback for regions it cannot map (an engine's own /dev/shm file), for the record.
+      Measured syscalls = new Measured();
       List<Double> ceilContig = new ArrayList<>();
       List<Double> ceilScatter = new ArrayList<>();
       for (int r = 0; r < repeats; r++) {
@@ -105,6 +107,8 @@ public final class HostTransferSuite {
         }
         contiguous.add("cma", blocks, Layout.CONTIGUOUS);
         scattered.add("cma", blocks, Layout.SCATTERED);
+        syscalls.add(new HostTransferBench.Config(Geometry.BLOCK_BYTES, blocks, rounds, "cma",
+            Layout.CONTIGUOUS).withCmaMapPeerPages(false));
       }
       Double pc = ceilContig.isEmpty() ? null : Samples.median(ceilContig);
       Double ps = ceilScatter.isEmpty() ? null : Samples.median(ceilScatter);
@@ -116,6 +120,10 @@ public final class HostTransferSuite {
           "host P->D cma scattered " + Geometry.tokens(tokens), "GB/s", scattered.median(), ps,
           CMA_SCATTERED_GOAL, join(peerNote, SCATTERED_NOTE + "; memcpy_ceiling: n random ids of"
               + " a pool of 2n on both sides too, one memcpy per block"))));
+      rows.add(syscalls.row(BenchRow.higherIsBetter(
+          "host P->D cma contiguous " + Geometry.tokens(tokens) + ", process_vm_writev", "GB/s",
+          syscalls.median(), pc, null, join(peerNote, "the fallback where a region cannot be"
+              + " mapped (kvferry.node.cma.map-peer-pages off, or an engine's own file); no goal"))));
       put("kvferry cma contiguous", s, contiguous.median());
       put("kvferry cma scattered", s, scattered.median());
       put("memcpy contiguous (peer)", s, pc);
@@ -208,6 +216,8 @@ public final class HostTransferSuite {
   /** kvferry's runs of one row; the first failure (wrong bytes, an error) ends them. */
   private final class Measured {
     private final List<Double> gbps = new ArrayList<>();
+    /** How the runs' bytes moved (HostTransferBench.Result#copyPath), in the row's note. */
+    private final java.util.Set<String> copyPaths = new java.util.TreeSet<>();
     private String failure;
 
     void add(String transport, int blocks, Layout layout) {
@@ -226,6 +236,7 @@ public final class HostTransferSuite {
               + config.layout().name().toLowerCase(java.util.Locale.ROOT) + " run";
         } else {
           gbps.add(r.medianGbps());
+          copyPaths.add(r.copyPath());
         }
       } catch (IOException | RuntimeException e) {
         failure = "kvferry " + transport + " failed: " + e.getMessage();
@@ -238,7 +249,9 @@ public final class HostTransferSuite {
     }
 
     BenchRow row(BenchRow measured) {
-      return failure == null ? measured : measured.failedBecause(failure);
+      BenchRow row = copyPaths.isEmpty() ? measured : measured.withNote(
+          join(measured.note(), "copy path: " + String.join(", ", copyPaths)));
+      return failure == null ? row : row.failedBecause(failure);
     }
   }
 

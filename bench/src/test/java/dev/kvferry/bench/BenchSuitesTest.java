@@ -52,6 +52,7 @@ class BenchSuitesTest {
     List<String> names = report.rows().stream().map(BenchRow::name).toList();
     assertEquals(List.of(
         "host P->D cma contiguous 16 tok", "host P->D cma scattered 16 tok",
+        "host P->D cma contiguous 16 tok, process_vm_writev",
         "host P->D tcp loopback contiguous 16 tok", "host P->D tcp loopback scattered 16 tok",
         "host P->D tcp loopback contiguous 16 tok, 2 streams",
         "ucx put tcp 32 KiB x2048 distinct blocks", "ucx put tcp 32 KiB x2048 one buffer repeated",
@@ -87,6 +88,13 @@ class BenchSuitesTest {
           : r.name().startsWith("ucx ") ? perftest
           : r.name().startsWith("e2e last layer") ? Boolean.TRUE : Boolean.FALSE;
       assertEquals(expected, r.peer() != null, r.name() + ": peer " + r.peer() + "; " + r.note());
+    }
+    // Each cma row moved its bytes the way its name says.
+    for (BenchRow r : report.rows()) {
+      if (r.name().startsWith("host P->D cma")) {
+        String path = r.name().endsWith("process_vm_writev") ? "syscalls" : "mapped";
+        assertTrue(r.note().contains("copy path: " + path), r.name() + ": " + r.note());
+      }
     }
     JsonNode json = new ObjectMapper().readTree(report.toJson());
     assertEquals(names.size(), json.get("rows").size());
