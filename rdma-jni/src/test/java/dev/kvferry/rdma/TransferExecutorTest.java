@@ -3,50 +3,12 @@ package dev.kvferry.rdma;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import java.util.ArrayList;
-import java.util.List;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import org.junit.jupiter.api.Test;
 
 class TransferExecutorTest {
-
-  @Test
-  void theNextTransferGoesToTheThreadThatWentIdleLast() throws Exception {
-    TransferExecutor ex = new TransferExecutor("test", 2);
-    try {
-      // Two transfers at once start both threads.
-      CountDownLatch both = new CountDownLatch(2);
-      CountDownLatch go = new CountDownLatch(1);
-      for (int i = 0; i < 2; i++) {
-        TransferStatus s = TransferStatus.pending();
-        ex.submit(s, () -> {
-          both.countDown();
-          await(go);
-          s.succeed(0);
-        }, () -> {});
-      }
-      assertTrue(both.await(10, TimeUnit.SECONDS));
-      go.countDown();
-      awaitIdle(ex, 2);
-      // One after another: each runs where the one before it ran.
-      List<Thread> ran = new ArrayList<>();
-      for (int i = 0; i < 6; i++) {
-        TransferStatus s = TransferStatus.pending();
-        ex.submit(s, () -> {
-          ran.add(Thread.currentThread());
-          s.succeed(0);
-        }, () -> {});
-        s.completion().get(10, TimeUnit.SECONDS);
-        awaitIdle(ex, 2);
-      }
-      assertEquals(List.of(ran.get(0)), ran.stream().distinct().toList(), "threads that ran: " + ran);
-      assertEquals(2, ex.threads());
-    } finally {
-      ex.close();
-    }
-  }
 
   @Test
   void closingFailsTheQueuedTransfersAndReleasesEach() throws Exception {
@@ -100,22 +62,6 @@ class TransferExecutorTest {
       assertEquals(7, next.completion().get(10, TimeUnit.SECONDS).bytesMoved());
     } finally {
       ex.close();
-    }
-  }
-
-  private static void awaitIdle(TransferExecutor ex, int n) throws InterruptedException {
-    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
-    while (ex.idleThreads() < n) {
-      assertTrue(System.nanoTime() < deadline, "threads never went idle");
-      Thread.sleep(1);
-    }
-  }
-
-  private static void await(CountDownLatch l) {
-    try {
-      l.await();
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
     }
   }
 }
