@@ -3,7 +3,6 @@ package dev.kvferry.rdma;
 import com.sun.jna.Pointer;
 import java.nio.ByteBuffer;
 import java.util.Objects;
-import java.util.concurrent.atomic.AtomicInteger;
 import org.jspecify.annotations.Nullable;
 
 /**
@@ -22,10 +21,8 @@ public final class MemoryRegion implements AutoCloseable {
   private final @Nullable SharedPages shared;
   private final @Nullable Runnable release;
   private volatile boolean closed;
-  /** Transfers in flight (low bits) plus {@link #CLOSED_BIT}: memory is freed when both say so. */
-  private final AtomicInteger pins = new AtomicInteger();
-
-  private static final int CLOSED_BIT = Integer.MIN_VALUE;
+  /** Transfers in flight: memory is freed once closed and none is. */
+  private final PinGate pins = new PinGate(this::free);
 
   MemoryRegion(
       RegionRegistry registry,
@@ -151,22 +148,12 @@ public final class MemoryRegion implements AutoCloseable {
    * @return false when the region is already closed (nothing is pinned then)
    */
   boolean tryPin() {
-    while (true) {
-      int p = pins.get();
-      if ((p & CLOSED_BIT) != 0) {
-        return false;
-      }
-      if (pins.compareAndSet(p, p + 1)) {
-        return true;
-      }
-    }
+    return pins.tryPin();
   }
 
   /** Releases a pin taken by {@link #tryPin()}; frees the memory if the region closed meanwhile. */
   void unpin() {
-    if (pins.decrementAndGet() == CLOSED_BIT) {
-      free();
-    }
+    pins.unpin();
   }
 
   /**
@@ -182,9 +169,7 @@ public final class MemoryRegion implements AutoCloseable {
       closed = true;
     }
     registry.forget(id);
-    if (pins.getAndUpdate(p -> p | CLOSED_BIT) == 0) {
-      free();
-    }
+    pins.close();
   }
 
   private void free() {

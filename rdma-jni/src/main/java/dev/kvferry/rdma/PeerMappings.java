@@ -135,39 +135,26 @@ final class PeerMappings implements AutoCloseable {
 
   /** One peer region mapped here; unmapped once closed and no copy pins it. */
   static final class Mapping {
-    private static final int CLOSED_BIT = Integer.MIN_VALUE;
     final long address;
     final long length;
-    private final AtomicInteger pins = new AtomicInteger();
+    private final PinGate pins;
 
     Mapping(long address, long length) {
       this.address = address;
       this.length = length;
+      this.pins = new PinGate(() -> LibC.munmap(address, length));
     }
 
     boolean tryPin() {
-      while (true) {
-        int p = pins.get();
-        if ((p & CLOSED_BIT) != 0) {
-          return false;
-        }
-        if (pins.compareAndSet(p, p + 1)) {
-          return true;
-        }
-      }
+      return pins.tryPin();
     }
 
     void unpin() {
-      if (pins.decrementAndGet() == CLOSED_BIT) {
-        LibC.munmap(address, length);
-      }
+      pins.unpin();
     }
 
     void close() {
-      int before = pins.getAndUpdate(p -> p | CLOSED_BIT);
-      if (before == 0) {
-        LibC.munmap(address, length);
-      }
+      pins.close();
     }
   }
 }
