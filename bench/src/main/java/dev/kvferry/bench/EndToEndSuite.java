@@ -52,8 +52,17 @@ public final class EndToEndSuite {
   private static final String PREFILL_ID = "bench-prefill";
   private static final String DECODE_ID = "bench-decode";
 
+  /**
+   * The second measurement's simulated compute per layer (parked, not spent on a core): a prefill
+   * whose layers take this long, so P's copies can keep pace; the first runs the layers as fast as
+   * the pattern fill goes, which on a small host queues copies behind each other.
+   */
+  static final long LAYER_COMPUTE_NANOS = 1_000_000;
+
   private final int promptTokens;
   private final int requests;
+  /** Simulated compute after each layer but the last in the current measurement (P only). */
+  private volatile long layerComputeNanos;
   private final int warmup;
   private final PrintStream progress;
 
@@ -79,16 +88,23 @@ public final class EndToEndSuite {
       layerNote = "one layer's cma write failed: " + e.getMessage();
     }
     Result r;
+    Result paced;
+    String pacedName = size + ", " + LAYER_COMPUTE_NANOS / 1_000_000 + " ms layers";
     try {
       progress.printf("  end to end, simulated engines, %s, %d requests after %d warm-up%n",
           size, requests, warmup);
+      layerComputeNanos = 0;
       r = measure();
+      progress.printf("  end to end, simulated engines, %s, the same%n", pacedName);
+      layerComputeNanos = LAYER_COMPUTE_NANOS;
+      paced = measure();
     } catch (Exception e) {
       String why = "end to end failed: " + e;
       return List.of(BenchRow.lowerIsBetter("e2e last layer -> D done p50 " + size, "us", null,
           layerUs, GOAL, "").failedBecause(why));
     }
-    String what = "peer column: one layer's cma write (" + Geometry.layerBytes(promptTokens) / 1024
+    String what = "layers as fast as the fill goes; peer column: one layer's cma write ("
+        + Geometry.layerBytes(promptTokens) / 1024
         + " KiB) in this run; goal: added latency after the last layer <= one layer's transfer"
         + String.format(java.util.Locale.ROOT,
             "; split at p50: %.0f us until P's writes are done, %.0f us from there to D done",
@@ -98,7 +114,14 @@ public final class EndToEndSuite {
         BenchRow.lowerIsBetter("e2e last layer -> D done p50 " + size, "us", r.p50Us, layerUs,
             GOAL, what),
         BenchRow.lowerIsBetter("e2e last layer -> D done p99 " + size, "us", r.p99Us, layerUs,
-            null, ""),
+            null, "layers as fast as the fill goes"),
+        BenchRow.lowerIsBetter("e2e last layer -> D done p50 " + pacedName, "us", paced.p50Us,
+            layerUs, GOAL, String.format(java.util.Locale.ROOT,
+                "P parks %d ms after each layer but the last, as if computing it; split at p50:"
+                    + " %.0f us until P's writes are done, %.0f us from there to D done",
+                LAYER_COMPUTE_NANOS / 1_000_000, paced.writesDoneP50Us, paced.notifyP50Us)),
+        BenchRow.lowerIsBetter("e2e last layer -> D done p99 " + pacedName, "us", paced.p99Us,
+            layerUs, null, ""),
         BenchRow.figure("e2e heap per request, kvferry threads", "KiB", r.kvferryKib,
             "P and D together: actors, Artery, transport (not the simulated engines' threads)"),
         BenchRow.figure("e2e heap per request, all threads", "KiB", r.allKib,
@@ -161,6 +184,8 @@ public final class EndToEndSuite {
           ? (layer, count, firedNanos) -> {
               if (layer == count - 1) {
                 lastLayerFiredNanos = firedNanos;
+              } else if (layerComputeNanos > 0) {
+                java.util.concurrent.locks.LockSupport.parkNanos(layerComputeNanos);
               }
             }
           : SimulatedEngine.LayerListener.NONE;
