@@ -57,7 +57,7 @@ public final class EndToEndSuite {
    * whose layers take this long, so P's copies can keep pace; the first runs the layers as fast as
    * the pattern fill goes, which on a small host queues copies behind each other.
    */
-  static final long LAYER_COMPUTE_NANOS = 1_000_000;
+  static final long LAYER_COMPUTE_NANOS = 2_000_000;
 
   private final int promptTokens;
   private final int requests;

@@ -61,8 +61,8 @@ class BenchSuitesTest {
         "ucx put sm 1 MiB x64 distinct blocks", "ucx put sm 1 MiB x64 one buffer repeated",
         "planner 16 blocks", "notify round trip p50", "notify round trip p99",
         "e2e last layer -> D done p50 64 tok", "e2e last layer -> D done p99 64 tok",
-        "e2e last layer -> D done p50 64 tok, 1 ms layers",
-        "e2e last layer -> D done p99 64 tok, 1 ms layers",
+        "e2e last layer -> D done p50 64 tok, 2 ms layers",
+        "e2e last layer -> D done p99 64 tok, 2 ms layers",
         "e2e heap per request, kvferry threads", "e2e heap per request, all threads"), names);
     // UCX's rows have figures where libucp is installed (CI installs libucx0 and ucx-utils).
     boolean ucx = dev.kvferry.rdma.ucx.Ucx.available();

@@ -1,0 +1,17 @@
+#!/bin/bash
+# A/B of one bench suite: jars built before and after a change (or one jar with JVM options per
+# variant), alternated, same flags; prints each run's rows and notes.
+# usage: scripts/bench-ab.sh SUITE ROUNDS NAME=JAR[@JVM_OPTIONS] [NAME=JAR[@JVM_OPTIONS] ...]
+#   e.g. scripts/bench-ab.sh e2e 3 before=/tmp/a.jar after=cli/target/kvferry.jar
+echo "# script ($0):"; sed 's/^/#   /' "$0"
+suite=$1; rounds=$2; shift 2
+export KVFERRY_HOME=$(cd "$(dirname "$0")/.." && pwd)
+for r in $(seq 1 "$rounds"); do
+  for v in "$@"; do
+    name=${v%%=*}; jar=${v#*=}; opts=""
+    case $jar in *@*) opts=${jar#*@}; jar=${jar%%@*} ;; esac
+    echo "== $name round $r $(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg) jar sha1 $(sha1sum "$jar" | cut -c1-12)${opts:+ options $opts}"
+    # shellcheck disable=SC2086 # the options are one string of words
+    java $opts -cp "$jar" dev.kvferry.cli.KvferryCli bench --only "$suite" 2>/dev/null | grep -v '^{'
+  done
+done
