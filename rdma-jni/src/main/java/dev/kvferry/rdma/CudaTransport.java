@@ -12,10 +12,13 @@ import dev.kvferry.rdma.cuda.SharedDoneWords;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.ArrayDeque;
+import java.util.ArrayList;
 import java.util.LinkedHashMap;
+import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Objects;
+import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import org.jspecify.annotations.Nullable;
 
@@ -132,7 +135,7 @@ public final class CudaTransport implements EventOrderedTransport {
   }
 
   /** Which opened allocations (keys of openedAllocations) belong to which peer process. */
-  private final Map<PeerProcess, java.util.Set<AllocationKey>> allocationsByPeer =
+  private final Map<PeerProcess, Set<AllocationKey>> allocationsByPeer =
       new ConcurrentHashMap<>();
 
   /** A peer process: its host's boot id and its pid. */
@@ -235,11 +238,11 @@ public final class CudaTransport implements EventOrderedTransport {
 
   private void recordBehindLanes(CudaEvent event, int device, List<RegionDescriptor> remotes) {
     Cuda.setDevice(device);
-    java.util.Set<LaneKey> keys = new java.util.LinkedHashSet<>();
+    Set<LaneKey> keys = new LinkedHashSet<>();
     for (RegionDescriptor r : remotes) {
       keys.add(laneKey(device, r));
     }
-    List<Lane> open = new java.util.ArrayList<>(keys.size());
+    List<Lane> open = new ArrayList<>(keys.size());
     for (LaneKey k : keys) {
       Lane lane = lanes.get(k);
       if (lane != null) {
@@ -524,7 +527,7 @@ public final class CudaTransport implements EventOrderedTransport {
         }
       }
     }
-    java.util.Set<AllocationKey> opened = allocationsByPeer.remove(peer);
+    Set<AllocationKey> opened = allocationsByPeer.remove(peer);
     if (opened != null) {
       for (AllocationKey k : opened) {
         Opened o = openedAllocations.remove(k);

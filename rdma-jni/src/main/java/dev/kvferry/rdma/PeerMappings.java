@@ -21,7 +21,7 @@ import org.jspecify.annotations.Nullable;
 final class PeerMappings implements AutoCloseable {
 
   /** One region of one peer process; the file identity guards against a reused fd number. */
-  private record Key(long pid, String owner, int fd, long device, long inode) {}
+  private record Key(long pid, String owner, SharedPages pages) {}
 
   private final Map<Key, Object> entries = new ConcurrentHashMap<>(); // Mapping, or String: why not
   private final AtomicInteger opened = new AtomicInteger();
@@ -35,7 +35,7 @@ final class PeerMappings implements AutoCloseable {
     if (pages == null) {
       return null;
     }
-    Key key = new Key(remote.pid(), remote.owner(), pages.fd(), pages.device(), pages.inode());
+    Key key = new Key(remote.pid(), remote.owner(), pages);
     for (int attempt = 0; attempt < 2; attempt++) { // a release may close the one we found
       Object e = entries.computeIfAbsent(key, k -> open(k, remote.lengthBytes()));
       if (!(e instanceof Mapping m)) {
@@ -58,7 +58,7 @@ final class PeerMappings implements AutoCloseable {
     if (p == null) {
       return "the region has no shared pages";
     }
-    Object e = entries.get(new Key(remote.pid(), remote.owner(), p.fd(), p.device(), p.inode()));
+    Object e = entries.get(new Key(remote.pid(), remote.owner(), p));
     return e instanceof String why ? why : null;
   }
 
@@ -97,7 +97,7 @@ final class PeerMappings implements AutoCloseable {
 
   /** Opens, checks and maps the peer's file; on any doubt returns why not, mapping nothing. */
   private Object open(Key k, long length) {
-    String path = "/proc/" + k.pid() + "/fd/" + k.fd();
+    String path = k.pages().procPath(k.pid());
     int fd;
     try {
       fd = LibC.open(path, LibC.O_RDWR | LibC.O_CLOEXEC);
@@ -105,10 +105,8 @@ final class PeerMappings implements AutoCloseable {
       return "cannot open " + path + ": " + LibC.errnoName(e.getErrorCode());
     }
     try {
-      Path self = Path.of("/proc/self/fd/" + fd);
-      long device = ((Number) Files.getAttribute(self, "unix:dev")).longValue();
-      long inode = ((Number) Files.getAttribute(self, "unix:ino")).longValue();
-      if (device != k.device() || inode != k.inode()) {
+      SharedPages got = SharedPages.ofOwnDescriptor(fd);
+      if (!got.sameFile(k.pages())) {
         return path + " is another file than the descriptor names (a closed, reused fd?)";
       }
       // Sealed against shrinking: no store through our mapping can ever fault past the end.
@@ -116,7 +114,7 @@ final class PeerMappings implements AutoCloseable {
       if ((seals & LibC.F_SEAL_SHRINK) == 0) {
         return path + " is not sealed against shrinking";
       }
-      long size = Files.size(self);
+      long size = Files.size(Path.of("/proc/self/fd/" + fd));
       if (size < length) {
         return path + " holds " + size + " bytes, the region " + length;
       }

@@ -1,5 +1,9 @@
 package dev.kvferry.rdma;
 
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+
 /**
  * How another process on this host maps the pages of a host region itself: the region is the
  * start of a sealed memfd that its owner keeps open as descriptor {@code fd}, so a peer opens
@@ -17,6 +21,19 @@ public record SharedPages(int fd, long device, long inode) {
     if (fd < 0) {
       throw new IllegalArgumentException("shared pages need a file descriptor, got " + fd);
     }
+  }
+
+  /** Our own descriptor {@code fd} with the identity (device, inode) of the file it names. */
+  static SharedPages ofOwnDescriptor(int fd) throws IOException {
+    Path self = Path.of("/proc/self/fd/" + fd);
+    long device = ((Number) Files.getAttribute(self, "unix:dev")).longValue();
+    long inode = ((Number) Files.getAttribute(self, "unix:ino")).longValue();
+    return new SharedPages(fd, device, inode);
+  }
+
+  /** Whether {@code other} names the same file (the descriptor numbers may differ). */
+  boolean sameFile(SharedPages other) {
+    return device == other.device && inode == other.inode;
   }
 
   /** The path under which a process on this host opens the owner's file. */
