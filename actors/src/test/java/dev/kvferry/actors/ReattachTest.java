@@ -14,11 +14,17 @@ import dev.kvferry.actors.connector.KvTransferParams;
 import dev.kvferry.actors.connector.Role;
 import dev.kvferry.actors.connector.SchedulerOutput;
 import dev.kvferry.actors.connector.TransferMode;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Set;
 import java.util.concurrent.TimeUnit;
 import org.apache.pekko.actor.testkit.typed.javadsl.ActorTestKit;
+import org.apache.pekko.actor.testkit.typed.javadsl.TestProbe;
+import org.apache.pekko.actor.typed.ActorRef;
+import org.apache.pekko.actor.typed.ActorRefResolver;
+import org.apache.pekko.actor.typed.Terminated;
+import org.apache.pekko.actor.typed.javadsl.Behaviors;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 
@@ -75,9 +81,22 @@ class ReattachTest {
       assertEquals(Set.of(id), TwoSystemClusterTest.await(prefillSystem, p.worker(), true));
       TwoSystemClusterTest.assertMoved(p, d, pBlocks, dBlocks);
       // The engine detaches; its next attach comes well inside the Receptionist's gossip round,
-      // after D's death watch had time to hear of the stop.
+      // once D's system has heard of the stop (a death watch from there fires).
+      TestProbe<String> stopSeenOnD = decodeSystem.createTestProbe();
+      ActorRef<EngineActor.Command> oldOnD = ActorRefResolver.get(decodeSystem.system())
+          .resolveActorRef(ActorRefResolver.get(prefillSystem.system())
+              .toSerializationFormat(p.worker().engineRef()));
+      decodeSystem.spawn(Behaviors.setup(ctx -> {
+        ctx.watch(oldOnD);
+        return Behaviors.receiveSignal((c, signal) -> {
+          if (signal instanceof Terminated) {
+            stopSeenOnD.ref().tell("stopped");
+          }
+          return Behaviors.same();
+        });
+      }));
       p.worker().stop().get(10, TimeUnit.SECONDS);
-      Thread.sleep(300);
+      stopSeenOnD.expectMessage(Duration.ofSeconds(10), "stopped");
     }
   }
 }

@@ -5,7 +5,6 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicInteger;
 import org.junit.jupiter.api.Test;
 
 class TransferExecutorTest {
@@ -14,20 +13,21 @@ class TransferExecutorTest {
   void closingFailsTheQueuedTransfersAndReleasesEach() throws Exception {
     TransferExecutor ex = new TransferExecutor("test", 1);
     CountDownLatch running = new CountDownLatch(1);
-    AtomicInteger released = new AtomicInteger();
+    CountDownLatch never = new CountDownLatch(1);
+    CountDownLatch released = new CountDownLatch(3);
     TransferStatus first = TransferStatus.pending();
     ex.submit(first, () -> {
       running.countDown();
       try {
-        Thread.sleep(60_000);
+        never.await(); // until close() interrupts it
         first.succeed(0);
       } catch (InterruptedException e) {
         first.fail("interrupted");
       }
-    }, released::incrementAndGet);
+    }, released::countDown);
     assertTrue(running.await(10, TimeUnit.SECONDS));
     TransferStatus queued = TransferStatus.pending();
-    ex.submit(queued, () -> queued.succeed(1), released::incrementAndGet);
+    ex.submit(queued, () -> queued.succeed(1), released::countDown);
 
     ex.close();
 
@@ -36,13 +36,10 @@ class TransferExecutorTest {
     first.completion().get(10, TimeUnit.SECONDS);
     assertEquals("interrupted", first.failureMessage());
     TransferStatus late = TransferStatus.pending();
-    ex.submit(late, () -> late.succeed(1), released::incrementAndGet);
+    ex.submit(late, () -> late.succeed(1), released::countDown);
     assertEquals("test transport is closed", late.failureMessage());
-    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
-    while (released.get() < 3 && System.nanoTime() < deadline) {
-      Thread.sleep(5);
-    }
-    assertEquals(3, released.get());
+    assertTrue(released.await(10, TimeUnit.SECONDS),
+        "released " + (3 - released.getCount()) + " of 3");
   }
 
   @Test
