@@ -40,8 +40,12 @@ kvferry() {
   "$JAVA" -Xmx2g -XX:+UseSerialGC ${KVFERRY_GC_LOG:+"-Xlog:gc:file=$KVFERRY_GC_LOG"} "${CUDA_PROPS[@]}" \
     ${KVFERRY_JVM_OPTS:-} -cp "$CP" dev.kvferry.cli.KvferryCli "$@"
 }
-router_port=25520
-kvferry router --port $router_port --management-port 25530 --seed-nodes 127.0.0.1:$router_port \
+# KVFERRY_PORT_BASE (default 25520): the router's cluster port; P, D and the management ports are
+# the next ones. Back-to-back runs take different bases: a JVM of the last run may still hold its
+# port for a moment, and a node that cannot bind leaves the engines waiting for it.
+base=${KVFERRY_PORT_BASE:-25520}
+router_port=$base
+kvferry router --port $router_port --management-port $((base + 10)) --seed-nodes 127.0.0.1:$router_port \
   > "$logs/router.log" 2>&1 &
 pids+=($!)
 node() {  # role gpu port mgmt
@@ -50,8 +54,8 @@ node() {  # role gpu port mgmt
     --management-port "$4" --seed-nodes 127.0.0.1:$router_port > "$logs/$1.log" 2>&1 &
   pids+=($!)
 }
-node prefill "$P" 25521 25531
-node decode "$D" 25522 25532
+node prefill "$P" $((base + 1)) $((base + 11))
+node decode "$D" $((base + 2)) $((base + 12))
 if command -v top >/dev/null; then
   # Every 20 s, the busiest threads of the machine: a thread spinning beside the engines shows here.
   (while sleep 20; do

@@ -32,16 +32,18 @@ PROMPT_MIN, PROMPT_MAX = 16, 4096
 def _engine_main(conn: Any, role: str, device: str, socket_path: str | None, cfg: dict) -> None:
     import torch
 
-    from .gpu_model import ModelEngine, ModelSpec, PagedKvCache, build_llama
+    from .gpu_model import ModelEngine, ModelSpec, PagedKvCache, build_model
 
     try:
         dev = torch.device(device)
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         spec = ModelSpec(**cfg["spec"])
-        model = build_llama(spec, dev)
+        model = build_model(spec, dev)
         cache = PagedKvCache(spec, cfg["num_blocks"], cfg["block_size"], dev)
-        base_cache = PagedKvCache(spec, cfg["num_blocks"], cfg["block_size"], dev) if role == "decode" else None
+        # Both processes keep an engine without kvferry: D's is the check's baseline; P's times the
+        # same prefill in P's own process (TTFT split).
+        base_cache = PagedKvCache(spec, cfg["num_blocks"], cfg["block_size"], dev)
         state = _EngineState(model, spec, cache, base_cache, role, socket_path, cfg)
         conn.send(("ok", {"pid": os.getpid(), "device": str(dev),
                           "name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"}))
@@ -176,9 +178,7 @@ class _EngineState:
         r = self.reqs[rid]
         lo, hi = r["range"]
         got = r.pop("received")
-        s = self.spec
-        p = torch.from_numpy(np.frombuffer(p_kv, dtype=np.int16).copy()).view(
-            s.layers, 2, -1, s.kv_heads, s.head_dim)[:, :, lo:hi].to(got.device)
+        p = self.cache.positions(torch.from_numpy(np.frombuffer(p_kv, dtype=np.int16).copy()), lo, hi).to(got.device)
         g = got.view(torch.int16)
         equal = bool(torch.equal(p, g))
         diff = 0 if equal else int((p != g).sum())
@@ -347,7 +347,7 @@ class _EngineState:
         end = n + steps  # the last sampled token's KV is never written
         dg = e.cache.gather(d_blocks, 0, end).view(torch.int16)
         bg = b.cache.gather(b_blocks, 0, end).view(torch.int16)
-        differs = (dg != bg).flatten(3).any(dim=3).any(dim=1).any(dim=0)  # per position
+        differs = e.cache.by_position(dg != bg).any(dim=1)
         pos = torch.nonzero(differs).flatten().tolist()
         if not pos:
             return {"compared": True, "equal": True, "positions": end}
@@ -399,8 +399,7 @@ class _EngineState:
         as one layer's transfer), median of ``reps``."""
         import torch
 
-        s = self.spec
-        nbytes = 2 * tokens * s.kv_heads * s.head_dim * 2
+        nbytes = tokens * self.spec.token_elements * 2
         if self.cache.device.type != "cuda":
             return {"bytes": nbytes, "ms": None}
         src = torch.empty(nbytes, dtype=torch.uint8, device=self.cache.device)
@@ -745,6 +744,7 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
             b = None
             if rep % 2 == 1:
                 b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)])
+                pb = p.call("baseline_ttft", rid=rid + "-pb", prompt=[rng.randrange(3, args.vocab) for _ in range(n)])
             if mode == "write":
                 d.call("admit", rid=rid, prompt=prompt, params={
                     "do_remote_prefill": True, "do_remote_decode": False, "transfer_id": xfer,
@@ -768,6 +768,7 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
             d.call("finish_first", rid=rid)
             if b is None:
                 b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)])
+                pb = p.call("baseline_ttft", rid=rid + "-pb", prompt=[rng.randrange(3, args.vocab) for _ in range(n)])
             if last:
                 timeline = _timeline(pre, first)
                 continue
@@ -777,8 +778,12 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
             base.append(b["ttft_s"])
             # Where the added time goes: P's prefill against the same chunks without kvferry, the
             # KV landing after P's end, D's first token against the same step without kvferry.
+            # p_port_ms: P's wall time inside connector calls during its prefill;
+            # p_process_baseline_prefill_ms: the same prefill without kvferry in P's own process.
             for k, v in (("p_prefill_ms", (pre["end"] - pre["start"]) * 1e3),
                          ("baseline_prefill_ms", b["prefill_s"] * 1e3),
+                         ("p_process_baseline_prefill_ms", pb["prefill_s"] * 1e3),
+                         ("p_port_ms", pre.get("port_ms", 0.0)),
                          ("kv_after_p_end_ms", (first["received_at"] - pre["end"]) * 1e3),
                          ("d_first_token_ms", (first["first_end"] - first["first_start"]) * 1e3),
                          ("baseline_first_token_ms", b["first_s"] * 1e3),
@@ -848,8 +853,8 @@ def mla_probe(device: str) -> dict:
                 "latent_per_token": cfg.kv_lora_rank + cfg.qk_rope_head_dim,
                 "note": "transformers' DeepSeek-V3 attention caches per-head K/V decompressed from the latent "
                         "(shape above), not the compressed latent vLLM's MLA layout [num_blocks, block_size, "
-                        "kv_lora_rank + qk_rope_head_dim] pages; an MLA engine needs its attention run from the "
-                        "latent (weight absorption), which this check does not do yet"}
+                        "kv_lora_rank + qk_rope_head_dim] pages; kvferry's MLA engine (--arch mla, "
+                        "gpu_model.PagedMla) runs the same modules' attention from a paged latent instead"}
     except Exception as ex:  # noqa: BLE001 - reported
         return {"builds": False, "why": f"{type(ex).__name__}: {ex}"}
 
@@ -870,6 +875,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-blocks", type=int, default=32768)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--arch", default="llama", choices=["llama", "mla"],
+                   help="llama: grouped-query attention, vLLM's standard K/V pages; mla: DeepSeek-V3's "
+                        "latent attention, vLLM's MLA pages [num_blocks, block_size, kv_lora_rank + rope dim]")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--attention", default="efficient", choices=["efficient", "cudnn", "math", "default"],
                    help="the attention kernel on a GPU, the same in P, D and the engine without kvferry")
@@ -908,7 +916,8 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, flush=True)
 
     ctx = tmp.get_context("spawn")
-    cfg = {"spec": {"layers": args.layers, "vocab": args.vocab, "seed": args.seed, "attention": args.attention},
+    cfg = {"spec": {"arch": args.arch, "layers": args.layers, "vocab": args.vocab, "seed": args.seed,
+                    "attention": args.attention},
            "num_blocks": args.num_blocks, "block_size": args.block_size, "chunk_tokens": args.chunk_tokens,
            "load_events": not args.cpu_load_wait}
     rng = random.Random(args.seed)
@@ -917,6 +926,7 @@ def main(argv: list[str] | None = None) -> int:
     p = _Proc(ctx, "prefill", args.p_device, args.p_socket, cfg)
     d = _Proc(ctx, "decode", args.d_device, args.d_socket, cfg)
     log(f"P: {p.info}; D: {d.info}")
+    log(f"model: {cfg['spec']}")
     rc = 0
     try:
         report["modes"] = []

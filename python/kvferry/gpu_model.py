@@ -1,6 +1,8 @@
 """A real transformer's KV cache through the engine port: a Hugging Face ``LlamaForCausalLM``
 (grouped-query attention, bf16, weights from a fixed seed, no model hub) run over a paged KV cache
-in vLLM's layout, one request at a time, calling the connector in vLLM's order.
+in vLLM's layout, one request at a time, calling the connector in vLLM's order. A second geometry,
+``arch="mla"``: a ``DeepseekV3ForCausalLM`` (multi-head latent attention) whose paged cache holds
+vLLM's MLA latent, ``[num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]`` per layer.
 
 The model's modules are transformers' own (embeddings, RMSNorm, rotary embedding, q/k/v/o
 projections, MLP, LM head); only attention is driven here, as vLLM does: each layer's K and V of
@@ -36,8 +38,11 @@ PAGE = 4096
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A small Llama with grouped-query attention (the issue's example geometry)."""
+    """A small Llama with grouped-query attention (the issue's example geometry), or with
+    ``arch="mla"`` a small DeepSeek-V3 whose attention caches the latent (dense MLPs: the experts
+    change nothing in the KV)."""
 
+    arch: str = "llama"
     layers: int = 8
     heads: int = 8
     kv_heads: int = 2
@@ -51,10 +56,37 @@ class ModelSpec:
     # execution plan the first time it sees each KV length: ~35 ms per new length, paid by whichever
     # engine decodes a length first; docs/gpu.md, run 6).
     attention: str = "efficient"
+    # MLA only (DeepSeek-V3's names): the cached latent is kv_lora_rank + qk_rope_head_dim wide.
+    kv_lora_rank: int = 256
+    qk_rope_head_dim: int = 64
+    qk_nope_head_dim: int = 64
+    v_head_dim: int = 64
+
+    def __post_init__(self) -> None:
+        if self.arch not in ("llama", "mla"):
+            raise ValueError(f"arch must be 'llama' or 'mla', not {self.arch!r}")
+
+    @property
+    def mla(self) -> bool:
+        return self.arch == "mla"
 
     @property
     def hidden(self) -> int:
         return self.heads * self.head_dim
+
+    @property
+    def latent(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def token_elements(self) -> int:
+        """Elements one token occupies in one layer's cache."""
+        return self.latent if self.mla else 2 * self.kv_heads * self.head_dim
+
+
+def build_model(spec: ModelSpec, device: torch.device) -> Any:
+    """The model ``spec`` names, with weights drawn from ``spec.seed`` (see ``build_llama``)."""
+    return build_mla(spec, device) if spec.mla else build_llama(spec, device)
 
 
 def build_llama(spec: ModelSpec, device: torch.device) -> Any:
@@ -74,10 +106,29 @@ def build_llama(spec: ModelSpec, device: torch.device) -> Any:
     return model
 
 
+def build_mla(spec: ModelSpec, device: torch.device) -> Any:
+    """``DeepseekV3ForCausalLM`` (multi-head latent attention, no query compression, every MLP
+    dense) with weights drawn from ``spec.seed`` on the CPU, in bf16 on ``device``."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(
+        vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+        moe_intermediate_size=spec.intermediate, num_hidden_layers=spec.layers,
+        first_k_dense_replace=spec.layers, num_attention_heads=spec.heads,
+        num_key_value_heads=spec.heads, kv_lora_rank=spec.kv_lora_rank, q_lora_rank=None,
+        qk_rope_head_dim=spec.qk_rope_head_dim, qk_nope_head_dim=spec.qk_nope_head_dim,
+        v_head_dim=spec.v_head_dim, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        n_group=1, topk_group=1, max_position_embeddings=spec.max_positions,
+        tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(spec.seed)
+    model = DeepseekV3ForCausalLM(config)
+    return model.to(device=device, dtype=torch.bfloat16).eval()
+
+
 class PagedKvCache:
     """Every layer's KV in vLLM's layout, ``[layers, 2, num_blocks, block_size, kv_heads,
-    head_dim]`` in one piece of memory: a CUDA allocation (shared by IPC handle) or, on the CPU, a
-    /dev/shm file the node maps."""
+    head_dim]`` (MLA: ``[layers, num_blocks, block_size, latent]``) in one piece of memory: a CUDA
+    allocation (shared by IPC handle) or, on the CPU, a /dev/shm file the node maps."""
 
     def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int, device: torch.device,
                  shm_path: str | None = None):
@@ -85,8 +136,11 @@ class PagedKvCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.device = device
-        shape = (spec.layers, 2, num_blocks, block_size, spec.kv_heads, spec.head_dim)
-        self.layer_bytes = 2 * num_blocks * block_size * spec.kv_heads * spec.head_dim * 2
+        if spec.mla:
+            shape: tuple[int, ...] = (spec.layers, num_blocks, block_size, spec.latent)
+        else:
+            shape = (spec.layers, 2, num_blocks, block_size, spec.kv_heads, spec.head_dim)
+        self.layer_bytes = num_blocks * block_size * spec.token_elements * 2
         self.shm_path: str | None = None
         self._map: mmap.mmap | None = None
         if device.type == "cuda":
@@ -102,11 +156,22 @@ class PagedKvCache:
                 os.close(fd)
             self.shm_path = path
             self.kv = torch.frombuffer(self._map, dtype=torch.bfloat16).view(shape)
-        # Per layer: K and V as [num_blocks * block_size, kv_heads, head_dim] (slot-indexed).
-        self.k = [self.kv[layer, 0].view(-1, spec.kv_heads, spec.head_dim) for layer in range(spec.layers)]
-        self.v = [self.kv[layer, 1].view(-1, spec.kv_heads, spec.head_dim) for layer in range(spec.layers)]
+        # Per layer, slot-indexed: K and V as [num_blocks * block_size, kv_heads, head_dim], or
+        # MLA's latent as [num_blocks * block_size, latent].
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.latent: list[torch.Tensor] = []
+        for layer in range(spec.layers):
+            if spec.mla:
+                self.latent.append(self.kv[layer].view(-1, spec.latent))
+            else:
+                self.k.append(self.kv[layer, 0].view(-1, spec.kv_heads, spec.head_dim))
+                self.v.append(self.kv[layer, 1].view(-1, spec.kv_heads, spec.head_dim))
 
     def port_geometry(self) -> dict[str, Any]:
+        if self.spec.mla:
+            return {"layout": "mla", "num_blocks": self.num_blocks, "block_size": self.block_size,
+                    "latent": self.spec.latent, "dtype_bytes": 2}
         return {"layout": "standard", "num_blocks": self.num_blocks, "block_size": self.block_size,
                 "kv_heads": self.spec.kv_heads, "head_dim": self.spec.head_dim, "dtype_bytes": 2}
 
@@ -130,14 +195,29 @@ class PagedKvCache:
         return (table[pos // bs] * bs + pos % bs).to(self.device)
 
     def gather(self, blocks: list[int], start: int, end: int) -> torch.Tensor:
-        """Positions [start, end) of every layer: [layers, 2, end - start, kv_heads, head_dim]."""
+        """Positions [start, end) of every layer: [layers, 2, end - start, kv_heads, head_dim]
+        (MLA: [layers, end - start, latent])."""
         s = self.slots(blocks, start, end)
+        if self.spec.mla:
+            return torch.stack([lat[s] for lat in self.latent])
         return torch.stack([torch.stack([self.k[layer][s], self.v[layer][s]])
                             for layer in range(self.spec.layers)])
 
+    def by_position(self, gathered: torch.Tensor) -> torch.Tensor:
+        """``gather``'s result as one row per position: [positions, everything of that position]."""
+        axis = 1 if self.spec.mla else 2
+        return gathered.movedim(axis, 0).reshape(gathered.shape[axis], -1)
+
+    def positions(self, flat: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """Positions [start, end) of a flat copy of ``gather``'s result over more positions."""
+        s = self.spec
+        if s.mla:
+            return flat.view(s.layers, -1, s.latent)[:, start:end]
+        return flat.view(s.layers, 2, -1, s.kv_heads, s.head_dim)[:, :, start:end]
+
     def close(self) -> None:
         if self._map is not None:
-            del self.kv, self.k, self.v
+            del self.kv, self.k, self.v, self.latent
             try:
                 self._map.close()
             except BufferError:
@@ -233,6 +313,49 @@ class PagedLlama:
         return self.model.lm_head(m.norm(h[:, -1:]))[0, -1]
 
 
+class PagedMla(PagedLlama):
+    """DeepSeek-V3's multi-head latent attention over a paged cache of the latent, as vLLM pages
+    it: per position the normalized compressed KV (``kv_lora_rank``) then the key's rotary part
+    after RoPE (``qk_rope_head_dim``). Attention decompresses every cached position's per-head keys
+    and values with ``kv_b_proj`` (no weight absorption: simpler, the same bits in every engine)."""
+
+    def __init__(self, model: Any, spec: ModelSpec):
+        super().__init__(model, spec)
+        from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
+
+        interleave = bool(getattr(model.config, "rope_interleave", False))
+        self._rope = ds.apply_rotary_pos_emb_interleave if interleave else ds.apply_rotary_pos_emb
+
+    def _layers(self, cache: PagedKvCache, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                new_slots: torch.Tensor, all_slots: torch.Tensor, mask: torch.Tensor, n: int,
+                layer_written: Callable[[int], None] | None,
+                before_layer: Callable[[int], None] | None) -> torch.Tensor:
+        spec, m = self.spec, self.model.model
+        heads, nope, rope, lora = spec.heads, spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.kv_lora_rank
+        total = all_slots.numel()
+        for i, layer in enumerate(m.layers):
+            if before_layer is not None:
+                before_layer(i)
+            a = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = a.q_proj(x).view(1, n, heads, nope + rope).transpose(1, 2)
+            q_pass, q_rot = torch.split(q, [nope, rope], dim=-1)
+            c, k_rot = torch.split(a.kv_a_proj_with_mqa(x), [lora, rope], dim=-1)
+            q_rot, k_rot = self._rope(q_rot, k_rot.view(1, 1, n, rope), cos, sin)
+            cache.latent[i][new_slots] = torch.cat([a.kv_a_layernorm(c)[0], k_rot[0, 0]], dim=-1)
+            if layer_written is not None:
+                layer_written(i)
+            c_all, k_rot_all = torch.split(cache.latent[i][all_slots], [lora, rope], dim=-1)
+            kv = a.kv_b_proj(c_all).view(1, total, heads, nope + spec.v_head_dim).transpose(1, 2)
+            k_pass, v = torch.split(kv, [nope, spec.v_head_dim], dim=-1)
+            k = torch.cat([k_pass, k_rot_all.view(1, 1, total, rope).expand(1, heads, total, rope)], dim=-1)
+            o = F.scaled_dot_product_attention(torch.cat([q_pass, q_rot], dim=-1), k, v, attn_mask=mask,
+                                               scale=a.scaling)
+            h = h + a.o_proj(o.transpose(1, 2).reshape(1, n, heads * spec.v_head_dim))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.model.lm_head(m.norm(h[:, -1:]))[0, -1]
+
+
 def _attention_kernel(name: str, device: torch.device) -> Any:
     """The context that restricts scaled_dot_product_attention to the chosen kernel (GPU only)."""
     import contextlib
@@ -273,6 +396,8 @@ class Timing:
     start: float = 0.0
     end: float = 0.0
     layer_ends_ms: list[float] = field(default_factory=list)
+    # Wall time spent in the connector's calls (step begin and end, save_kv_layer), CPU side.
+    port_s: float = 0.0
 
 
 class ModelEngine:
@@ -286,7 +411,7 @@ class ModelEngine:
         """``load_events``: D in READ mode on a GPU asks the node for its load-event ring, so
         ``wait_for_layer_load`` makes the stream wait on the GPU (false: the CPU waits for the
         copies, as before); ``load_waits()`` says which path the waits took."""
-        self.runner = PagedLlama(model, spec)
+        self.runner = PagedMla(model, spec) if spec.mla else PagedLlama(model, spec)
         self.spec = spec
         self.cache = cache
         self.role = role
@@ -373,6 +498,7 @@ class ModelEngine:
             return worker.save_kv_layer
 
         def saved(layer: int) -> None:
+            t0 = time.perf_counter()
             if self.record_timeline:
                 ev = torch.cuda.Event(enable_timing=True)
                 ev.record()
@@ -381,6 +507,8 @@ class ModelEngine:
             self._slot = (self._slot + 1) % len(self.events)
             self.events[slot].record()
             worker.save_kv_layer_after(layer, slot)
+            if timing is not None:
+                timing.port_s += time.perf_counter() - t0
         return saved
 
     def _sync(self) -> None:
@@ -427,9 +555,13 @@ class ModelEngine:
                 first = False
             else:
                 new, cached = [], [{"request_id": rid, "new_block_ids": added or None, "num_computed_tokens": e}]
+            t0 = time.perf_counter()
             self._step_begin(new, cached)
+            t.port_s += time.perf_counter() - t0
             logits = self.runner.forward(self.cache, prompt[s:e], blocks, s, layer_written=self._saver(t))
+            t0 = time.perf_counter()
             self._step_end()
+            t.port_s += time.perf_counter() - t0
             if abort_after_chunks is not None and i + 1 >= abort_after_chunks and e < n:
                 return self._finish(rid, blocks, "aborted", t, hit_tokens, chunks[: i + 1], None)
         self._cache_full_blocks(prompt, blocks, n)
@@ -457,7 +589,7 @@ class ModelEngine:
             self.pool.free(blocks)
         return {"request_id": rid, "blocks": list(blocks), "delay_free": delay, "kv_transfer_params": params,
                 "hit_tokens": hit_tokens, "chunks": [list(c) for c in chunks], "start": t.start, "end": t.end,
-                "status": status, "layer_ends_ms": t.layer_ends_ms}
+                "status": status, "layer_ends_ms": t.layer_ends_ms, "port_ms": t.port_s * 1e3}
 
     def _cache_full_blocks(self, prompt: list[int], blocks: list[int], computed: int) -> None:
         bs = self.cache.block_size

@@ -17,9 +17,11 @@ torch = pytest.importorskip(
     "torch", reason="kvferry.gpu_model needs PyTorch (not installed here; on a GPU host: scripts/gpu-model.sh)")
 pytest.importorskip("transformers", reason="kvferry.gpu_model needs transformers (not installed here)")
 
-from kvferry.gpu_model import ModelEngine, ModelSpec, PagedKvCache, build_llama  # noqa: E402
+from kvferry.gpu_model import ModelEngine, ModelSpec, PagedKvCache, build_model  # noqa: E402
 
 SMALL = ModelSpec(layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=64, vocab=256, seed=7)
+SMALL_MLA = ModelSpec(arch="mla", layers=2, heads=4, head_dim=16, intermediate=64, vocab=256, seed=7,
+                      kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
 PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JAR = os.environ.get("KVFERRY_JAR", os.path.join(PYTHON_DIR, "..", "cli", "target", "kvferry.jar"))
 
@@ -38,13 +40,51 @@ def test_host_cache_is_shared_memory_in_vllms_layout():
     assert not os.path.exists(cache.shm_path)
 
 
-def test_the_same_work_on_other_blocks_gives_the_same_kv_logits_and_tokens():
-    dev = torch.device("cpu")
-    model = build_llama(SMALL, dev)
-    caches = [PagedKvCache(SMALL, 64, 16, dev) for _ in range(2)]
+def test_mla_cache_is_vllms_latent_layout():
+    cache = PagedKvCache(SMALL_MLA, 8, 16, torch.device("cpu"))
     try:
-        a = ModelEngine(model, SMALL, caches[0], role="decode", mode="write", chunk_tokens=16)
-        b = ModelEngine(model, SMALL, caches[1], role="decode", mode="write", chunk_tokens=16)
+        assert cache.port_geometry() == {"layout": "mla", "num_blocks": 8, "block_size": 16, "latent": 40,
+                                         "dtype_bytes": 2}
+        assert [layer["length"] for layer in cache.port_memory()["layers"]] == [8 * 16 * 40 * 2] * SMALL_MLA.layers
+        assert tuple(cache.kv.shape) == (2, 8, 16, 40)
+    finally:
+        cache.close()
+
+
+def test_an_unknown_architecture_is_refused():
+    with pytest.raises(ValueError, match="arch"):
+        ModelSpec(arch="gpt")
+
+
+@pytest.mark.parametrize("spec", [SMALL, SMALL_MLA], ids=["llama", "mla"])
+def test_the_paged_forward_follows_the_models_own_forward(spec):
+    """The paged attention is the model's attention: its last logits match transformers' forward
+    of the whole prompt up to bf16 rounding of the cached KV (not bitwise: other kernels)."""
+    dev = torch.device("cpu")
+    model = build_model(spec, dev)
+    cache = PagedKvCache(spec, 16, 16, dev)
+    try:
+        e = ModelEngine(model, spec, cache, role="decode", mode="write", chunk_tokens=16)
+        prompt = [3 + (i * 53) % 250 for i in range(37)]
+        out = e.prefill("r", prompt, None, finish=False)
+        paged, _ = e.first_token("r", prompt, out["blocks"], remote=False)
+        with torch.inference_mode():
+            full = model(input_ids=torch.tensor([prompt])).logits[0, -1]
+        a, b = paged.float(), full.float()
+        cos = torch.nn.functional.cosine_similarity(a, b, dim=0)
+        assert cos > 0.999, f"cosine {cos:.6f}; max abs diff {float((a - b).abs().max()):.4g}"
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize("spec", [SMALL, SMALL_MLA], ids=["llama", "mla"])
+def test_the_same_work_on_other_blocks_gives_the_same_kv_logits_and_tokens(spec):
+    dev = torch.device("cpu")
+    model = build_model(spec, dev)
+    caches = [PagedKvCache(spec, 64, 16, dev) for _ in range(2)]
+    try:
+        a = ModelEngine(model, spec, caches[0], role="decode", mode="write", chunk_tokens=16)
+        b = ModelEngine(model, spec, caches[1], role="decode", mode="write", chunk_tokens=16)
         prompt = [3 + (i * 37) % 250 for i in range(40)]
         pa = a.prefill("a", prompt, None, finish=False)
         b.pool.allocate(5)  # b's blocks are other ids: only the block table may differ
@@ -70,8 +110,9 @@ def _free_port() -> int:
 
 
 @pytest.mark.node
+@pytest.mark.parametrize("arch", ["llama", "mla"])
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(tmp_path, device):
+def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(tmp_path, device, arch):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA here: the GPU part (CUDA IPC memory and events) runs on a GPU host with "
                     "scripts/gpu-model.sh P_GPU D_GPU")
@@ -96,7 +137,7 @@ def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(t
              "--p-socket", str(tmp_path / "prefill.sock"), "--d-socket", str(tmp_path / "decode.sock"),
              "--p-device", dev, "--d-device", dev, "--prompts", "4", "--max-prompt-tokens", "600",
              "--decode-steps", "4", "--layers", "2", "--num-blocks", "1024", "--ttft-reps", "0",
-             "--no-generate", "--no-mla-probe", "--json", str(tmp_path / "report.json")],
+             "--no-generate", "--no-mla-probe", "--arch", arch, "--json", str(tmp_path / "report.json")],
             env={**os.environ, "PYTHONPATH": PYTHON_DIR}, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
         assert "KV equal byte for byte 4/4; first-token logits bitwise equal 4/4" in out.stdout, out.stdout
