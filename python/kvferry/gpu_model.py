@@ -503,10 +503,11 @@ class ModelEngine:
                 ev = torch.cuda.Event(enable_timing=True)
                 ev.record()
                 self._timeline.append((layer, ev))
-            slot = self._slot
-            self._slot = (self._slot + 1) % len(self.events)
-            self.events[slot].record()
-            worker.save_kv_layer_after(layer, slot)
+            if worker.step_saves:  # a step that writes nothing sends no event and no frame
+                slot = self._slot
+                self._slot = (self._slot + 1) % len(self.events)
+                self.events[slot].record()
+                worker.save_kv_layer_after(layer, slot)
             if timing is not None:
                 timing.port_s += time.perf_counter() - t0
         return saved

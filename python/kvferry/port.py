@@ -217,14 +217,20 @@ class FrameReader:
         return message
 
 
-def _loads_in(metadata: bytes) -> int | None:
-    """The ``loads`` count the node puts in its metadata (a msgpack map), if it is there."""
+def _counts_in(metadata: bytes) -> tuple[int | None, int | None]:
+    """The ``loads`` and ``saves`` counts the node puts in its metadata (a msgpack map); None for
+    one that is not there (an older node), so the client then sends as if it were not zero."""
     try:
         m = msgpack.unpackb(metadata, raw=False)
     except Exception:
-        return None
-    loads = m.get("loads") if isinstance(m, dict) else None
-    return loads if isinstance(loads, int) and not isinstance(loads, bool) else None
+        return None, None
+    if not isinstance(m, dict):
+        return None, None
+
+    def count(key: str) -> int | None:
+        v = m.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+    return count("loads"), count("saves")
 
 
 def parse_load_events(hello_reply: dict[str, Any]) -> list[bytes]:
@@ -304,6 +310,7 @@ class PortClient:
         self._next_id = 1
         self._broken: str | None = "not connected"
         self._expected_loads: int | None = None
+        self._expected_saves: int | None = None
         # Scheduler: requests whose cached-step entries the node reads (docs/engine-port.md,
         # build_connector_meta): those named with do_remote_decode, until request_finished.
         self._cached_wanted: set[str] = set()
@@ -602,8 +609,9 @@ class PortClient:
 
     def bind_connector_metadata(self, metadata: bytes) -> None:
         """One-way: its error, if any, comes back in the next ``get_finished``. Reads the
-        metadata's ``loads`` so ``start_load_kv`` can skip its round trip when nothing loads."""
-        self._expected_loads = _loads_in(metadata)
+        metadata's ``loads`` so ``start_load_kv`` can skip its round trip when nothing loads, and
+        its ``saves`` so the step's save frames are left out when nothing is saved."""
+        self._expected_loads, self._expected_saves = _counts_in(metadata)
         self._one_way("bind_connector_metadata", {"metadata": bytes(metadata)})
 
     def start_load_kv(self) -> int:
@@ -657,13 +665,23 @@ class PortClient:
         ev = self.load_event(slot)
         torch.cuda.current_stream(self._cuda_device()).wait_event(ev)
 
+    @property
+    def step_saves(self) -> bool:
+        """False when the bound metadata says this step saves nothing (``save_kv_layer`` and
+        ``wait_for_save`` are then not sent: the node would ignore them); True otherwise."""
+        return self._expected_saves != 0
+
     def save_kv_layer(self, layer: int) -> None:
-        """One-way: send it after the layer's KV is in memory."""
-        self._one_way("save_kv_layer", {"layer": layer})
+        """One-way: send it after the layer's KV is in memory (not sent when the step saves
+        nothing)."""
+        if self.step_saves:
+            self._one_way("save_kv_layer", {"layer": layer})
 
     def wait_for_save(self) -> None:
-        """One-way: the saves go on in the node; their outcome comes with ``get_finished``."""
-        self._one_way("wait_for_save", {})
+        """One-way: the saves go on in the node; their outcome comes with ``get_finished``.
+        Not sent when the step saves nothing."""
+        if self.step_saves:
+            self._one_way("wait_for_save", {})
 
     def get_finished(self, finished_req_ids: list[str] | None = None, raise_op_errors: bool = True) -> dict[str, Any]:
         """The node's finished sets. One-way ops' errors come back here; they are raised (the

@@ -40,6 +40,8 @@ class FakeNode:
         self.matched: Callable[[dict], dict] = lambda a: {"count": 0, "async": False}
         self.finish: Callable[[dict], dict] = lambda a: {"delay_free": False, "kv_transfer_params": None}
         self.loads = 0
+        # The metadata's saves count; None leaves the key out (a node from before it).
+        self.saves: int | None = 0
         # Worker hellos that ask for load_events get these handles back (a node on GPU memory).
         self.load_event_handles: list[bytes] = []
         self.layer_load: Callable[[dict], dict] = lambda a: {"ok": True}
@@ -182,7 +184,8 @@ class FakeNode:
             return {}
         if op == "build_connector_meta":
             self.steps += 1
-            meta = msgpack.packb({"step": self.steps, "loads": self.loads}, use_bin_type=True)
+            counts = {"loads": self.loads} if self.saves is None else {"loads": self.loads, "saves": self.saves}
+            meta = msgpack.packb({"step": self.steps, **counts}, use_bin_type=True)
             self.metadata.add(meta)
             return {"metadata": meta, "op_errors": state.pop("op_errors", [])}
         if op == "request_finished":

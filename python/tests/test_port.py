@@ -184,7 +184,7 @@ def test_scheduler_ops_send_the_spec_args(tmp_path):
     assert c.get_num_new_matched_tokens("r", 33, {"do_remote_decode": True}, 0) == (32, True)
     c.update_state_after_alloc("r", [3, 4], 0)
     meta = c.build_connector_meta([{"request_id": "r", "block_ids": [3, 4], "num_computed_tokens": 33}], [])
-    assert msgpack.unpackb(meta) == {"step": 1, "loads": 0}
+    assert msgpack.unpackb(meta) == {"step": 1, "loads": 0, "saves": 0}
     assert c.request_finished("r", [3, 4], "length_capped") == (True, {"do_remote_prefill": True})
     assert node.calls("get_num_new_matched_tokens") == [
         {"request_id": "r", "num_prompt_tokens": 33, "kv_transfer_params": {"do_remote_decode": True},
@@ -237,8 +237,35 @@ def test_start_load_kv_skips_its_round_trip_when_the_metadata_says_nothing_loads
     w.bind_connector_metadata(s.build_connector_meta([], []))
     assert w.start_load_kv() == 2  # asked: the metadata says two
     w.get_finished()
-    assert node.ops("worker", 0) == ["hello", "bind_connector_metadata", "start_load_kv", "wait_for_save",
+    assert node.ops("worker", 0) == ["hello", "bind_connector_metadata", "start_load_kv",
                                      "bind_connector_metadata", "start_load_kv", "get_finished"]
+    node.close()
+
+
+def test_save_frames_go_only_when_the_metadata_says_the_step_saves(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    s = PortClient(node.path, "scheduler")
+    s.hello()
+    w = worker_client(node.path)
+    w.hello()
+
+    def step() -> None:
+        w.bind_connector_metadata(s.build_connector_meta([], []))
+        w.start_load_kv()
+        for layer in range(2):
+            w.save_kv_layer(layer)
+        w.wait_for_save()
+        w.get_finished()
+
+    step()  # saves 0: the node would ignore the frames, so none go
+    node.saves = 1
+    step()
+    node.saves = None  # an older node says nothing: the frames go as before
+    step()
+    saving = ["bind_connector_metadata", "start_load_kv", "save_kv_layer", "save_kv_layer", "wait_for_save",
+              "get_finished"]
+    assert node.ops("worker", 0) == ["hello", "bind_connector_metadata", "start_load_kv", "get_finished",
+                                     *saving, *saving]
     node.close()
 
 

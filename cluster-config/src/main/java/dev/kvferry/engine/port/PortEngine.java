@@ -345,9 +345,11 @@ final class PortEngine {
     long step = nextStep++;
     steps.put(step, metadata);
     try {
-      // "loads" lets a worker's client skip start_load_kv's round trip when nothing loads.
+      // "loads" lets a worker's client skip start_load_kv's round trip when nothing loads;
+      // "saves" lets it skip the step's save_kv_layer and wait_for_save frames when nothing is
+      // saved (ConnectorWorker ignores them then: only reqsToSave is written).
       return PortFrames.encode(Map.of("engine", incarnation, "step", step,
-          "loads", metadata.reqsToRecv().size()));
+          "loads", metadata.reqsToRecv().size(), "saves", metadata.reqsToSave().size()));
     } catch (IOException e) {
       throw new IllegalStateException("msgpack of two ints failed", e);
     }

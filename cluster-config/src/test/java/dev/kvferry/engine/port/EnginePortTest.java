@@ -331,17 +331,18 @@ class EnginePortTest {
       assertEquals(Map.of("count", (long) prompt, "async", true), m);
       ds.ok("update_state_after_alloc",
           Map.of("request_id", r, "block_ids", dBlocks, "num_external_tokens", prompt));
-      step(ds, dw, List.of(), false);
+      step(ds, dw, List.of(), 0);
     }
-    // P's prefill: one step computing all ten tokens; in WRITE mode it saves every layer.
+    // P's prefill: one step computing all ten tokens; in WRITE mode it saves every layer, and
+    // its metadata says so (in READ mode P saves nothing: D reads later).
     step(ps, pw, List.of(Map.of("request_id", r, "block_ids", pBlocks,
-        "num_computed_tokens", prompt)), true);
+        "num_computed_tokens", prompt)), mode.equals("write") ? 1 : 0);
     Map<String, Object> finished = ps.ok("request_finished",
         Map.of("request_id", r, "block_ids", pBlocks, "status", "length_capped"));
     assertEquals(true, finished.get("delay_free"));
     if (mode.equals("read")) {
       // P's next step hands the kept blocks to its workers, which wait for D's release.
-      step(ps, pw, List.of(), false);
+      step(ps, pw, List.of(), 0);
       @SuppressWarnings("unchecked")
       Map<String, Object> forD = (Map<String, Object>) finished.get("kv_transfer_params");
       assertEquals(List.of(1L, 2L, 3L), forD.get("remote_block_ids"));
@@ -351,7 +352,7 @@ class EnginePortTest {
       ds.ok("update_state_after_alloc",
           Map.of("request_id", r, "block_ids", dBlocks, "num_external_tokens", prompt - 1));
       Map<String, Object> loads = step(ds, dw, List.of(Map.of("request_id", r, "block_ids",
-          dBlocks, "num_computed_tokens", prompt - 1)), false);
+          dBlocks, "num_computed_tokens", prompt - 1)), 0);
       assertEquals(1L, loads.get("loads"));
       for (int l = 0; l < LAYERS; l++) {
         assertEquals(Map.of("ok", true), dw.ok("wait_for_layer_load", Map.of("layer", l)));
@@ -381,18 +382,26 @@ class EnginePortTest {
   }
 
   /** One engine step: metadata from the scheduler, bound and started by the worker. */
+  /**
+   * One engine step as the Python client takes it: the save frames go only when the metadata's
+   * {@code saves} count says the step saves (it must be {@code expectSaves}), so a transfer that
+   * still completes shows that the count leaves nothing out.
+   */
   private static Map<String, Object> step(PortTestClient s, PortTestClient w,
-      List<Map<String, Object>> newReqs, boolean save) throws Exception {
+      List<Map<String, Object>> newReqs, int expectSaves) throws Exception {
     Map<String, Object> meta = s.ok("build_connector_meta",
         Map.of("scheduled_new_reqs", newReqs, "scheduled_cached_reqs", List.of()));
-    w.oneWay("bind_connector_metadata", Map.of("metadata", meta.get("metadata")));
+    byte[] handle = (byte[]) meta.get("metadata");
+    long saves = ((Number) PortFrames.decodeMap(handle).get("saves")).longValue();
+    assertEquals(expectSaves, saves, "the metadata's saves count");
+    w.oneWay("bind_connector_metadata", Map.of("metadata", handle));
     Map<String, Object> started = w.ok("start_load_kv", Map.of());
-    if (save) {
+    if (saves > 0) {
       for (int l = 0; l < LAYERS; l++) {
         w.oneWay("save_kv_layer", Map.of("layer", l));
       }
+      w.ok("wait_for_save", Map.of());
     }
-    w.ok("wait_for_save", Map.of());
     return started;
   }
 
