@@ -314,6 +314,8 @@ class PortClient:
         # Scheduler: requests whose cached-step entries the node reads (docs/engine-port.md,
         # build_connector_meta): those named with do_remote_decode, until request_finished.
         self._cached_wanted: set[str] = set()
+        # Requests named without kv_transfer_params: the node frees them at once when they finish.
+        self._plain: set[str] = set()
         self.last_op_errors: list[dict[str, Any]] = []
         self.load_events = load_events
         self.event_device = event_device
@@ -543,18 +545,25 @@ class PortClient:
         kv_transfer_params: dict[str, Any] | None,
         num_computed_tokens: int,
     ) -> tuple[int, bool]:
-        ok = self._call(
-            "get_num_new_matched_tokens",
-            {
-                "request_id": request_id,
-                "num_prompt_tokens": num_prompt_tokens,
-                "kv_transfer_params": kv_transfer_params,
-                "num_computed_tokens": num_computed_tokens,
-            },
-        )
+        """``(count, async)``. A request without ``do_remote_prefill`` matches nothing on any node
+        (docs/engine-port.md), so for it the op goes one-way and ``(0, False)`` comes back at
+        once; an error in it comes back with the next ``build_connector_meta``."""
+        args = {"request_id": request_id, "num_prompt_tokens": num_prompt_tokens,
+                "kv_transfer_params": kv_transfer_params, "num_computed_tokens": num_computed_tokens}
+        # (On a worker connection the node refuses the op: asked, so the refusal comes now.)
+        if self.side != "scheduler" or (kv_transfer_params and kv_transfer_params.get("do_remote_prefill")):
+            ok = self._call("get_num_new_matched_tokens", args)
+            result = int(ok["count"]), bool(ok["async"])
+        else:
+            self._one_way("get_num_new_matched_tokens", args)
+            result = 0, False
         if kv_transfer_params and kv_transfer_params.get("do_remote_decode"):
             self._cached_wanted.add(request_id)
-        return int(ok["count"]), bool(ok["async"])
+        if kv_transfer_params is None:
+            self._plain.add(request_id)
+        else:
+            self._plain.discard(request_id)
+        return result
 
     def update_state_after_alloc(self, request_id: str, block_ids: list[int], num_external_tokens: int) -> None:
         """One-way: its error, if any, comes back in the next ``build_connector_meta``."""
@@ -599,10 +608,19 @@ class PortClient:
         return e
 
     def request_finished(self, request_id: str, block_ids: list[int], status: str) -> tuple[bool, dict[str, Any] | None]:
+        """``(delay_free, kv_transfer_params)``. For a request this client named without
+        kv_transfer_params the node frees at once and returns nothing (docs/engine-port.md): the op
+        goes one-way and ``(False, None)`` comes back at once; an error in it comes back with the
+        next ``build_connector_meta``."""
         if status not in ("length_capped", "stopped", "aborted"):
             raise ValueError(f"status must be length_capped, stopped or aborted, not {status!r}")
-        ok = self._call("request_finished", {"request_id": request_id, "block_ids": list(block_ids), "status": status})
+        args = {"request_id": request_id, "block_ids": list(block_ids), "status": status}
         self._cached_wanted.discard(request_id)
+        if request_id in self._plain and self.side == "scheduler":
+            self._plain.discard(request_id)
+            self._one_way("request_finished", args)
+            return False, None
+        ok = self._call("request_finished", args)
         return bool(ok["delay_free"]), ok.get("kv_transfer_params")
 
     # -- worker ops --

@@ -10,10 +10,10 @@ import msgpack
 import pytest
 
 from kvferry import port
-from kvferry.port import (BadVersion, FrameReader, NodeUnavailable, PortClient, PortError,
+from kvferry.port import (BadArgs, BadVersion, FrameReader, NodeUnavailable, PortClient, PortError,
                           ProtocolViolation, UnknownMetadata, UnknownOp, WrongSide, encode_frame)
 
-from .fakenode import FakeNode
+from .fakenode import FakeNode, Refuse
 
 
 def worker_client(path: str, **kw) -> PortClient:
@@ -181,17 +181,51 @@ def test_scheduler_ops_send_the_spec_args(tmp_path):
     node.finish = lambda a: {"delay_free": True, "kv_transfer_params": {"do_remote_prefill": True}}
     c = PortClient(node.path, "scheduler")
     c.hello()
-    assert c.get_num_new_matched_tokens("r", 33, {"do_remote_decode": True}, 0) == (32, True)
+    assert c.get_num_new_matched_tokens("r", 33, {"do_remote_prefill": True}, 0) == (32, True)
     c.update_state_after_alloc("r", [3, 4], 0)
     meta = c.build_connector_meta([{"request_id": "r", "block_ids": [3, 4], "num_computed_tokens": 33}], [])
     assert msgpack.unpackb(meta) == {"step": 1, "loads": 0, "saves": 0}
     assert c.request_finished("r", [3, 4], "length_capped") == (True, {"do_remote_prefill": True})
     assert node.calls("get_num_new_matched_tokens") == [
-        {"request_id": "r", "num_prompt_tokens": 33, "kv_transfer_params": {"do_remote_decode": True},
+        {"request_id": "r", "num_prompt_tokens": 33, "kv_transfer_params": {"do_remote_prefill": True},
          "num_computed_tokens": 0}]
     assert node.calls("request_finished") == [{"request_id": "r", "block_ids": [3, 4], "status": "length_capped"}]
     with pytest.raises(ValueError):
         c.request_finished("r", [], "finished")
+    node.close()
+
+
+def test_answers_the_protocol_fixes_come_back_without_waiting_for_the_node(tmp_path):
+    """No do_remote_prefill: nothing matches; no params at all: freed at once with nothing for a
+    peer. The client sends those ops one-way, so this fake node's other answers are never read."""
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.matched = lambda a: {"count": 99, "async": True}
+    node.finish = lambda a: {"delay_free": True, "kv_transfer_params": {"x": 1}}
+    c = PortClient(node.path, "scheduler")
+    c.hello()
+    assert c.get_num_new_matched_tokens("plain", 40, None, 0) == (0, False)
+    assert c.get_num_new_matched_tokens("to-d", 40, {"do_remote_decode": True, "transfer_id": "t"}, 0) == (0, False)
+    assert c.get_num_new_matched_tokens("from-p", 40, {"do_remote_prefill": True, "transfer_id": "u"}, 0) == (99, True)
+    assert c.request_finished("plain", [1], "stopped") == (False, None)
+    assert c.request_finished("to-d", [2], "length_capped") == (True, {"x": 1})  # asked: P may keep its blocks
+    c.build_connector_meta([], [])  # after one-way ops: the node has seen them all, in order
+    assert [a["request_id"] for a in node.calls("get_num_new_matched_tokens")] == ["plain", "to-d", "from-p"]
+    assert [a["request_id"] for a in node.calls("request_finished")] == ["plain", "to-d"]
+    node.close()
+
+
+def test_a_one_way_matched_tokens_refused_comes_back_in_build_connector_meta(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+
+    def refuse(a: dict) -> dict:
+        raise Refuse("bad_args", "args.kv_transfer_params.transfer_id must be a string")
+    node.matched = refuse
+    c = PortClient(node.path, "scheduler")
+    c.hello()
+    assert c.get_num_new_matched_tokens("r", 40, {"transfer_id": 5}, 0) == (0, False)
+    with pytest.raises(BadArgs) as e:
+        c.build_connector_meta([], [])
+    assert [x["op"] for x in e.value.op_errors] == ["get_num_new_matched_tokens"]
     node.close()
 
 

@@ -299,6 +299,7 @@ def test_cli_prints_its_ready_line_and_serves(tmp_path):
 
 def test_prefill_steps_call_the_port_in_vllms_order(tmp_path, engines):
     node = FakeNode(str(tmp_path / "n.sock"))
+    node.saves = 1  # every step's metadata says it saves, so every step sends its save frames
     g = geometry(layers=2)
     e = engines(g, role="prefill", socket_path=node.path, max_num_batched_tokens=16)
     e.connect()
@@ -328,7 +329,9 @@ def test_delayed_free_blocks_come_back_only_when_every_rank_reports_done_sending
     g = geometry(tp_size=2)
     e = engines(g, role="prefill", mode="read", socket_path=node.path)
     e.connect()
-    _, done = run(e, list(range(1, 40)), max_tokens=1, rid="p1")
+    # A P request for D: only such a request can get delay_free back (a plain one is freed at once).
+    _, done = run(e, list(range(1, 40)), max_tokens=1, rid="p1",
+                  params={"do_remote_decode": True, "transfer_id": "t-p1", "remote_engine_id": "d0"})
     assert done.kv_transfer_params["do_remote_prefill"] is True
     time.sleep(0.1)
     assert e.stats()["free_blocks"] == g.num_blocks - 3 and e.stats()["delayed_free"] == 1

@@ -217,6 +217,7 @@ def test_worker_registers_shm_caches_and_runs_a_prefill_step_in_vllms_order(node
         {"path": p, "offset": 0, "length": 2 * 8 * 16 * 2 * 4 * 2} for p in paths]}
     assert hello["tp_rank"] == 0
     s = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.SCHEDULER)
+    node.saves = 1  # a step that writes a request's layers: the save frames go
     meta = s.build_connector_meta(SchedulerOutput())
     # the model runner: bind, start_load_kv, per layer (attention) wait/save, wait_for_save, get_finished
     w.bind_connector_metadata(meta)
