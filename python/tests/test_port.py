@@ -258,12 +258,18 @@ def test_update_state_after_alloc_is_one_way_and_its_error_comes_back_in_build_c
     node.close()
 
 
-def test_start_load_kv_skips_its_round_trip_when_the_metadata_says_nothing_loads(tmp_path):
+def scheduler_and_worker(tmp_path) -> tuple[FakeNode, PortClient, PortClient]:
+    """A fake node with one engine's scheduler and TP-rank-0 worker connected."""
     node = FakeNode(str(tmp_path / "n.sock"))
     s = PortClient(node.path, "scheduler")
     s.hello()
     w = worker_client(node.path)
     w.hello()
+    return node, s, w
+
+
+def test_start_load_kv_skips_its_round_trip_when_the_metadata_says_nothing_loads(tmp_path):
+    node, s, w = scheduler_and_worker(tmp_path)
     w.bind_connector_metadata(s.build_connector_meta([], []))
     assert w.start_load_kv() == 0
     w.wait_for_save()
@@ -277,11 +283,7 @@ def test_start_load_kv_skips_its_round_trip_when_the_metadata_says_nothing_loads
 
 
 def test_save_frames_go_only_when_the_metadata_says_the_step_saves(tmp_path):
-    node = FakeNode(str(tmp_path / "n.sock"))
-    s = PortClient(node.path, "scheduler")
-    s.hello()
-    w = worker_client(node.path)
-    w.hello()
+    node, s, w = scheduler_and_worker(tmp_path)
 
     def step() -> None:
         w.bind_connector_metadata(s.build_connector_meta([], []))
