@@ -545,13 +545,13 @@ class PortClient:
         kv_transfer_params: dict[str, Any] | None,
         num_computed_tokens: int,
     ) -> tuple[int, bool]:
-        """``(count, async)``. A request without ``do_remote_prefill`` matches nothing on any node
+        """``(count, async)``. A request without kv_transfer_params matches nothing on any node
         (docs/engine-port.md), so for it the op goes one-way and ``(0, False)`` comes back at
-        once; an error in it comes back with the next ``build_connector_meta``."""
+        once. Requests with params always ask: a node that refuses them says so here."""
         args = {"request_id": request_id, "num_prompt_tokens": num_prompt_tokens,
                 "kv_transfer_params": kv_transfer_params, "num_computed_tokens": num_computed_tokens}
         # (On a worker connection the node refuses the op: asked, so the refusal comes now.)
-        if self.side != "scheduler" or (kv_transfer_params and kv_transfer_params.get("do_remote_prefill")):
+        if self.side != "scheduler" or kv_transfer_params is not None:
             ok = self._call("get_num_new_matched_tokens", args)
             result = int(ok["count"]), bool(ok["async"])
         else:

@@ -196,15 +196,15 @@ def test_scheduler_ops_send_the_spec_args(tmp_path):
 
 
 def test_answers_the_protocol_fixes_come_back_without_waiting_for_the_node(tmp_path):
-    """No do_remote_prefill: nothing matches; no params at all: freed at once with nothing for a
-    peer. The client sends those ops one-way, so this fake node's other answers are never read."""
+    """A request without params matches nothing and is freed at once with nothing for a peer:
+    the client sends those ops one-way, so this fake node's other answers are never read for it."""
     node = FakeNode(str(tmp_path / "n.sock"))
     node.matched = lambda a: {"count": 99, "async": True}
     node.finish = lambda a: {"delay_free": True, "kv_transfer_params": {"x": 1}}
     c = PortClient(node.path, "scheduler")
     c.hello()
     assert c.get_num_new_matched_tokens("plain", 40, None, 0) == (0, False)
-    assert c.get_num_new_matched_tokens("to-d", 40, {"do_remote_decode": True, "transfer_id": "t"}, 0) == (0, False)
+    assert c.get_num_new_matched_tokens("to-d", 40, {"do_remote_decode": True, "transfer_id": "t"}, 0) == (99, True)
     assert c.get_num_new_matched_tokens("from-p", 40, {"do_remote_prefill": True, "transfer_id": "u"}, 0) == (99, True)
     assert c.request_finished("plain", [1], "stopped") == (False, None)
     assert c.request_finished("to-d", [2], "length_capped") == (True, {"x": 1})  # asked: P may keep its blocks
@@ -214,7 +214,7 @@ def test_answers_the_protocol_fixes_come_back_without_waiting_for_the_node(tmp_p
     node.close()
 
 
-def test_a_one_way_matched_tokens_refused_comes_back_in_build_connector_meta(tmp_path):
+def test_a_request_with_params_the_node_refuses_is_refused_at_once(tmp_path):
     node = FakeNode(str(tmp_path / "n.sock"))
 
     def refuse(a: dict) -> dict:
@@ -222,10 +222,9 @@ def test_a_one_way_matched_tokens_refused_comes_back_in_build_connector_meta(tmp
     node.matched = refuse
     c = PortClient(node.path, "scheduler")
     c.hello()
-    assert c.get_num_new_matched_tokens("r", 40, {"transfer_id": 5}, 0) == (0, False)
-    with pytest.raises(BadArgs) as e:
-        c.build_connector_meta([], [])
-    assert [x["op"] for x in e.value.op_errors] == ["get_num_new_matched_tokens"]
+    with pytest.raises(BadArgs):
+        c.get_num_new_matched_tokens("r", 40, {"transfer_id": 5}, 0)
+    assert c.get_num_new_matched_tokens("plain", 40, None, 0) == (0, False)  # not asked
     node.close()
 
 
