@@ -170,6 +170,7 @@ final class LayerWriter {
     WriteStamps.mark(WriteStamps.Stage.DONE_WORD_QUEUED);
     CompletableFuture.allOf(submitted.toArray(CompletableFuture[]::new))
         .thenComposeAsync(ignored -> {
+          WriteStamps.mark(WriteStamps.Stage.DONE_WORD_TASK);
           List<TransferStatus> writes = new ArrayList<>(submitted.size());
           for (CompletableFuture<TransferStatus> s : submitted) {
             writes.add(s.join());

@@ -29,6 +29,8 @@ public final class WriteStamps {
     WRITE_DONE_SENT,
     /** P's writer queued D's done word behind the writes (all layers issued, sealed). */
     DONE_WORD_QUEUED,
+    /** The task that hands D's done word to the transport started. */
+    DONE_WORD_TASK,
     /** D's done word was stored behind the writes (as the writer's future saw it). */
     DONE_WORD_STORED,
     /** D's watcher saw its done word. */
