@@ -164,6 +164,7 @@ final class DoneWordWatcher implements AutoCloseable {
       boolean news = false;
       for (Pending p : watching) {
         if (words.get(p.slot()) >= p.value() && pending.remove(p.transferId(), p)) {
+          WriteStamps.mark(WriteStamps.Stage.DONE_WORD_SEEN);
           news = true;
           rebuildWatching();
           try {

@@ -132,14 +132,18 @@ final class LayerWriter {
     MemoryRegion local = layerRegions.get(layer);
     RegionDescriptor remote = peer.layers().get(layer);
     EventOrderedTransport ordered = eventOrdered;
+    WriteStamps.mark(WriteStamps.Stage.ISSUED);
     return CompletableFuture.supplyAsync(
         () -> {
+          WriteStamps.mark(WriteStamps.Stage.IO_STARTED);
           if (cancelled.get()) {
             return TransferStatus.failed("transfer abandoned before this layer was written");
           }
-          return after != null && ordered != null
+          TransferStatus status = after != null && ordered != null
               ? ordered.writeAfter(after, local, remote, plan)
               : transport.write(local, remote, plan);
+          WriteStamps.mark(WriteStamps.Stage.SUBMIT_RETURNED);
+          return status;
         },
         io);
   }
@@ -163,8 +167,10 @@ final class LayerWriter {
     }
     MemoryRegion local = layerRegions.get(0);
     RegionDescriptor remote = peer.layers().get(0);
+    WriteStamps.mark(WriteStamps.Stage.DONE_WORD_QUEUED);
     CompletableFuture.allOf(submitted.toArray(CompletableFuture[]::new))
         .thenComposeAsync(ignored -> {
+          WriteStamps.mark(WriteStamps.Stage.DONE_WORD_TASK);
           List<TransferStatus> writes = new ArrayList<>(submitted.size());
           for (CompletableFuture<TransferStatus> s : submitted) {
             writes.add(s.join());
@@ -174,6 +180,9 @@ final class LayerWriter {
         .whenComplete((stored, error) -> {
           String why = error != null ? error.toString()
               : stored.succeeded() ? null : stored.failureMessage();
+          if (why == null) {
+            WriteStamps.mark(WriteStamps.Stage.DONE_WORD_STORED);
+          }
           if (why != null) {
             log.debug("done word of transfer {} not stored ({}); D learns from WriteDone",
                 transferId, why);

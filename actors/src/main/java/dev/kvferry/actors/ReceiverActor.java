@@ -225,6 +225,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
         return; // other P workers still write their heads
       }
     }
+    WriteStamps.mark(WriteStamps.Stage.WRITER_DONE_SEEN);
     incoming.remove(transferId);
     outbox.drop(transferId, rank -> {});
     String failure = in.failure;

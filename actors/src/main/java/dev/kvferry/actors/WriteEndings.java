@@ -28,6 +28,7 @@ final class WriteEndings {
 
   /** Every layer was written to each of {@code ranks}: they hear WriteDone, the tracker Sent. */
   void written(WriteJob j, int[] ranks) {
+    WriteStamps.mark(WriteStamps.Stage.WRITE_DONE_SENT);
     PeerProtocol.WriteDone done =
         new PeerProtocol.WriteDone(j.transferId, self.engineId(), self.tpRank());
     for (int rank : ranks) {

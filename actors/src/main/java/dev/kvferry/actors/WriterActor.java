@@ -141,6 +141,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   }
 
   private Behavior<Command> onSaveLayer(SaveLayer m) {
+    WriteStamps.mark(WriteStamps.Stage.SAVE_SEEN);
     ReqMeta r = m.request();
     if (jobs.ended(r.transferId())) {
       // Ended before this layer was saved (D left, D aborted): P must still free its blocks.
@@ -171,6 +172,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   }
 
   private Behavior<Command> onLayerFired(LayerFired m) {
+    WriteStamps.mark(WriteStamps.Stage.FIRED_SEEN);
     WriteJob j = jobs.get(m.transferId());
     if (j != null) {
       j.firedLayers.addInt(m.layer());
@@ -260,6 +262,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   }
 
   private Behavior<Command> onLayerWritten(LayerWritten m) {
+    WriteStamps.mark(WriteStamps.Stage.WRITTEN_SEEN);
     WriteJob j = jobs.get(m.transferId());
     if (j == null) {
       return this; // the job failed already

@@ -2,6 +2,8 @@ package dev.kvferry.bench;
 
 import dev.kvferry.engine.EngineService;
 import dev.kvferry.actors.TransferObserver;
+import dev.kvferry.actors.WriteStamps;
+import dev.kvferry.rdma.CopyStamps;
 import dev.kvferry.actors.connector.ConnectorScheduler;
 import dev.kvferry.actors.connector.ConnectorWorker;
 import dev.kvferry.actors.connector.KvTransferParams;
@@ -43,6 +45,12 @@ import org.apache.pekko.actor.typed.javadsl.Behaviors;
  * P writes into D with {@code cma}. Requests run one at a time. Per request it measures the time
  * from P firing the last layer's event to D's worker reporting the request done receiving, and the
  * heap allocated by every thread meanwhile.
+ *
+ * <p>The paced rows' notes break the last layer's write into stages ({@link WriteStamps}, {@link
+ * CopyStamps}: one nanoTime each, on only in this suite), each the median over the requests of
+ * microseconds after the layer's event. Two JVM properties for experiments: {@code
+ * -Dkvferry.e2e.stages-file=PATH} appends every request's stages to PATH (CSV); {@code
+ * -Dkvferry.e2e.cma-inline=BYTES} sets the nodes' cma inline limit (default 1 MiB).
  */
 public final class EndToEndSuite {
 
@@ -59,7 +67,19 @@ public final class EndToEndSuite {
    */
   static final long LAYER_COMPUTE_NANOS = 2_000_000;
 
+  /**
+   * One-block requests run once per suite before the timed ones, so that code run once per
+   * request (WriteDone, the trackers, the receiver, the done word) is compiled: the timed
+   * requests alone (60 + 12 warm-up per measurement) never reach the JIT's thresholds (C1 at a
+   * few hundred calls), and the paced rows then timed interpreted code. Three alternated runs:
+   * paced p50 1,994-2,130 us without, 1,654-1,730 us with
+   * (docs/results/2026-12-01-e2e-ab-warm-word-first.txt). A serving engine runs that code
+   * thousands of times.
+   */
+  static final int JIT_WARMUP_REQUESTS = 400;
+
   private final int promptTokens;
+  private boolean jitWarmedUp;
   private final int requests;
   /** Simulated compute after each layer but the last in the current measurement (P only). */
   private volatile long layerComputeNanos;
@@ -78,6 +98,9 @@ public final class EndToEndSuite {
   }
 
   public List<BenchRow> run() {
+    // A nanoTime per stage of each layer's write: the paced rows' breakdown (issue 19).
+    WriteStamps.enable();
+    CopyStamps.enable();
     String size = Geometry.tokens(promptTokens);
     Double layerUs = null;
     String layerNote = "";
@@ -118,8 +141,10 @@ public final class EndToEndSuite {
         BenchRow.lowerIsBetter("e2e last layer -> D done p50 " + pacedName, "us", paced.p50Us,
             layerUs, GOAL, String.format(java.util.Locale.ROOT,
                 "P parks %d ms after each layer but the last, as if computing it; split at p50:"
-                    + " %.0f us until P's writes are done, %.0f us from there to D done",
-                LAYER_COMPUTE_NANOS / 1_000_000, paced.writesDoneP50Us, paced.notifyP50Us)),
+                    + " %.0f us until P's writes are done, %.0f us from there to D done;"
+                    + " the last layer's stages, median us after its event: %s",
+                LAYER_COMPUTE_NANOS / 1_000_000, paced.writesDoneP50Us, paced.notifyP50Us,
+                paced.stages)),
         BenchRow.lowerIsBetter("e2e last layer -> D done p99 " + pacedName, "us", paced.p99Us,
             layerUs, null, ""),
         BenchRow.figure("e2e heap per request, kvferry threads", "KiB", r.kvferryKib,
@@ -143,7 +168,77 @@ public final class EndToEndSuite {
    * @param notifyP50Us from there to D's worker done receiving (WriteDone over Artery)
    */
   private record Result(double p50Us, double p99Us, double writesDoneP50Us, double notifyP50Us,
-      double kvferryKib, double allKib) {}
+      double kvferryKib, double allKib, String stages) {}
+
+  /**
+   * The stages of the last layer's write, each as microseconds after its event (the bench's own
+   * marks, {@link WriteStamps} and {@link CopyStamps}); a stage not passed reads NaN. Meaningful
+   * when layers are written one after another (the paced rows).
+   */
+  private static final String[] STAGE_NAMES = {
+      "save seen", "fired seen", "issued", "io started", "handed to cma thread",
+      "cma copy started", "cma copy ended", "write returned", "written seen",
+      "WriteDone sent", "P tracker sent", "done word queued", "done word task", "cma word store",
+      "done word stored", "D word seen", "D writer done seen",
+      "D done", "(cma copy's CPU time)"};
+
+  private double[] stages() {
+    long t0 = lastLayerFiredNanos;
+    long[] at = {
+        WriteStamps.nanos(WriteStamps.Stage.SAVE_SEEN),
+        WriteStamps.nanos(WriteStamps.Stage.FIRED_SEEN),
+        WriteStamps.nanos(WriteStamps.Stage.ISSUED),
+        WriteStamps.nanos(WriteStamps.Stage.IO_STARTED),
+        CopyStamps.handedOffNanos(),
+        CopyStamps.startedNanos(),
+        CopyStamps.copiedNanos(),
+        WriteStamps.nanos(WriteStamps.Stage.SUBMIT_RETURNED),
+        WriteStamps.nanos(WriteStamps.Stage.WRITTEN_SEEN),
+        WriteStamps.nanos(WriteStamps.Stage.WRITE_DONE_SENT),
+        writesDoneNanos,
+        WriteStamps.nanos(WriteStamps.Stage.DONE_WORD_QUEUED),
+        WriteStamps.nanos(WriteStamps.Stage.DONE_WORD_TASK),
+        CopyStamps.wordStoredNanos(),
+        WriteStamps.nanos(WriteStamps.Stage.DONE_WORD_STORED),
+        WriteStamps.nanos(WriteStamps.Stage.DONE_WORD_SEEN),
+        WriteStamps.nanos(WriteStamps.Stage.WRITER_DONE_SEEN),
+        doneReceivingNanos};
+    double[] us = new double[at.length + 1];
+    for (int i = 0; i < at.length; i++) {
+      us[i] = at[i] == 0 ? Double.NaN : (at[i] - t0) / 1e3;
+    }
+    long cpu = CopyStamps.onCpuNanos();
+    us[at.length] = cpu == 0 ? Double.NaN : cpu / 1e3;
+    return us;
+  }
+
+  private static String describeStages(double[][] perRequest) {
+    String dump = System.getProperty("kvferry.e2e.stages-file");
+    if (dump != null) {
+      try (java.io.PrintWriter w = new java.io.PrintWriter(new java.io.FileWriter(dump, true))) {
+        w.println(String.join(",", STAGE_NAMES));
+        for (double[] r : perRequest) {
+          w.println(java.util.Arrays.toString(r).replaceAll("[\\[\\] ]", ""));
+        }
+      } catch (IOException e) {
+        throw new java.io.UncheckedIOException(e);
+      }
+    }
+    StringBuilder out = new StringBuilder();
+    double[] column = new double[perRequest.length];
+    for (int s = 0; s < STAGE_NAMES.length; s++) {
+      int n = 0;
+      for (double[] r : perRequest) {
+        if (!Double.isNaN(r[s])) {
+          column[n++] = r[s];
+        }
+      }
+      out.append(s == 0 ? "" : ", ").append(STAGE_NAMES[s]).append(' ');
+      out.append(n == 0 ? "-" : String.format(java.util.Locale.ROOT, "%.0f",
+          Samples.median(java.util.Arrays.copyOf(column, n))));
+    }
+    return out.toString();
+  }
 
   private final class Node implements AutoCloseable {
     final ActorSystem<Void> system;
@@ -162,7 +257,8 @@ public final class EndToEndSuite {
       for (int l = 0; l < Geometry.LAYERS; l++) {
         layers.add(registry.allocateHost(g.layerRegionBytes()));
       }
-      transport = Transports.open("cma", registry, TransportOptions.defaults());
+      transport = Transports.open("cma", registry, TransportOptions.defaults()
+          .withCmaInlineMaxBytes(Long.getLong("kvferry.e2e.cma-inline", 1 << 20)));
       TransferObserver observer = role == Role.DECODE
           ? (outcome, bytes, nanos) -> {
               if (outcome == TransferObserver.Outcome.RECEIVED) {
@@ -241,7 +337,26 @@ public final class EndToEndSuite {
       double[] latencyUs = new double[requests];
       double[] writesUs = new double[requests];
       double[] notifyUs = new double[requests];
+      double[][] stageUs = new double[requests][];
       Map<Long, Long> before = null;
+      if (!jitWarmedUp) {
+        long paced = layerComputeNanos;
+        layerComputeNanos = 0;
+        progress.printf("  %d one-block requests first, so per-request code is compiled%n",
+            JIT_WARMUP_REQUESTS);
+        for (int i = 0; i < JIT_WARMUP_REQUESTS; i++) {
+          String id = "jit-" + i;
+          RequestSpec spec = new RequestSpec(id, Geometry.BLOCK_TOKENS, 0, RequestSpec.Abort.NONE);
+          d.engine.submit(new EngineService.Submit(spec,
+              KvTransferParams.forDecode("tx-" + id, PREFILL_ID, 0), d.outcomeRef));
+          p.engine.submit(new EngineService.Submit(spec,
+              KvTransferParams.forPrefill("tx-" + id, DECODE_ID, 0), p.outcomeRef));
+          p.await(id);
+          d.await(id);
+        }
+        layerComputeNanos = paced;
+        jitWarmedUp = true;
+      }
       for (int i = 0; i < warmup + requests; i++) {
         if (i == warmup) {
           before = allocatedByThread();
@@ -252,6 +367,8 @@ public final class EndToEndSuite {
         lastLayerFiredNanos = 0;
         doneReceivingNanos = 0;
         writesDoneNanos = 0;
+        WriteStamps.reset();
+        CopyStamps.reset();
         // D first, as a router that sends both at once would see it: its block ids reach P
         // while P computes, so the last layer's write is the only one left at the end.
         d.engine.submit(new EngineService.Submit(spec,
@@ -267,6 +384,7 @@ public final class EndToEndSuite {
           latencyUs[i - warmup] = (doneReceivingNanos - lastLayerFiredNanos) / 1e3;
           writesUs[i - warmup] = (writesDoneNanos - lastLayerFiredNanos) / 1e3;
           notifyUs[i - warmup] = (doneReceivingNanos - writesDoneNanos) / 1e3;
+          stageUs[i - warmup] = stages();
         }
       }
       Map<Long, Long> after = allocatedByThread();
@@ -286,7 +404,7 @@ public final class EndToEndSuite {
       }
       return new Result(Samples.percentile(latencyUs, 50), Samples.percentile(latencyUs, 99),
           Samples.median(writesUs), Samples.median(notifyUs),
-          kvferry / 1024.0 / requests, all / 1024.0 / requests);
+          kvferry / 1024.0 / requests, all / 1024.0 / requests, describeStages(stageUs));
     }
   }
 

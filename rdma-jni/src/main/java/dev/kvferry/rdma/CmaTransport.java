@@ -145,6 +145,7 @@ public final class CmaTransport implements Transport {
       }
       TransferStatus status = TransferStatus.pending();
       handedOff = true;
+      CopyStamps.handedOff();
       executor.submit(
           status, () -> copy(local, remote, batch, toRemote, total, status), local::unpin);
       return status;
@@ -185,6 +186,7 @@ public final class CmaTransport implements Transport {
       boolean toRemote,
       long total,
       TransferStatus status) {
+    CopyStamps.started();
     PeerMappings.Mapping mapped = mapPeerPages ? mappings.acquire(remote) : null;
     if (mapped != null) {
       try {
@@ -265,6 +267,7 @@ public final class CmaTransport implements Transport {
         }
       }
     }
+    CopyStamps.copied();
     status.succeed(total);
   }
 
@@ -298,6 +301,7 @@ public final class CmaTransport implements Transport {
       runLength = n;
     }
     move(runLocal, runRemote, runLength, toRemote);
+    CopyStamps.copied();
     status.succeed(total);
   }
 
@@ -337,6 +341,7 @@ public final class CmaTransport implements Transport {
           stored.fail("done word not stored: " + words.name() + " was closed (the peer left)");
         } else {
           words.set(slot, value);
+          CopyStamps.wordStored();
           stored.succeed(Long.BYTES);
         }
       });

@@ -76,7 +76,8 @@ public final class SimulatedEngine implements AutoCloseable {
     /**
      * @param layer the layer whose event fired
      * @param layers layers in the model; {@code layer == layers - 1} is the step's last
-     * @param firedNanos {@link System#nanoTime()} just before the event fired
+     * @param firedNanos {@link System#nanoTime()} once the last rank's event was recorded (host:
+     *     fired), before the connector was handed it
      */
     void layerFired(int layer, int layers, long firedNanos);
 
@@ -372,12 +373,16 @@ public final class SimulatedEngine implements AutoCloseable {
       }
       SimKvCache.ForwardPass pass = cache.forward(ranges);
       for (int layer = 0; layer < layerCount; layer++) {
+        long firedNanos = 0;
         for (int rank = 0; rank < workers.size(); rank++) {
           // Computed (host) or queued with its event recorded behind it (GPU): never before.
           LayerEvent event = pass.layer(rank, layer);
+          // Before the save: its message wakes an actor thread, which on a small host can take
+          // this thread's core for a millisecond before the clock is read after it.
+          firedNanos = System.nanoTime();
           workers.get(rank).saveKvLayer(meta, layer, event);
         }
-        layerListener.layerFired(layer, layerCount, System.nanoTime());
+        layerListener.layerFired(layer, layerCount, firedNanos);
       }
       computed = pass.end();
       workers.forEach(ConnectorWorker::waitForSave);

@@ -1,0 +1,93 @@
+package dev.kvferry.rdma;
+
+/**
+ * Where a transport's latest copy spent its time, for the bench's breakdown of one layer's write
+ * (issue 19): when it was handed to the transport's executor, when a thread started it, when its
+ * bytes were in place. Off unless {@link #enable()} was called (or {@code -Dkvferry.stamps=true}):
+ * then each mark is one {@link System#nanoTime()}; off, a static boolean test. Only the latest
+ * copy's times are kept, so they mean something only while copies do not overlap.
+ */
+public final class CopyStamps {
+  private static boolean on = Boolean.getBoolean("kvferry.stamps");
+  private static volatile long handedOffNanos;
+  private static volatile long startedNanos;
+  private static volatile long copiedNanos;
+  private static volatile long onCpuNanos;
+  private static volatile long wordStoredNanos;
+  private static final ThreadLocal<long[]> cpuAtStart = ThreadLocal.withInitial(() -> new long[1]);
+
+  private CopyStamps() {}
+
+  /** Turns marking on; call before the transports' threads start. */
+  public static void enable() {
+    on = true;
+  }
+
+  public static boolean enabled() {
+    return on;
+  }
+
+  /** Forgets the latest copy (0: not seen since). */
+  public static void reset() {
+    handedOffNanos = 0;
+    startedNanos = 0;
+    copiedNanos = 0;
+    onCpuNanos = 0;
+    wordStoredNanos = 0;
+  }
+
+  static void wordStored() {
+    if (on) {
+      wordStoredNanos = System.nanoTime();
+    }
+  }
+
+  /** The latest done word stored into a peer's mapped words (cma). */
+  public static long wordStoredNanos() {
+    return wordStoredNanos;
+  }
+
+  static void handedOff() {
+    if (on) {
+      handedOffNanos = System.nanoTime();
+    }
+  }
+
+  static void started() {
+    if (on) {
+      cpuAtStart.get()[0] = threadCpuNanos();
+      startedNanos = System.nanoTime();
+    }
+  }
+
+  static void copied() {
+    if (on) {
+      copiedNanos = System.nanoTime();
+      onCpuNanos = threadCpuNanos() - cpuAtStart.get()[0];
+    }
+  }
+
+  private static long threadCpuNanos() {
+    return java.lang.management.ManagementFactory.getThreadMXBean().getCurrentThreadCpuTime();
+  }
+
+  /** The latest copy handed to an executor thread (0 when it ran in the caller's thread). */
+  public static long handedOffNanos() {
+    return handedOffNanos;
+  }
+
+  /** The latest copy started moving bytes. */
+  public static long startedNanos() {
+    return startedNanos;
+  }
+
+  /** CPU time the latest copy's thread spent between its start and its end. */
+  public static long onCpuNanos() {
+    return onCpuNanos;
+  }
+
+  /** The latest copy's bytes were in place. */
+  public static long copiedNanos() {
+    return copiedNanos;
+  }
+}
