@@ -66,7 +66,10 @@ def _measure(scheduler: PortClient, worker: PortClient, requests: int, new: int,
     ids = iter(range(10 ** 9))
 
     def one_call() -> None:
-        scheduler.get_num_new_matched_tokens(f"rtt-{next(ids)}", 64, None, 0)
+        # Asked as a round trip on purpose: the client sends this op one-way for a request
+        # without params, which would time a send, not the node's answer.
+        scheduler.call("get_num_new_matched_tokens", {"request_id": f"rtt-{next(ids)}", "num_prompt_tokens": 64,
+                                                      "kv_transfer_params": None, "num_computed_tokens": 0})
 
     call = _timed(one_call, round_trips)
     running = [f"run-{i}" for i in range(requests)]
