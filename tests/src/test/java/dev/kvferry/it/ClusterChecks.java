@@ -46,10 +46,13 @@ final class ClusterChecks {
 
   /**
    * {@link #FAST_DOWNING}, and the simulated engines take this long to compute each layer after
-   * the first, so a transfer is mid-way (layers written, the last not computed yet) for hundreds
-   * of milliseconds: long enough to catch it there and cut it off.
+   * the first, so a transfer is mid-way (layers written, the last not computed yet) for seconds:
+   * long enough to catch it there and cut it off. With 300 ms a CI run on two cores (at 9309620)
+   * caught a write with 4 of 6 layers computed, killed D, and the write had still finished: the
+   * prefill node's /kvferry/transfers answer was that stale. A caught write now has at least
+   * 800 ms of compute left.
    */
-  static final Duration LAYER_COMPUTE = Duration.ofMillis(300);
+  static final Duration LAYER_COMPUTE = Duration.ofMillis(800);
 
   static final Map<String, String> FAST_DOWNING_SLOW_LAYERS = with(FAST_DOWNING,
       "kvferry.node.simulated-layer-compute", LAYER_COMPUTE.toMillis() + "ms");
