@@ -41,9 +41,9 @@ def _engine_main(conn: Any, role: str, device: str, socket_path: str | None, cfg
         spec = ModelSpec(**cfg["spec"])
         model = build_model(spec, dev)
         cache = PagedKvCache(spec, cfg["num_blocks"], cfg["block_size"], dev)
-        # Both processes keep an engine without kvferry: D's is the check's baseline; P's times the
-        # same prefill in P's own process (TTFT split).
-        base_cache = PagedKvCache(spec, cfg["num_blocks"], cfg["block_size"], dev)
+        # D's engine without kvferry is the check's baseline; P makes its own only if the TTFT
+        # split asks for it (_EngineState.baseline_engine).
+        base_cache = PagedKvCache(spec, cfg["num_blocks"], cfg["block_size"], dev) if role == "decode" else None
         state = _EngineState(model, spec, cache, base_cache, role, socket_path, cfg)
         conn.send(("ok", {"pid": os.getpid(), "device": str(dev),
                           "name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"}))
@@ -381,9 +381,19 @@ class _EngineState:
         r = self.reqs.pop(rid)
         self._e().finish_decoded(rid, r["blocks"])
 
+    def baseline_engine(self) -> Any:
+        """The engine without kvferry; on P made at the first use (the TTFT split times P's
+        prefill without kvferry in P's own process), so runs without TTFT hold no second cache."""
+        if self.baseline is None:
+            from .gpu_model import ModelEngine, PagedKvCache
+
+            cache = PagedKvCache(self.spec, self.cfg["num_blocks"], self.cfg["block_size"], self.cache.device)
+            self.baseline = ModelEngine(self.model, self.spec, cache, role="decode", mode="write",
+                                        chunk_tokens=self.cfg["chunk_tokens"])
+        return self.baseline
+
     def cmd_baseline_ttft(self, rid: str, prompt: list[int]) -> dict:
-        b = self.baseline
-        assert b is not None
+        b = self.baseline_engine()
         b._sync()
         t0 = time.perf_counter()
         pre = b.prefill(rid, prompt, None, finish=False)
