@@ -8,6 +8,7 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.OptionalInt;
 import java.util.function.IntConsumer;
+import org.apache.pekko.actor.typed.ActorRef;
 import org.slf4j.Logger;
 
 /**
@@ -25,8 +26,14 @@ final class PeerOutbox {
   private record AwaitingTpSize(
       String engineId, String transferId, IntConsumer action, long heldSinceNanos) {}
 
+  /** Hears each message as it is told to a worker, at once or when held ones are flushed. */
+  interface Delivery {
+    void told(PeerKey to, PeerProtocol.Message message, ActorRef<EngineActor.Command> worker);
+  }
+
   private final Logger log;
   private final ConnectorSettings settings;
+  private Delivery delivery = (to, message, worker) -> {};
   private final ArrayDeque<Held> held = new ArrayDeque<>();
   private final ArrayDeque<AwaitingTpSize> awaitingTpSize = new ArrayDeque<>();
   private EngineDirectory directory = EngineDirectory.EMPTY;
@@ -34,6 +41,11 @@ final class PeerOutbox {
   PeerOutbox(Logger log, ConnectorSettings settings) {
     this.log = log;
     this.settings = settings;
+  }
+
+  /** Replaces the listener that hears every message told to a worker. */
+  void onDelivery(Delivery listener) {
+    this.delivery = listener;
   }
 
   EngineDirectory directory() {
@@ -55,7 +67,9 @@ final class PeerOutbox {
   private void send(Held h) {
     var entry = directory.find(h.to().engineId(), h.to().tpRank());
     if (entry.isPresent()) {
-      entry.get().ref().tell(h.message());
+      ActorRef<EngineActor.Command> worker = entry.get().ref();
+      worker.tell(h.message());
+      delivery.told(h.to(), h.message(), worker);
       return;
     }
     if (System.nanoTime() - h.heldSinceNanos() > settings.transferTimeout().toNanos()) {

@@ -54,6 +54,10 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     @Nullable IntHashSet mayWrite;
     /** Why it is ending; non-null: P was asked to abandon and we wait for mayWrite to empty. */
     @Nullable String failure;
+    /** What P's workers were told (null until then): told again to a worker's new incarnation. */
+    PeerProtocol.@Nullable RemoteBlocks blocks;
+    /** The incarnation each P worker's blocks went to, by its TP rank. */
+    final Map<Integer, ActorRef<EngineActor.Command>> toldWorkers = new HashMap<>(2);
 
     Incoming(ReqMeta request) {
       this.request = request;
@@ -93,6 +97,14 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     this.tracker = tracker;
     this.messageLimit = ClusterMessageLimit.of(ctx.getSystem());
     this.outbox = new PeerOutbox(ctx.getLog(), setup.settings());
+    outbox.onDelivery((to, message, worker) -> {
+      if (message instanceof PeerProtocol.RemoteBlocks b) {
+        Incoming in = incoming.get(b.transferId());
+        if (in != null) {
+          in.toldWorkers.put(to.tpRank(), worker);
+        }
+      }
+    });
     this.endedEarly = new TerminalIds(setup.settings().terminalIdCapacity());
     this.transport = setup.transport();
     // The same transport kind on both sides: ours tells what P's can do.
@@ -160,6 +172,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       due.add(source);
     }
     in.mayWrite = due;
+    in.blocks = blocks;
     for (int source : sources) {
       outbox.send(r.remoteEngineId(), source, blocks);
     }
@@ -329,8 +342,40 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       endTransfer(transferId, "prefill engine " + in.request.remoteEngineId()
           + " left the cluster during transfer " + transferId);
     }
+    tellNewIncarnations(now);
     outbox.flush();
     return this;
+  }
+
+  /**
+   * A P worker told our blocks that is no longer routed to while its engine is still listed has
+   * stopped (its engine detached, maybe to attach again at once; the blocks may even have gone to
+   * dead letters, sent before this node heard of the stop). The engine's next incarnation is told
+   * them instead, at once or when it is listed; before, such a receive waited for its deadline.
+   * Receives already ending are left to end.
+   */
+  private void tellNewIncarnations(EngineDirectory now) {
+    for (Incoming in : incoming.values()) {
+      PeerProtocol.RemoteBlocks blocks = in.blocks;
+      IntHashSet due = in.mayWrite;
+      String p = in.request.remoteEngineId();
+      if (blocks == null || due == null || in.failure != null || !now.contains(p)) {
+        continue;
+      }
+      List<Integer> gone = new ArrayList<>();
+      in.toldWorkers.forEach((rank, worker) -> {
+        boolean stillRouted = now.find(p, rank).map(e -> e.ref().equals(worker)).orElse(false);
+        if (due.contains(rank) && !stillRouted) {
+          gone.add(rank);
+        }
+      });
+      for (int rank : gone) {
+        getContext().getLog().info("{}: P worker {} (rank {}) that was told transfer {}'s blocks"
+            + " stopped; telling its engine's next incarnation", self.label(),
+            in.toldWorkers.remove(rank).path(), rank, blocks.transferId());
+        outbox.send(p, rank, blocks);
+      }
+    }
   }
 
   private Behavior<Command> onPostStop(PostStop signal) {

@@ -140,8 +140,28 @@ final class PeerFixture implements AutoCloseable {
    * @param metadata what it answers to GetMetadata; null: it never answers
    */
   ActorRef<EngineActor.Command> startPeer(EngineIdentity peer, Function<EngineIdentity, byte[]> metadata) {
+    return kit.spawn(peerBehavior(peer, metadata), peer.toActorName());
+  }
+
+  /**
+   * Starts another incarnation of the hand-played peer under {@code parent} (its name is the
+   * engine's, so it is listed beside one still running under the test kit's guardian, as an
+   * engine attaching again is in a cluster before the old worker's entry is gone).
+   */
+  ActorRef<EngineActor.Command> startPeerUnder(String parent, EngineIdentity peer,
+      Function<EngineIdentity, byte[]> metadata) {
+    TestProbe<ActorRef<EngineActor.Command>> started = kit.createTestProbe();
+    kit.spawn(Behaviors.<Void>setup(ctx -> {
+      started.ref().tell(ctx.spawn(peerBehavior(peer, metadata), peer.toActorName()));
+      return Behaviors.empty();
+    }), parent);
+    return started.receiveMessage(Duration.ofSeconds(10));
+  }
+
+  private Behavior<EngineActor.Command> peerBehavior(EngineIdentity peer,
+      Function<EngineIdentity, byte[]> metadata) {
     ActorRef<EngineActor.Command> inbox = peerInbox.ref();
-    Behavior<EngineActor.Command> b =
+    return
         Behaviors.setup(
             ctx -> {
               ctx.getSystem()
@@ -165,7 +185,6 @@ final class PeerFixture implements AutoCloseable {
                       })
                   .build();
             });
-    return kit.spawn(b, peer.toActorName());
   }
 
   /** Waits until {@code engineId} is listed in the local Receptionist. */

@@ -1,0 +1,82 @@
+package dev.kvferry.actors;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import dev.kvferry.actors.connector.ConnectorWorker;
+import dev.kvferry.actors.connector.Finished;
+import dev.kvferry.actors.connector.ReqMeta;
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.TransferMode;
+import dev.kvferry.actors.engine.ConnectorSettings;
+import dev.kvferry.actors.engine.EngineIdentity;
+import java.time.Duration;
+import org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes;
+import org.apache.pekko.actor.typed.ActorRef;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * D's receive when the P worker it told its blocks stops while P's engine stays listed (it
+ * detached and attached again under its id): the new incarnation is told the blocks, and its
+ * WriteDone completes the receive, instead of the receive waiting for its deadline.
+ */
+class PrefillIncarnationTest {
+
+  private static final Duration WITHIN = Duration.ofSeconds(10);
+
+  private final PeerFixture fx = new PeerFixture();
+  private final EngineIdentity prefill =
+      new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.WRITE);
+
+  @AfterEach
+  void stop() {
+    fx.close();
+  }
+
+  private PeerProtocol.RemoteBlocks nextBlocks() {
+    return (PeerProtocol.RemoteBlocks) fx.peerInbox.fishForMessage(WITHIN,
+        m -> m instanceof PeerProtocol.RemoteBlocks
+            ? FishingOutcomes.complete() : FishingOutcomes.continueAndIgnore()).get(0);
+  }
+
+  @Test
+  void blocksToldToAPrefillWorkerThatStopsAreToldToItsNextIncarnation() {
+    ActorRef<EngineActor.Command> old = fx.startPeer(prefill, fx::peerMetadata);
+    fx.awaitListed(Role.PREFILL, "prefill-0");
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0",
+        ConnectorSettings.DEFAULTS);
+    d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
+        new ReqMeta("r1", "tx1", new int[] {5, 2}, null, "prefill-0", 0)));
+    assertEquals("tx1", nextBlocks().transferId());
+
+    // The engine attaches again: its new worker is listed beside the old one, then the old stops.
+    fx.startPeerUnder("again", prefill, fx::peerMetadata);
+    fx.kit.stop(old);
+    PeerProtocol.RemoteBlocks again = nextBlocks();
+    assertEquals("tx1", again.transferId());
+    assertArrayEquals(new int[] {5, 2}, again.blockIds());
+    fx.peerInbox.expectNoMessage(Duration.ofMillis(300)); // told once, not on every listing
+
+    d.engineRef().tell(new PeerProtocol.WriteDone("tx1", "prefill-0", 0));
+    Finished f = fx.awaitFinished(d, x -> x.doneReceiving().contains("r1"));
+    assertTrue(f.failed().isEmpty(), f.toString());
+  }
+
+  @Test
+  void aWorkerThatStopsWithNoNextIncarnationEndsTheReceiveWhenItsEngineLeaves() {
+    ActorRef<EngineActor.Command> old = fx.startPeer(prefill, fx::peerMetadata);
+    fx.awaitListed(Role.PREFILL, "prefill-0");
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0",
+        ConnectorSettings.DEFAULTS);
+    d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
+        new ReqMeta("r2", "tx2", new int[] {3}, null, "prefill-0", 0)));
+    assertEquals("tx2", nextBlocks().transferId());
+
+    fx.kit.stop(old); // nobody attaches again: the listing drops the engine
+    Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r2"));
+    assertTrue(f.failed().get("r2").contains("left the cluster"), f.toString());
+    assertTrue(f.doneReceiving().isEmpty(), f.toString());
+  }
+}
