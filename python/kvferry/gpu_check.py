@@ -35,6 +35,8 @@ def _engine_main(conn: Any, role: str, device: str, socket_path: str | None, cfg
     from .gpu_model import ModelEngine, ModelSpec, PagedKvCache, build_model
 
     try:
+        if cfg.get("cpus"):
+            os.sched_setaffinity(0, cfg["cpus"])
         dev = torch.device(device)
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
@@ -117,11 +119,14 @@ class _EngineState:
     # -- P --
 
     def cmd_prefill(self, rid: str, prompt: list[int], params: dict, abort_after_chunks: int | None = None,
-                    want_kv: bool = True) -> dict:
+                    want_kv: bool = True, profile: bool = False) -> dict:
         import torch
 
         e = self._e()
+        prof = _profiler() if profile else None
         out = e.prefill(rid, prompt, params, abort_after_chunks=abort_after_chunks)
+        if prof is not None:
+            out["profile"] = _profiler_done(prof, sort_by="self_cpu_time_total")
         if want_kv and out["status"] == "length_capped":
             kv = e.cache.gather(out["blocks"], 0, len(prompt))
             out["kv"] = kv.view(torch.int16).cpu().numpy().tobytes()
@@ -392,17 +397,20 @@ class _EngineState:
                                         chunk_tokens=self.cfg["chunk_tokens"])
         return self.baseline
 
-    def cmd_baseline_ttft(self, rid: str, prompt: list[int]) -> dict:
+    def cmd_baseline_ttft(self, rid: str, prompt: list[int], profile: bool = False) -> dict:
         b = self.baseline_engine()
         b._sync()
+        prof = _profiler() if profile else None
         t0 = time.perf_counter()
         pre = b.prefill(rid, prompt, None, finish=False)
         tp = time.perf_counter()
+        prof_text = _profiler_done(prof, sort_by="self_cpu_time_total")
         _, blocks = b.first_token(rid, prompt, pre["blocks"], remote=False)
         b._sync()
         t1 = time.perf_counter()
         b.finish_decoded(rid, blocks)
-        return {"ttft_s": t1 - t0, "prefill_s": tp - t0, "first_s": t1 - tp, "first_split": dict(b.last_first)}
+        return {"ttft_s": t1 - t0, "prefill_s": tp - t0, "first_s": t1 - tp, "first_split": dict(b.last_first),
+                "profile": prof_text}
 
     def cmd_layer_copy_time(self, tokens: int, reps: int = 20) -> dict:
         """One layer's KV of ``tokens`` tokens copied device to device by torch (the same bytes
@@ -442,7 +450,7 @@ def _profiler() -> Any:
     return p
 
 
-def _profiler_done(p: Any) -> str | None:
+def _profiler_done(p: Any, sort_by: str = "cuda_time_total") -> str | None:
     if p is None:
         return None
     import io
@@ -450,7 +458,7 @@ def _profiler_done(p: Any) -> str | None:
 
     if hasattr(p, "key_averages"):
         p.__exit__(None, None, None)
-        return (p.key_averages().table(sort_by="cuda_time_total", row_limit=20)
+        return (p.key_averages().table(sort_by=sort_by, row_limit=25)
                 + "\n" + p.key_averages().table(sort_by="cpu_time_total", row_limit=12))
     p.disable()
     text = io.StringIO()
@@ -741,8 +749,13 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
         dis, base = [], []
         parts: dict[str, list[float]] = {}
         timeline = None
-        for rep in range(args.ttft_reps + 2):
-            last = rep == args.ttft_reps + 1  # an extra run with timing events, not counted
+        # Extra runs, not counted: one with timing events (the timeline); with --ttft-profile, at
+        # the longest length one more with torch's profiler around P's prefill, with and without
+        # kvferry in P's process (where P's added time goes: CPU ops, kernels, GPU idle).
+        profiled_n = args.ttft_profile and n == max(args.ttft_lengths)
+        for rep in range(args.ttft_reps + 2 + (1 if profiled_n else 0)):
+            last = rep == args.ttft_reps + 1
+            profiled = rep == args.ttft_reps + 2
             p.call("timeline", on=last)
             prompt = [rng.randrange(3, args.vocab) for _ in range(n)]
             rid = f"ttft-{mode}-{n}-{rep}"
@@ -754,18 +767,19 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
             b = None
             if rep % 2 == 1:
                 b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)])
-                pb = p.call("baseline_ttft", rid=rid + "-pb", prompt=[rng.randrange(3, args.vocab) for _ in range(n)])
+                pb = p.call("baseline_ttft", rid=rid + "-pb", prompt=[rng.randrange(3, args.vocab) for _ in range(n)],
+                            profile=profiled)
             if mode == "write":
                 d.call("admit", rid=rid, prompt=prompt, params={
                     "do_remote_prefill": True, "do_remote_decode": False, "transfer_id": xfer,
                     "remote_engine_id": p_info["engine_id"]})
                 d.send("receive_first", rid=rid)
                 try:
-                    pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False)
+                    pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False, profile=profiled)
                 finally:
                     first = d.result()
             else:
-                pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False)
+                pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False, profile=profiled)
                 params = dict(pre["kv_transfer_params"] or {})
                 params.setdefault("transfer_id", xfer)
                 d.call("admit", rid=rid, prompt=prompt, params=params)
@@ -778,9 +792,16 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
             d.call("finish_first", rid=rid)
             if b is None:
                 b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)])
-                pb = p.call("baseline_ttft", rid=rid + "-pb", prompt=[rng.randrange(3, args.vocab) for _ in range(n)])
+                pb = p.call("baseline_ttft", rid=rid + "-pb", prompt=[rng.randrange(3, args.vocab) for _ in range(n)],
+                            profile=profiled)
             if last:
                 timeline = _timeline(pre, first)
+                continue
+            if profiled:
+                log(f"  TTFT {mode} n={n}: P's prefill with kvferry, profiled "
+                    f"({(pre['end'] - pre['start']) * 1e3:.3f} ms):\n{pre.get('profile')}")
+                log(f"  TTFT {mode} n={n}: P's prefill without kvferry, profiled "
+                    f"({pb['prefill_s'] * 1e3:.3f} ms):\n{pb.get('profile')}")
                 continue
             if rep == 0:
                 continue  # warm-up
@@ -871,6 +892,24 @@ def mla_probe(device: str) -> dict:
 
 # ---------------------------------------------------------------- main
 
+def _cpu_sets(arg: str | None) -> tuple[list[int] | None, list[int] | None]:
+    """``--pin-cpus P:D`` -> the two engines' CPU lists (each side: N, N-M, or a comma list)."""
+    if not arg:
+        return None, None
+
+    def one(part: str) -> list[int]:
+        cpus: list[int] = []
+        for piece in part.split(","):
+            lo, _, hi = piece.partition("-")
+            cpus += range(int(lo), int(hi or lo) + 1)
+        return cpus
+
+    sides = arg.split(":")
+    if len(sides) != 2 or not all(sides):
+        raise SystemExit(f"--pin-cpus wants P_CPUS:D_CPUS (e.g. 2:3), got {arg!r}")
+    return one(sides[0]), one(sides[1])
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m kvferry.gpu_check", description=__doc__.splitlines()[0])
     p.add_argument("--p-socket", required=True)
@@ -888,6 +927,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--arch", default="llama", choices=["llama", "mla"],
                    help="llama: grouped-query attention, vLLM's standard K/V pages; mla: DeepSeek-V3's "
                         "latent attention, vLLM's MLA pages [num_blocks, block_size, kv_lora_rank + rope dim]")
+    p.add_argument("--heads", type=int, default=8, help="query heads (llama; MLA: heads)")
+    p.add_argument("--kv-heads", type=int, default=2, help="KV heads (llama)")
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--intermediate", type=int, default=1536, help="the MLP's width")
+    p.add_argument("--pin-cpus", default=None,
+                   help="diagnostic: P_CPUS:D_CPUS, e.g. 2-5:6-9: each engine process runs only there. "
+                        "One core each (2:3) made 4,096-token prefills ~10x slower on an H200 host: "
+                        "torch's and the CUDA driver's threads shared it (docs/gpu.md)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--attention", default="efficient", choices=["efficient", "cudnn", "math", "default"],
                    help="the attention kernel on a GPU, the same in P, D and the engine without kvferry")
@@ -908,6 +955,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="diagnostic: profile D's decode (cProfile) on the first K requests of each mode")
     p.add_argument("--ttft-lengths", type=lambda s: [int(x) for x in s.split(",") if x], default=[256, 1024, 2048, 4096])
     p.add_argument("--ttft-reps", type=int, default=5)
+    p.add_argument("--ttft-profile", action="store_true",
+                   help="profile one more P prefill at the longest TTFT length, with and without kvferry")
     p.add_argument("--max-prompt-tokens", type=int, default=PROMPT_MAX)
     p.add_argument("--no-mla-probe", action="store_true")
     p.add_argument("--max-errors", type=int, default=3, help="per mode, then the mode stops")
@@ -927,14 +976,16 @@ def main(argv: list[str] | None = None) -> int:
 
     ctx = tmp.get_context("spawn")
     cfg = {"spec": {"arch": args.arch, "layers": args.layers, "vocab": args.vocab, "seed": args.seed,
-                    "attention": args.attention},
+                    "attention": args.attention, "heads": args.heads, "kv_heads": args.kv_heads,
+                    "head_dim": args.head_dim, "intermediate": args.intermediate},
            "num_blocks": args.num_blocks, "block_size": args.block_size, "chunk_tokens": args.chunk_tokens,
            "load_events": not args.cpu_load_wait}
     rng = random.Random(args.seed)
     report: dict[str, Any] = {"config": vars(args)}
     t0 = time.time()
-    p = _Proc(ctx, "prefill", args.p_device, args.p_socket, cfg)
-    d = _Proc(ctx, "decode", args.d_device, args.d_socket, cfg)
+    p_cpus, d_cpus = _cpu_sets(args.pin_cpus)
+    p = _Proc(ctx, "prefill", args.p_device, args.p_socket, {**cfg, "cpus": p_cpus})
+    d = _Proc(ctx, "decode", args.d_device, args.d_socket, {**cfg, "cpus": d_cpus})
     log(f"P: {p.info}; D: {d.info}")
     log(f"model: {cfg['spec']}")
     rc = 0
