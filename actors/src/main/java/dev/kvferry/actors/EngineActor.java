@@ -14,12 +14,7 @@ import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionDescriptor;
 import dev.kvferry.rdma.Transport;
 import java.util.ArrayList;
-import java.util.HashMap;
-import java.util.HashSet;
-import java.util.Iterator;
 import java.util.List;
-import java.util.Map;
-import java.util.Set;
 import java.util.concurrent.Executor;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
@@ -146,13 +141,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   private final ActorRef<ReleaseActor.Command> releases;
   /** D: where a receive's early endings go, the reader (READ) or the receiver (WRITE). */
   private final ActorRef<ReceiveEnding> receiveSide;
-  private final Map<Role, EngineDirectory> listings = new HashMap<>();
-  /** The last listing of each role: every worker, and those of our own role reachable now. */
-  private final Map<Role, Set<ActorRef<Command>>> listed = new HashMap<>();
-  private Set<ActorRef<Command>> reachableOwnRole = Set.of();
-  /** Listed workers watched for termination, and those known to have terminated. */
-  private final Set<ActorRef<Command>> watched = new HashSet<>();
-  private final Set<ActorRef<Command>> stopped = new HashSet<>();
+  /** Who is listed, who of them stopped, and the directory the children route by. */
+  private final ListedWorkers workers;
   private final DuplicateIdGuard duplicates;
 
   public static Behavior<Command> create(Setup setup) {
@@ -185,6 +175,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     this.receiveSide =
         self.mode() == TransferMode.READ ? reader.narrow() : receiver.narrow();
     this.duplicates = new DuplicateIdGuard(ctx, self);
+    this.workers = new ListedWorkers(ctx, self.role(), ListedWorkerStopped::new);
 
     ActorRef<Receptionist.Listing> listingAdapter =
         ctx.messageAdapter(Receptionist.Listing.class, ListingChanged::new);
@@ -344,18 +335,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   // ---- membership ----
 
   private Behavior<Command> onListingChanged(ListingChanged m) {
-    for (Role role : Role.values()) {
-      if (m.listing().isForKey(serviceKey(role))) {
-        // Unreachable workers too: one that is unreachable may still copy (a partition heals), so
-        // only a worker the cluster downed and removed counts as gone (block lifetime rule).
-        listed.put(role, Set.copyOf(m.listing().getAllServiceInstances(serviceKey(role))));
-        if (role == self.role()) {
-          reachableOwnRole = Set.copyOf(m.listing().getServiceInstances(serviceKey(role)));
-        }
-      }
-    }
-    watchListed();
-    publishDirectory(m.listing().isForKey(serviceKey(self.role())));
+    publishDirectory(workers.take(m.listing()));
     return this;
   }
 
@@ -364,45 +344,15 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
    * skips it from now on, so messages reach the new incarnation or wait for one.
    */
   private Behavior<Command> onListedWorkerStopped(ListedWorkerStopped m) {
-    watched.remove(m.ref());
-    boolean stillListed = listed.values().stream().anyMatch(refs -> refs.contains(m.ref()));
-    getContext().getLog().debug("{}: listed worker {} stopped (still listed: {})", self.label(),
-        m.ref().path(), stillListed);
-    if (stillListed && stopped.add(m.ref())) {
+    if (workers.stopped(m.ref())) {
       publishDirectory(true);
     }
     return this;
   }
 
-  /** Watches every listed worker but this one; forgets those the listing no longer shows. */
-  private void watchListed() {
-    Set<ActorRef<Command>> all = new HashSet<>();
-    listed.values().forEach(all::addAll);
-    stopped.retainAll(all);
-    for (Iterator<ActorRef<Command>> it = watched.iterator(); it.hasNext(); ) {
-      ActorRef<Command> ref = it.next();
-      if (!all.contains(ref)) {
-        getContext().unwatch(ref);
-        it.remove();
-      }
-    }
-    for (ActorRef<Command> ref : all) {
-      if (!ref.equals(getContext().getSelf()) && !stopped.contains(ref) && watched.add(ref)) {
-        getContext().watchWith(ref, new ListedWorkerStopped(ref));
-      }
-    }
-  }
-
   /** Tells every child the directory made of the last listings, less the stopped workers. */
   private void publishDirectory(boolean ownRoleChanged) {
-    for (Map.Entry<Role, Set<ActorRef<Command>>> e : listed.entrySet()) {
-      listings.put(e.getKey(), EngineDirectory.of(e.getValue(), stopped));
-    }
-    getContext().getLog().debug("{}: listed {}, stopped {}", self.label(), listed, stopped);
-    EngineDirectory merged = EngineDirectory.EMPTY;
-    for (EngineDirectory d : listings.values()) {
-      merged = merged.merge(d);
-    }
+    EngineDirectory merged = workers.directory();
     handshake.tell(new HandshakeActor.DirectoryChanged(merged));
     writer.tell(new WriterActor.DirectoryChanged(merged));
     tracker.tell(new RequestTrackerActor.DirectoryChanged(merged));
@@ -412,9 +362,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     releases.tell(new ReleaseActor.DirectoryChanged(merged));
     duplicates.report(merged);
     if (ownRoleChanged) {
-      Set<ActorRef<Command>> reachable = new HashSet<>(reachableOwnRole);
-      reachable.removeAll(stopped);
-      duplicates.refuseOrResume(reachable, listings.get(self.role()));
+      duplicates.refuseOrResume(workers.reachableOwnRole(), workers.ownRole());
     }
   }
 }
