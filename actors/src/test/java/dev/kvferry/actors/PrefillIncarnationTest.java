@@ -41,25 +41,31 @@ class PrefillIncarnationTest {
             ? FishingOutcomes.complete() : FishingOutcomes.continueAndIgnore()).get(0);
   }
 
-  @Test
-  void blocksToldToAPrefillWorkerThatStopsAreToldToItsNextIncarnation() {
-    ActorRef<EngineActor.Command> old = fx.startPeer(prefill, fx::peerMetadata);
+  /** D announces {@code blocks} of request {@code id} ("tx-" + id) to a listed P worker. */
+  private ConnectorWorker announced(String id, int[] blocks) {
     fx.awaitListed(Role.PREFILL, "prefill-0");
     ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0",
         ConnectorSettings.DEFAULTS);
     d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
-        new ReqMeta("r1", "tx1", new int[] {5, 2}, null, "prefill-0", 0)));
-    assertEquals("tx1", nextBlocks().transferId());
+        new ReqMeta(id, "tx-" + id, blocks, null, "prefill-0", 0)));
+    assertEquals("tx-" + id, nextBlocks().transferId());
+    return d;
+  }
+
+  @Test
+  void blocksToldToAPrefillWorkerThatStopsAreToldToItsNextIncarnation() {
+    ActorRef<EngineActor.Command> old = fx.startPeer(prefill, fx::peerMetadata);
+    ConnectorWorker d = announced("r1", new int[] {5, 2});
 
     // The engine attaches again: its new worker is listed beside the old one, then the old stops.
     fx.startPeerUnder("again", prefill, fx::peerMetadata);
     fx.kit.stop(old);
     PeerProtocol.RemoteBlocks again = nextBlocks();
-    assertEquals("tx1", again.transferId());
+    assertEquals("tx-r1", again.transferId());
     assertArrayEquals(new int[] {5, 2}, again.blockIds());
     fx.peerInbox.expectNoMessage(Duration.ofMillis(300)); // told once, not on every listing
 
-    d.engineRef().tell(new PeerProtocol.WriteDone("tx1", "prefill-0", 0));
+    d.engineRef().tell(new PeerProtocol.WriteDone("tx-r1", "prefill-0", 0));
     Finished f = fx.awaitFinished(d, x -> x.doneReceiving().contains("r1"));
     assertTrue(f.failed().isEmpty(), f.toString());
   }
@@ -67,12 +73,7 @@ class PrefillIncarnationTest {
   @Test
   void aWorkerThatStopsWithNoNextIncarnationEndsTheReceiveWhenItsEngineLeaves() {
     ActorRef<EngineActor.Command> old = fx.startPeer(prefill, fx::peerMetadata);
-    fx.awaitListed(Role.PREFILL, "prefill-0");
-    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0",
-        ConnectorSettings.DEFAULTS);
-    d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
-        new ReqMeta("r2", "tx2", new int[] {3}, null, "prefill-0", 0)));
-    assertEquals("tx2", nextBlocks().transferId());
+    ConnectorWorker d = announced("r2", new int[] {3});
 
     fx.kit.stop(old); // nobody attaches again: the listing drops the engine
     Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r2"));
