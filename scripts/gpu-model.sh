@@ -36,8 +36,10 @@ logs=${out:-$work}
 # KVFERRY_GC_LOG (per JVM): where its garbage collections are logged, with their pauses.
 # KVFERRY_NODE_JAVA_OPTS: more JVM options for the two nodes, e.g.
 # -Dkvferry.cuda.copy-method=memcpy-batch (auto, kernel or memcpy-batch; docs/gpu.md).
+# KVFERRY_NODE_CPUS (e.g. 4-15): the router and nodes run only on these CPUs (taskset), away from
+# engines pinned with --pin-cpus.
 kvferry() {
-  "$JAVA" -Xmx2g -XX:+UseSerialGC ${KVFERRY_GC_LOG:+"-Xlog:gc:file=$KVFERRY_GC_LOG"} "${CUDA_PROPS[@]}" \
+  ${KVFERRY_NODE_CPUS:+taskset -c "$KVFERRY_NODE_CPUS"} "$JAVA" -Xmx2g -XX:+UseSerialGC ${KVFERRY_GC_LOG:+"-Xlog:gc:file=$KVFERRY_GC_LOG"} "${CUDA_PROPS[@]}" \
     ${KVFERRY_JVM_OPTS:-} -cp "$CP" dev.kvferry.cli.KvferryCli "$@"
 }
 # KVFERRY_PORT_BASE (default 25520): the router's cluster port; P, D and the management ports are
