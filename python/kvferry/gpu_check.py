@@ -100,6 +100,8 @@ class _EngineState:
         self.engine = ModelEngine(self.model, self.spec, self.cache, role=self.role, mode=mode,
                                   socket_path=self.socket_path, chunk_tokens=self.cfg["chunk_tokens"],
                                   load_events=self.cfg.get("load_events", True))
+        if self.engine.worker is not None:
+            self.engine.worker.pipelined_layer_waits = self.cfg.get("pipelined_layer_waits", True)
         info = self.engine.connect(wait_s=180)
         if self.baseline is not None:
             self.baseline.reset_prefix_cache()
@@ -144,7 +146,9 @@ class _EngineState:
     # -- D --
 
     def cmd_admit(self, rid: str, prompt: list[int], params: dict) -> dict:
+        t0 = time.perf_counter()
         adm = self._e().admit_remote(rid, prompt, params)
+        adm = {**adm, "admit_start": t0, "admit_end": time.perf_counter()}
         self.reqs[rid] = {"prompt": prompt, "adm": adm}
         return adm
 
@@ -173,6 +177,7 @@ class _EngineState:
         t1 = time.perf_counter()
         r["logits"], r["blocks"] = logits, blocks
         return {"ok": True, "received_at": got["end"], "first_start": t0, "first_end": t1,
+                "receive": {k: got.get(k) for k in ("start", "loads_at", "waited_at", "steps")},
                 "load_errors": got["load_errors"], "range": [lo, hi], "first_split": dict(e.last_first)}
 
     def cmd_check_kv(self, rid: str, p_kv: bytes) -> dict:
@@ -782,8 +787,9 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                 pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False, profile=profiled)
                 params = dict(pre["kv_transfer_params"] or {})
                 params.setdefault("transfer_id", xfer)
-                d.call("admit", rid=rid, prompt=prompt, params=params)
+                adm = d.call("admit", rid=rid, prompt=prompt, params=params)
                 first = d.call("receive_first", rid=rid)
+                first["admit"] = adm
             if pre["delay_free"]:
                 p.call("drain", rids=[rid])
                 p.call("free_sent", rid=rid, blocks=pre["blocks"])
@@ -822,6 +828,23 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                          ("d_first_forward_ms", first["first_split"].get("forward_ms", 0.0)),
                          ("baseline_first_forward_ms", b["first_split"].get("forward_ms", 0.0))):
                 parts.setdefault(k, []).append(v)
+            # READ: the span from P's end until D had every layer, in steps (P's request_finished
+            # and the driver handing its params to D; D's admission; D's first step until its
+            # loads were started; from there until get_finished listed the request).
+            rc, adm = first.get("receive") or {}, first.get("admit")
+            if adm is not None and rc.get("start") is not None:
+                for k, v in (("r_admit_after_p_end_ms", (adm["admit_start"] - pre["end"]) * 1e3),
+                             ("r_admit_ms", (adm["admit_end"] - adm["admit_start"]) * 1e3),
+                             ("r_receive_after_admit_ms", (rc["start"] - adm["admit_end"]) * 1e3),
+                             ("r_loads_after_receive_ms",
+                              ((rc["loads_at"] or rc["start"]) - rc["start"]) * 1e3),
+                             ("r_layer_waits_ms",
+                              ((rc["waited_at"] or rc["loads_at"] or rc["start"])
+                               - (rc["loads_at"] or rc["start"])) * 1e3),
+                             ("r_done_after_waits_ms",
+                              (first["received_at"] - (rc["waited_at"] or rc["loads_at"] or rc["start"])) * 1e3),
+                             ("r_receive_steps", float(rc["steps"]))):
+                    parts.setdefault(k, []).append(v)
         layer = d.call("layer_copy_time", tokens=n)
         row = {"mode": mode, "prompt_tokens": n, "reps": len(dis),
                "ttft_disagg_ms": statistics.median(dis) * 1e3, "ttft_baseline_ms": statistics.median(base) * 1e3,
@@ -961,6 +984,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-mla-probe", action="store_true")
     p.add_argument("--max-errors", type=int, default=3, help="per mode, then the mode stops")
     p.add_argument("--mode-budget-s", type=float, default=600.0, help="per mode: no new request after this")
+    p.add_argument("--no-pipelined-layer-waits", action="store_true",
+                   help="READ on D: each wait_for_layer_load is its own round trip (the client's "
+                        "default sends a loading step's waits for every layer at once)")
     p.add_argument("--cpu-load-wait", action="store_true",
                    help="READ on D: do not ask for the node's load events; the CPU waits for each layer's copies")
     p.add_argument("--json", help="write the full report here")
@@ -979,7 +1005,7 @@ def main(argv: list[str] | None = None) -> int:
                     "attention": args.attention, "heads": args.heads, "kv_heads": args.kv_heads,
                     "head_dim": args.head_dim, "intermediate": args.intermediate},
            "num_blocks": args.num_blocks, "block_size": args.block_size, "chunk_tokens": args.chunk_tokens,
-           "load_events": not args.cpu_load_wait}
+           "load_events": not args.cpu_load_wait, "pipelined_layer_waits": not args.no_pipelined_layer_waits}
     rng = random.Random(args.seed)
     report: dict[str, Any] = {"config": vars(args)}
     t0 = time.time()

@@ -646,19 +646,26 @@ class ModelEngine:
         on the GPU (the client does it), else the CPU waits until the layer landed."""
         deadline = time.monotonic() + timeout_s
         load_errors: list[int] = []
+        # Where the wait goes (perf_counter, comparable across processes): the first step that
+        # started loads, and how many steps it took.
+        stamps: dict[str, Any] = {"start": time.perf_counter(), "loads_at": None, "waited_at": None, "steps": 0}
         while time.monotonic() < deadline:
             loads = self._step_begin([], [])
+            stamps["steps"] += 1
             if loads:
+                if stamps["loads_at"] is None:
+                    stamps["loads_at"] = time.perf_counter()
                 assert self.worker is not None
                 for layer in range(self.spec.layers):
                     self.worker.wait_for_layer_load(layer)
+                stamps["waited_at"] = time.perf_counter()
             f = self._step_end()
             load_errors += f["block_ids_with_load_errors"]
             if rid in f["failed"]:
-                return {"ok": False, "why": str(f["failed"][rid]), "end": time.perf_counter()}
+                return {"ok": False, "why": str(f["failed"][rid]), "end": time.perf_counter(), **stamps}
             if rid in f["done_receiving"]:
-                return {"ok": True, "load_errors": load_errors, "end": time.perf_counter()}
-        return {"ok": False, "why": "timeout", "end": time.perf_counter()}
+                return {"ok": True, "load_errors": load_errors, "end": time.perf_counter(), **stamps}
+        return {"ok": False, "why": "timeout", "end": time.perf_counter(), **stamps}
 
     def abort_remote(self, rid: str, blocks: list[int], timeout_s: float = 30.0) -> str:
         """D's side of an abort: request_finished, then free once the node lets go."""

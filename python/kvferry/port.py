@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections import deque
 import socket
 import struct
 import time
@@ -326,6 +327,11 @@ class PortClient:
         # wait_for_layer_load answers by path: "event" (the stream waited on a node's event),
         # "no_event" (answered once landed, or nothing was in flight): which path a run took.
         self.load_waits: dict[str, int] = {"event": 0, "no_event": 0}
+        # A step that loads asks for every layer's wait_for_layer_load at once (start_load_kv);
+        # replies are read in order as the engine asks for each layer (docs/engine-port.md).
+        self.pipelined_layer_waits = True
+        self._waits_in_flight: deque[tuple[int, int]] = deque()
+        self._layer_replies: dict[int, tuple[int, dict[str, Any]]] = {}
         # Per op: [calls, total seconds, longest seconds] of this client's side of each op (a
         # round trip for a call, the send for a one-way op): where an engine's step time goes.
         self.op_seconds: dict[str, list[float]] = {}
@@ -394,6 +400,8 @@ class PortClient:
     def _close_socket(self) -> None:
         # The node destroys its exported events when the connection ends: never wait on them again.
         self._opened_load_events = {}
+        self._waits_in_flight.clear()
+        self._layer_replies.clear()
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -478,6 +486,11 @@ class PortClient:
             self._timed(op, began)
 
     def _round_trip(self, op: str, args: dict[str, Any] | None, request_id: int | None) -> Any:
+        self._drain_layer_waits()  # replies to pipelined waits come first on the connection
+        request_id = self._send_request(op, args, request_id)
+        return self._answer(op, request_id, self._read_reply(op))
+
+    def _send_request(self, op: str, args: dict[str, Any] | None, request_id: int | None = None) -> int:
         if request_id is None:
             request_id = self._next_id
             self._next_id += 1
@@ -485,6 +498,10 @@ class PortClient:
         if args:
             message["args"] = args
         self._send(message)
+        return request_id
+
+    def _read_reply(self, op: str) -> dict[str, Any]:
+        """The next frame from the node (the reply to the oldest request not yet answered)."""
         assert self._reader is not None
         try:
             reply = self._reader.read()
@@ -504,6 +521,10 @@ class PortClient:
             self._close_socket()
             self._broken = f"refused: {err.get('code')}"
             raise error_for(str(err.get("code", "internal")), str(err.get("message", "")), op)
+        return reply
+
+    def _answer(self, op: str, request_id: int, reply: dict[str, Any]) -> Any:
+        """The ``ok`` of ``reply`` to request ``request_id``; raises its error."""
         if reply.get("id") != request_id:
             self._close_socket()
             self._broken = "protocol violation"
@@ -519,6 +540,54 @@ class PortClient:
         if "ok" not in reply:
             raise ProtocolViolation(f"reply to {op} has neither ok nor error")
         return reply["ok"]
+
+    # -- pipelined layer waits --
+
+    def _layer_count(self) -> int:
+        layers = (self.memory or {}).get("layers")
+        return len(layers) if isinstance(layers, list) else 0
+
+    def _pipeline_layer_waits(self) -> None:
+        """A step that loads: ask for every layer's wait at once, replies read as the engine
+        reaches each layer. The node answers in order, each once its layer's reads are queued
+        (or landed), so the engine's per-layer calls no longer each pay a round trip."""
+        layers = self._layer_count()
+        if not self.pipelined_layer_waits or layers == 0:
+            return
+        frames = []
+        for layer in range(layers):
+            request_id = self._next_id
+            self._next_id += 1
+            frames.append(encode_frame({"id": request_id, "op": "wait_for_layer_load", "args": {"layer": layer}}))
+            self._waits_in_flight.append((request_id, layer))
+        began = time.perf_counter()
+        try:
+            if self._broken is not None or self._sock is None:
+                raise NodeUnavailable(self.socket_path, self._broken or "not connected")
+            try:
+                self._sock.sendall(b"".join(frames))
+            except OSError as e:
+                raise self._lost(f"connection lost while sending ({e})") from e
+        finally:
+            self._timed("wait_for_layer_load (sent ahead)", began)
+
+    def _read_layer_wait(self) -> None:
+        """Reads the reply to the oldest pipelined wait and keeps it for its layer."""
+        request_id, layer = self._waits_in_flight.popleft()
+        reply = self._read_reply("wait_for_layer_load")
+        if reply.get("id") != request_id:
+            self._answer("wait_for_layer_load", request_id, reply)  # raises: out of order
+        self._layer_replies[layer] = (request_id, reply)
+
+    def _drain_layer_waits(self) -> None:
+        while self._waits_in_flight:
+            self._read_layer_wait()
+
+    def _forget_layer_waits(self) -> None:
+        """A new step: replies the engine did not ask for are read and dropped (a slot in them is
+        the node's again from this step on)."""
+        self._drain_layer_waits()
+        self._layer_replies.clear()
 
     def _one_way(self, op: str, args: dict[str, Any]) -> None:
         began = time.perf_counter()
@@ -635,10 +704,14 @@ class PortClient:
     def start_load_kv(self) -> int:
         """Requests this step loads; one-way (0) when the bound metadata says none."""
         expected, self._expected_loads = self._expected_loads, None
+        self._forget_layer_waits()
         if expected == 0:
             self._one_way("start_load_kv", {})
             return 0
-        return int(self._call("start_load_kv")["loads"])
+        loads = int(self._call("start_load_kv")["loads"])
+        if loads > 0:
+            self._pipeline_layer_waits()
+        return loads
 
     def wait_for_layer_load(self, layer: int) -> bool:
         """False if a load of this layer failed (its blocks come back from ``get_finished``).
@@ -653,7 +726,17 @@ class PortClient:
         """``wait_for_layer_load`` without the stream wait: ``(ok, event_slot)``. With a slot,
         the caller must make its stream wait on ``load_event(slot)`` before it sends any other op
         (the node may record the slot again from the worker's next ``start_load_kv``)."""
-        reply = self._call("wait_for_layer_load", {"layer": layer})
+        began = time.perf_counter()
+        while layer not in self._layer_replies and any(w == layer for _, w in self._waits_in_flight):
+            self._read_layer_wait()
+        kept = self._layer_replies.pop(layer, None)
+        if kept is not None:
+            try:
+                reply = self._answer("wait_for_layer_load", kept[0], kept[1])
+            finally:
+                self._timed("wait_for_layer_load", began)
+        else:  # not asked ahead (a step without loads, or a layer asked again): a round trip
+            reply = self._call("wait_for_layer_load", {"layer": layer})
         ok, slot = parse_layer_load(reply, len(self.load_event_handles))
         self.load_waits["event" if slot is not None else "no_event"] += 1
         return ok, slot

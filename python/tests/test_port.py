@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 
 import msgpack
 import pytest
@@ -457,4 +458,112 @@ def test_wait_for_layer_load_event_returns_the_slot_without_waiting(tmp_path, mo
     c.hello()
     assert c.wait_for_layer_load_event(0) == (True, 2)
     assert fake.waits == []
+    node.close()
+
+
+# ---- pipelined layer waits: a step that loads asks for every layer at once ----
+
+
+def _pipelining_worker(node: FakeNode, layers: int, **kw) -> PortClient:
+    c = worker_client(node.path, **kw)
+    c.memory = {"kind": "host", "layers": [{"path": f"/dev/shm/l{i}"} for i in range(layers)]}
+    c.hello()
+    return c
+
+
+def _await_calls(node: FakeNode, op: str, n: int) -> list[dict]:
+    deadline = time.monotonic() + 5
+    while len(node.calls(op)) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return node.calls(op)
+
+
+def test_a_step_that_loads_asks_every_layer_ahead_and_each_wait_gets_its_own_answer(tmp_path, monkeypatch):
+    fake = _FakeTorch()
+    monkeypatch.setitem(__import__("sys").modules, "torch", fake)
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.load_event_handles = HANDLES
+    node.loads = 1
+    node.layer_load = lambda a: {"ok": a["layer"] != 2, "event_slot": 3 - a["layer"]}
+    c = _pipelining_worker(node, 4, load_events=True, event_device=0)
+    assert c.start_load_kv() == 1
+    # Sent before the engine asks: the node works on them while the engine computes.
+    assert [a["layer"] for a in _await_calls(node, "wait_for_layer_load", 4)] == [0, 1, 2, 3]
+    assert [c.wait_for_layer_load(layer) for layer in range(4)] == [True, True, False, True]
+    assert fake.waits == [("cuda:0", HANDLES[3]), ("cuda:0", HANDLES[2]), ("cuda:0", HANDLES[1]),
+                          ("cuda:0", HANDLES[0])]
+    assert len(node.calls("wait_for_layer_load")) == 4  # no round trip of its own
+    # The same layer again in this step: nothing is left for it, so it asks.
+    assert c.wait_for_layer_load(1) is True
+    assert len(node.calls("wait_for_layer_load")) == 5
+    node.close()
+
+
+def test_a_call_between_layer_waits_reads_their_replies_first_and_they_stay_for_their_layers(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.loads = 2
+    node.layer_load = lambda a: {"ok": a["layer"] % 2 == 0}
+    c = _pipelining_worker(node, 3)
+    c.start_load_kv()
+    assert c.wait_for_layer_load(0) is True
+    assert c.get_finished()["done_sending"] == []  # its own reply, not a layer's
+    assert c.wait_for_layer_load(1) is False and c.wait_for_layer_load(2) is True
+    assert len(node.calls("wait_for_layer_load")) == 3
+    node.close()
+
+
+def test_a_new_step_drops_answers_nobody_asked_for(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.loads = 1
+    step = {"n": 0}
+
+    def answer(a: dict) -> dict:
+        return {"ok": step["n"] == 1 or a["layer"] != 0}
+
+    node.layer_load = answer
+    c = _pipelining_worker(node, 2)
+    c.start_load_kv()
+    _await_calls(node, "wait_for_layer_load", 2)  # step 0's answers: layer 0 fails, never asked
+    step["n"] = 1
+    c.start_load_kv()
+    assert c.wait_for_layer_load(0) is True  # this step's answer, not the last step's
+    assert len(node.calls("wait_for_layer_load")) == 4
+    # A step that loads nothing asks nothing ahead, and a wait there is a round trip.
+    node.loads = 0
+    assert c.start_load_kv() == 0
+    assert c.wait_for_layer_load(0) is True
+    assert len(node.calls("wait_for_layer_load")) == 5
+    node.close()
+
+
+def test_an_error_for_a_layer_asked_ahead_is_raised_at_that_layer_only(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.loads = 1
+
+    def answer(a: dict) -> dict:
+        if a["layer"] == 1:
+            raise Refuse("bad_args", "layer 1 is not yours")
+        return {"ok": True}
+
+    node.layer_load = answer
+    c = _pipelining_worker(node, 3)
+    c.start_load_kv()
+    assert c.wait_for_layer_load(0) is True
+    with pytest.raises(PortError) as e:
+        c.wait_for_layer_load(1)
+    assert e.value.code == "bad_args"
+    assert c.wait_for_layer_load(2) is True
+    node.close()
+
+
+def test_pipelining_can_be_turned_off(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.loads = 1
+    c = _pipelining_worker(node, 3)
+    c.pipelined_layer_waits = False
+    c.start_load_kv()
+    time.sleep(0.1)
+    assert node.calls("wait_for_layer_load") == []
+    assert c.wait_for_layer_load(0) is True
+    assert len(node.calls("wait_for_layer_load")) == 1
     node.close()

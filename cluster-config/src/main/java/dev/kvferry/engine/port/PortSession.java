@@ -35,8 +35,9 @@ import org.slf4j.LoggerFactory;
 
 /**
  * One connection of the engine port: the engine's scheduler or one TP rank's worker. Runs on its
- * own thread, one request at a time, as the protocol is synchronous per connection; a worker's
- * blocking waits hold only its own connection.
+ * own thread, one request at a time and in order, so replies come in the order of the requests (a
+ * client may send several before reading their replies); a worker's blocking waits hold only its
+ * own connection.
  */
 final class PortSession implements Runnable {
 
