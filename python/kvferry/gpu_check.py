@@ -177,7 +177,7 @@ class _EngineState:
         t1 = time.perf_counter()
         r["logits"], r["blocks"] = logits, blocks
         return {"ok": True, "received_at": got["end"], "first_start": t0, "first_end": t1,
-                "receive": {k: got.get(k) for k in ("start", "loads_at", "waited_at", "steps")},
+                "receive": {k: got.get(k) for k in ("start", "loads_at", "layer0_at", "waited_at", "steps")},
                 "load_errors": got["load_errors"], "range": [lo, hi], "first_split": dict(e.last_first)}
 
     def cmd_check_kv(self, rid: str, p_kv: bytes) -> dict:
@@ -838,6 +838,9 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                              ("r_receive_after_admit_ms", (rc["start"] - adm["admit_end"]) * 1e3),
                              ("r_loads_after_receive_ms",
                               ((rc["loads_at"] or rc["start"]) - rc["start"]) * 1e3),
+                             ("r_layer0_wait_ms",
+                              ((rc.get("layer0_at") or rc["loads_at"] or rc["start"])
+                               - (rc["loads_at"] or rc["start"])) * 1e3),
                              ("r_layer_waits_ms",
                               ((rc["waited_at"] or rc["loads_at"] or rc["start"])
                                - (rc["loads_at"] or rc["start"])) * 1e3),

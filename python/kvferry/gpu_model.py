@@ -648,7 +648,8 @@ class ModelEngine:
         load_errors: list[int] = []
         # Where the wait goes (perf_counter, comparable across processes): the first step that
         # started loads, and how many steps it took.
-        stamps: dict[str, Any] = {"start": time.perf_counter(), "loads_at": None, "waited_at": None, "steps": 0}
+        stamps: dict[str, Any] = {"start": time.perf_counter(), "loads_at": None, "layer0_at": None,
+                                  "waited_at": None, "steps": 0}
         while time.monotonic() < deadline:
             loads = self._step_begin([], [])
             stamps["steps"] += 1
@@ -658,6 +659,8 @@ class ModelEngine:
                 assert self.worker is not None
                 for layer in range(self.spec.layers):
                     self.worker.wait_for_layer_load(layer)
+                    if layer == 0:
+                        stamps["layer0_at"] = time.perf_counter()
                 stamps["waited_at"] = time.perf_counter()
             f = self._step_end()
             load_errors += f["block_ids_with_load_errors"]

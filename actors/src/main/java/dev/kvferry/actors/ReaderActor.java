@@ -11,7 +11,6 @@ import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.actors.plan.TransferPlanner;
 import dev.kvferry.rdma.EventOrderedTransport;
 import dev.kvferry.rdma.MemoryRegion;
-import dev.kvferry.rdma.RegionDescriptor;
 import dev.kvferry.rdma.TransferBatch;
 import dev.kvferry.rdma.TransferStatus;
 import java.util.ArrayList;
@@ -22,6 +21,7 @@ import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
 import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.function.IntConsumer;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
 import org.apache.pekko.actor.typed.PostStop;
@@ -215,34 +215,54 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     }
     List<MemoryRegion> regions = setup.layerRegions();
     int source = peer.tpRank();
-    for (int layer = 0; layer < regions.size(); layer++) {
-      MemoryRegion local = regions.get(layer);
-      RegionDescriptor remote = peer.layers().get(layer);
+    String transferId = r.transferId();
+    AtomicBoolean cancelled = job.cancelled;
+    int layers = regions.size();
+    List<CompletableFuture<TransferStatus>> issued = new ArrayList<>(layers);
+    for (int layer = 0; layer < layers; layer++) {
+      issued.add(new CompletableFuture<>());
+    }
+    // A transport that orders copies on the GPU only queues them: one task queues every layer,
+    // in layer order, so the engine's wait for layer 0 is answered first (tasks of their own
+    // would contend for the CUDA context and finish in any order). Host copies run one task per
+    // layer, in parallel.
+    IntConsumer readLayer = l -> {
+      try {
+        if (cancelled.get()) {
+          issued.get(l).complete(TransferStatus.failed("transfer ended before this layer was read"));
+          return;
+        }
+        TransferStatus s = setup.transport().read(regions.get(l), peer.layers().get(l), plan);
+        if (gpuOrdered && s.state() != TransferStatus.State.FAILED) {
+          setup.sink().layerLoads().readQueued(
+              transferId, l, new LayerLoads.QueuedRead(regions.get(l), peer.layers().get(l)));
+        }
+        issued.get(l).complete(s);
+      } catch (Throwable e) { // as supplyAsync did: the layer's read fails, nothing hangs
+        issued.get(l).completeExceptionally(e);
+      }
+    };
+    if (gpuOrdered) {
+      io.execute(() -> {
+        for (int l = 0; l < layers; l++) {
+          readLayer.accept(l);
+        }
+      });
+    } else {
+      for (int layer = 0; layer < layers; layer++) {
+        int l = layer;
+        io.execute(() -> readLayer.accept(l));
+      }
+    }
+    for (int layer = 0; layer < layers; layer++) {
       int l = layer;
-      AtomicBoolean cancelled = job.cancelled;
       job.inFlight++;
-      String transferId = r.transferId();
-      CompletableFuture<TransferStatus> done =
-          CompletableFuture.supplyAsync(
-                  () -> {
-                    if (cancelled.get()) {
-                      return TransferStatus.failed("transfer ended before this layer was read");
-                    }
-                    TransferStatus s = setup.transport().read(local, remote, plan);
-                    if (gpuOrdered && s.state() != TransferStatus.State.FAILED) {
-                      setup.sink().layerLoads().readQueued(
-                          transferId, l, new LayerLoads.QueuedRead(local, remote));
-                    }
-                    return s;
-                  },
-                  io)
-              .thenCompose(TransferStatus::completion);
       getContext()
           .pipeToSelf(
-              done,
+              issued.get(l).thenCompose(TransferStatus::completion),
               (status, error) ->
                   new LayerRead(
-                      r.transferId(),
+                      transferId,
                       source,
                       l,
                       error != null ? TransferStatus.failed("read raised " + error) : status));
