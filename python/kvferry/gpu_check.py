@@ -959,8 +959,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--intermediate", type=int, default=1536, help="the MLP's width")
     p.add_argument("--pin-cpus", default=None,
                    help="diagnostic: P_CPUS:D_CPUS, e.g. 2-5:6-9: each engine process runs only there. "
-                        "One core each (2:3) made 4,096-token prefills ~10x slower on an H200 host: "
-                        "torch's and the CUDA driver's threads shared it (docs/gpu.md)")
+                        "One core each (2:3) made 4,096-token prefills ~10x slower on an H200 host "
+                        "(docs/gpu.md)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--attention", default="efficient", choices=["efficient", "cudnn", "math", "default"],
                    help="the attention kernel on a GPU, the same in P, D and the engine without kvferry")
