@@ -152,7 +152,7 @@ class _EngineState:
         self.reqs[rid] = {"prompt": prompt, "adm": adm}
         return adm
 
-    def cmd_receive_first(self, rid: str) -> dict:
+    def cmd_receive_first(self, rid: str, profile: bool = False) -> dict:
         """Waits for the KV, snapshots it (not timed), then computes the last prompt token."""
         import torch
 
@@ -171,12 +171,14 @@ class _EngineState:
         r["received"] = e.cache.gather(adm["blocks"], lo, hi).clone()
         r["range"] = (lo, hi)
         e._sync()
+        prof = _profiler() if profile else None
         t0 = time.perf_counter()
         logits, blocks = e.first_token(rid, prompt, adm["blocks"], remote=True)
         e._sync()
         t1 = time.perf_counter()
+        prof_text = _profiler_done(prof, sort_by="self_cpu_time_total")
         r["logits"], r["blocks"] = logits, blocks
-        return {"ok": True, "received_at": got["end"], "first_start": t0, "first_end": t1,
+        return {"ok": True, "received_at": got["end"], "first_start": t0, "first_end": t1, "profile": prof_text,
                 "receive": {k: got.get(k) for k in ("start", "loads_at", "layer0_at", "waited_at", "steps")},
                 "load_errors": got["load_errors"], "range": [lo, hi], "first_split": dict(e.last_first)}
 
@@ -402,7 +404,10 @@ class _EngineState:
                                         chunk_tokens=self.cfg["chunk_tokens"])
         return self.baseline
 
-    def cmd_baseline_ttft(self, rid: str, prompt: list[int], profile: bool = False) -> dict:
+    def cmd_baseline_ttft(self, rid: str, prompt: list[int], profile: bool = False,
+                          profile_first: bool = False) -> dict:
+        """``profile``: torch's profiler around the prefill; ``profile_first``: around the first
+        token (D's side of the split)."""
         b = self.baseline_engine()
         b._sync()
         prof = _profiler() if profile else None
@@ -410,12 +415,15 @@ class _EngineState:
         pre = b.prefill(rid, prompt, None, finish=False)
         tp = time.perf_counter()
         prof_text = _profiler_done(prof, sort_by="self_cpu_time_total")
+        prof = _profiler() if profile_first else None
+        tf = time.perf_counter()
         _, blocks = b.first_token(rid, prompt, pre["blocks"], remote=False)
         b._sync()
         t1 = time.perf_counter()
+        first_text = _profiler_done(prof, sort_by="self_cpu_time_total")
         b.finish_decoded(rid, blocks)
-        return {"ttft_s": t1 - t0, "prefill_s": tp - t0, "first_s": t1 - tp, "first_split": dict(b.last_first),
-                "profile": prof_text}
+        return {"ttft_s": t1 - t0, "prefill_s": tp - t0, "first_s": t1 - tf, "first_split": dict(b.last_first),
+                "profile": prof_text, "first_profile": first_text}
 
     def cmd_layer_copy_time(self, tokens: int, reps: int = 20) -> dict:
         """One layer's KV of ``tokens`` tokens copied device to device by torch (the same bytes
@@ -607,7 +615,7 @@ def run_mode(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                 d_params = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": xfer,
                             "remote_engine_id": p_info["engine_id"]}
                 adm = d.call("admit", rid=rid, prompt=prompt, params=d_params)
-                d.send("receive_first", rid=rid)
+                d.send("receive_first", rid=rid, profile=profiled)
                 try:
                     pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params)
                 finally:
@@ -771,14 +779,15 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
             # shape first (first-time costs land on whichever does).
             b = None
             if rep % 2 == 1:
-                b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)])
+                b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)],
+                           profile_first=profiled)
                 pb = p.call("baseline_ttft", rid=rid + "-pb", prompt=[rng.randrange(3, args.vocab) for _ in range(n)],
                             profile=profiled)
             if mode == "write":
                 d.call("admit", rid=rid, prompt=prompt, params={
                     "do_remote_prefill": True, "do_remote_decode": False, "transfer_id": xfer,
                     "remote_engine_id": p_info["engine_id"]})
-                d.send("receive_first", rid=rid)
+                d.send("receive_first", rid=rid, profile=profiled)
                 try:
                     pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False, profile=profiled)
                 finally:
@@ -788,7 +797,7 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                 params = dict(pre["kv_transfer_params"] or {})
                 params.setdefault("transfer_id", xfer)
                 adm = d.call("admit", rid=rid, prompt=prompt, params=params)
-                first = d.call("receive_first", rid=rid)
+                first = d.call("receive_first", rid=rid, profile=profiled)
                 first["admit"] = adm
             if pre["delay_free"]:
                 p.call("drain", rids=[rid])
@@ -797,7 +806,8 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                 raise RuntimeError(f"{rid}: {first['why']}")
             d.call("finish_first", rid=rid)
             if b is None:
-                b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)])
+                b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)],
+                           profile_first=profiled)
                 pb = p.call("baseline_ttft", rid=rid + "-pb", prompt=[rng.randrange(3, args.vocab) for _ in range(n)],
                             profile=profiled)
             if last:
@@ -808,6 +818,10 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                     f"({(pre['end'] - pre['start']) * 1e3:.3f} ms):\n{pre.get('profile')}")
                 log(f"  TTFT {mode} n={n}: P's prefill without kvferry, profiled "
                     f"({pb['prefill_s'] * 1e3:.3f} ms):\n{pb.get('profile')}")
+                log(f"  TTFT {mode} n={n}: D's first token with kvferry, profiled "
+                    f"({(first['first_end'] - first['first_start']) * 1e3:.3f} ms):\n{first.get('profile')}")
+                log(f"  TTFT {mode} n={n}: D's first token without kvferry, profiled "
+                    f"({b['first_s'] * 1e3:.3f} ms):\n{b.get('first_profile')}")
                 continue
             if rep == 0:
                 continue  # warm-up
