@@ -512,15 +512,17 @@ def test_a_call_between_layer_waits_reads_their_replies_first_and_they_stay_for_
     node.close()
 
 
-def test_a_new_step_drops_answers_nobody_asked_for(tmp_path):
+def _loading_node(tmp_path, answer) -> FakeNode:
+    """A node whose steps load, answering each layer wait with ``answer(args)``."""
     node = FakeNode(str(tmp_path / "n.sock"))
     node.loads = 1
-    step = {"n": 0}
-
-    def answer(a: dict) -> dict:
-        return {"ok": step["n"] == 1 or a["layer"] != 0}
-
     node.layer_load = answer
+    return node
+
+
+def test_a_new_step_drops_answers_nobody_asked_for(tmp_path):
+    step = {"n": 0}
+    node = _loading_node(tmp_path, lambda a: {"ok": step["n"] == 1 or a["layer"] != 0})
     c = _pipelining_worker(node, 2)
     c.start_load_kv()
     _await_calls(node, "wait_for_layer_load", 2)  # step 0's answers: layer 0 fails, never asked
@@ -537,15 +539,12 @@ def test_a_new_step_drops_answers_nobody_asked_for(tmp_path):
 
 
 def test_an_error_for_a_layer_asked_ahead_is_raised_at_that_layer_only(tmp_path):
-    node = FakeNode(str(tmp_path / "n.sock"))
-    node.loads = 1
-
     def answer(a: dict) -> dict:
         if a["layer"] == 1:
             raise Refuse("bad_args", "layer 1 is not yours")
         return {"ok": True}
 
-    node.layer_load = answer
+    node = _loading_node(tmp_path, answer)
     c = _pipelining_worker(node, 3)
     c.start_load_kv()
     assert c.wait_for_layer_load(0) is True
@@ -557,8 +556,7 @@ def test_an_error_for_a_layer_asked_ahead_is_raised_at_that_layer_only(tmp_path)
 
 
 def test_pipelining_can_be_turned_off(tmp_path):
-    node = FakeNode(str(tmp_path / "n.sock"))
-    node.loads = 1
+    node = _loading_node(tmp_path, lambda a: {"ok": True})
     c = _pipelining_worker(node, 3)
     c.pipelined_layer_waits = False
     c.start_load_kv()
