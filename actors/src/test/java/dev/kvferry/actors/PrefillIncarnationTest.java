@@ -12,6 +12,7 @@ import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineIdentity;
 import java.time.Duration;
+import java.util.concurrent.TimeUnit;
 import org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.junit.jupiter.api.AfterEach;
@@ -68,6 +69,17 @@ class PrefillIncarnationTest {
     d.engineRef().tell(new PeerProtocol.WriteDone("tx-r1", "prefill-0", 0));
     Finished f = fx.awaitFinished(d, x -> x.doneReceiving().contains("r1"));
     assertTrue(f.failed().isEmpty(), f.toString());
+  }
+
+  @Test
+  void aWorkerRegisteredAgainRightAfterItsStopCompletedGetsItsName() throws Exception {
+    // Its parent frees the actor name after the stop's watch saw the old worker terminate: the
+    // next registration waits that moment out instead of failing "name not unique".
+    for (int attach = 0; attach < 50; attach++) {
+      ConnectorWorker w = fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-again",
+          ConnectorSettings.DEFAULTS);
+      w.stop().get(10, TimeUnit.SECONDS);
+    }
   }
 
   @Test

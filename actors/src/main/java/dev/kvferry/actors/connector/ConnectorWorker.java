@@ -11,11 +11,13 @@ import dev.kvferry.rdma.EventOrderedTransport;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.Transport;
 import dev.kvferry.rdma.cuda.CudaEvent;
+import java.time.Duration;
 import java.util.HashSet;
 import java.util.List;
 import java.util.Optional;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
+import org.apache.pekko.actor.InvalidActorNameException;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.ActorSystem;
 import org.apache.pekko.actor.typed.Props;
@@ -29,6 +31,9 @@ import org.jspecify.annotations.Nullable;
  * thread-safe: called from the engine's worker loop, like the seed's MoRIIOConnectorWorker.
  */
 public final class ConnectorWorker implements AutoCloseable {
+
+  /** How long a new worker waits for a stopped worker of its engine to free the actor name. */
+  private static final Duration NAME_RELEASE_WAIT = Duration.ofSeconds(2);
 
   private final ActorSystem<?> system;
   private final EngineIdentity identity;
@@ -73,7 +78,34 @@ public final class ConnectorWorker implements AutoCloseable {
     }
     EngineActor.Setup setup =
         new EngineActor.Setup(identity, geometry, layerRegions, transport, settings, sink);
-    engine = system.systemActorOf(EngineActor.create(setup), identity.toActorName(), Props.empty());
+    engine = spawnEngine(setup);
+  }
+
+  /**
+   * Spawns the worker's actor under its engine's name. A worker of the same engine whose stop
+   * completed just before (an engine attaching again at once) can still hold the name for a
+   * moment: its parent frees it when it handles the termination, after our watch saw it. That
+   * moment is waited out, up to {@link #NAME_RELEASE_WAIT}; a name held longer (two live workers
+   * of one engine in one node) fails as before.
+   */
+  private ActorRef<EngineActor.Command> spawnEngine(EngineActor.Setup setup) {
+    long deadline = System.nanoTime() + NAME_RELEASE_WAIT.toNanos();
+    while (true) {
+      try {
+        return system.systemActorOf(EngineActor.create(setup), identity.toActorName(),
+            Props.empty());
+      } catch (InvalidActorNameException e) {
+        if (System.nanoTime() > deadline || !String.valueOf(e.getMessage()).contains("not unique")) {
+          throw e;
+        }
+        try {
+          Thread.sleep(5);
+        } catch (InterruptedException ie) {
+          Thread.currentThread().interrupt();
+          throw e;
+        }
+      }
+    }
   }
 
   /** Starts this step's loads (D, READ) and records the blocks P keeps for D (P, READ). */
