@@ -21,7 +21,6 @@ import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
 import java.util.concurrent.atomic.AtomicBoolean;
-import java.util.function.IntConsumer;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
 import org.apache.pekko.actor.typed.PostStop;
@@ -216,44 +215,11 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     List<MemoryRegion> regions = setup.layerRegions();
     int source = peer.tpRank();
     String transferId = r.transferId();
-    AtomicBoolean cancelled = job.cancelled;
     int layers = regions.size();
-    List<CompletableFuture<TransferStatus>> issued = new ArrayList<>(layers);
-    for (int layer = 0; layer < layers; layer++) {
-      issued.add(new CompletableFuture<>());
-    }
-    // A transport that orders copies on the GPU only queues them: one task queues every layer,
-    // in layer order, so the engine's wait for layer 0 is answered first (tasks of their own
-    // would contend for the CUDA context and finish in any order). Host copies run one task per
-    // layer, in parallel.
-    IntConsumer readLayer = l -> {
-      try {
-        if (cancelled.get()) {
-          issued.get(l).complete(TransferStatus.failed("transfer ended before this layer was read"));
-          return;
-        }
-        TransferStatus s = setup.transport().read(regions.get(l), peer.layers().get(l), plan);
-        if (gpuOrdered && s.state() != TransferStatus.State.FAILED) {
-          setup.sink().layerLoads().readQueued(
-              transferId, l, new LayerLoads.QueuedRead(regions.get(l), peer.layers().get(l)));
-        }
-        issued.get(l).complete(s);
-      } catch (Throwable e) { // as supplyAsync did: the layer's read fails, nothing hangs
-        issued.get(l).completeExceptionally(e);
-      }
-    };
-    if (gpuOrdered) {
-      io.execute(() -> {
-        for (int l = 0; l < layers; l++) {
-          readLayer.accept(l);
-        }
-      });
-    } else {
-      for (int layer = 0; layer < layers; layer++) {
-        int l = layer;
-        io.execute(() -> readLayer.accept(l));
-      }
-    }
+    List<CompletableFuture<TransferStatus>> issued = LayerReadIssue.start(setup.transport(), io,
+        gpuOrdered, regions, peer.layers(), plan, job.cancelled,
+        l -> setup.sink().layerLoads().readQueued(
+            transferId, l, new LayerLoads.QueuedRead(regions.get(l), peer.layers().get(l))));
     for (int layer = 0; layer < layers; layer++) {
       int l = layer;
       job.inFlight++;

@@ -1,0 +1,68 @@
+package dev.kvferry.actors;
+
+import dev.kvferry.rdma.MemoryRegion;
+import dev.kvferry.rdma.RegionDescriptor;
+import dev.kvferry.rdma.TransferBatch;
+import dev.kvferry.rdma.TransferStatus;
+import dev.kvferry.rdma.Transport;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.Executor;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.function.IntConsumer;
+
+/**
+ * Hands one transfer's layer reads to the transport on the blocking pool (D, READ). A transport
+ * that orders copies on the GPU only queues them: one task queues every layer, in layer order, so
+ * the engine's wait for layer 0 is answered first (tasks of their own would contend for the CUDA
+ * context and finish in any order); each queued layer is told to {@code onQueued}. Host copies
+ * run one task per layer, in parallel.
+ */
+final class LayerReadIssue {
+
+  private LayerReadIssue() {}
+
+  /**
+   * Starts the reads of every layer from {@code peerLayers} into {@code localLayers}; returns,
+   * per layer, the read's status once the transport has it (a read that throws fails its layer).
+   * A read not started yet when {@code cancelled} is set is skipped (failed).
+   */
+  static List<CompletableFuture<TransferStatus>> start(Transport transport, Executor io,
+      boolean gpuOrdered, List<MemoryRegion> localLayers, List<RegionDescriptor> peerLayers,
+      TransferBatch plan, AtomicBoolean cancelled, IntConsumer onQueued) {
+    int layers = localLayers.size();
+    List<CompletableFuture<TransferStatus>> issued = new ArrayList<>(layers);
+    for (int layer = 0; layer < layers; layer++) {
+      issued.add(new CompletableFuture<>());
+    }
+    IntConsumer readLayer = l -> {
+      try {
+        if (cancelled.get()) {
+          issued.get(l).complete(TransferStatus.failed("transfer ended before this layer was read"));
+          return;
+        }
+        TransferStatus s = transport.read(localLayers.get(l), peerLayers.get(l), plan);
+        if (gpuOrdered && s.state() != TransferStatus.State.FAILED) {
+          onQueued.accept(l);
+        }
+        issued.get(l).complete(s);
+      } catch (Throwable e) { // as supplyAsync did: the layer's read fails, nothing hangs
+        issued.get(l).completeExceptionally(e);
+      }
+    };
+    if (gpuOrdered) {
+      io.execute(() -> {
+        for (int l = 0; l < layers; l++) {
+          readLayer.accept(l);
+        }
+      });
+    } else {
+      for (int layer = 0; layer < layers; layer++) {
+        int l = layer;
+        io.execute(() -> readLayer.accept(l));
+      }
+    }
+    return issued;
+  }
+}
