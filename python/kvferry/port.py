@@ -432,11 +432,14 @@ class PortClient:
         return NodeUnavailable(self.socket_path, why)
 
     def _send(self, message: dict[str, Any]) -> None:
+        self._send_frames(encode_frame(message))
+
+    def _send_frames(self, frames: bytes) -> None:
+        """Writes whole encoded frames (one or several) in one call."""
         if self._broken is not None or self._sock is None:
             raise NodeUnavailable(self.socket_path, self._broken or "not connected")
-        frame = encode_frame(message)
         try:
-            self._sock.sendall(frame)
+            self._sock.sendall(frames)
         except socket.timeout as e:
             raise self._lost(f"send timed out after {self.timeout_s} s") from e
         except OSError as e:
@@ -562,12 +565,7 @@ class PortClient:
             self._waits_in_flight.append((request_id, layer))
         began = time.perf_counter()
         try:
-            if self._broken is not None or self._sock is None:
-                raise NodeUnavailable(self.socket_path, self._broken or "not connected")
-            try:
-                self._sock.sendall(b"".join(frames))
-            except OSError as e:
-                raise self._lost(f"connection lost while sending ({e})") from e
+            self._send_frames(b"".join(frames))
         finally:
             self._timed("wait_for_layer_load (sent ahead)", began)
 
