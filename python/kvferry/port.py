@@ -33,6 +33,8 @@ import msgpack
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 64 * 1024 * 1024
+# Held one-way frames (PortClient._one_way) are sent once they reach this many bytes.
+HELD_FRAMES_LIMIT = 8 * 1024
 IPC_HANDLE_BYTES = 64  # cudaIpcEventHandle_t
 _LENGTH = struct.Struct(">I")
 
@@ -180,8 +182,10 @@ class ProtocolViolation(Exception):
 # ---- frames ----
 
 
-def encode_frame(message: dict[str, Any]) -> bytes:
-    body = msgpack.packb(message, use_bin_type=True)
+def encode_frame(message: dict[str, Any], packer: Any = None) -> bytes:
+    """One frame holding ``message``; ``packer``: a ``msgpack.Packer`` to reuse (not shared
+    between threads)."""
+    body = packer.pack(message) if packer is not None else msgpack.packb(message, use_bin_type=True)
     if not 1 <= len(body) <= MAX_FRAME_BYTES:
         raise ValueError(f"frame of {len(body)} bytes is outside 1..{MAX_FRAME_BYTES}")
     return _LENGTH.pack(len(body)) + body
@@ -332,6 +336,12 @@ class PortClient:
         self.pipelined_layer_waits = True
         self._waits_in_flight: deque[tuple[int, int]] = deque()
         self._layer_replies: dict[int, tuple[int, dict[str, Any]]] = {}
+        # Scheduler: one-way frames of requests kvferry does not move, encoded and held until the
+        # connection's next send (at the latest the step's build_connector_meta): one system call
+        # and one wake-up of the node for a step's hundreds of them (docs/engine-port.md).
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+        self._packer = msgpack.Packer(use_bin_type=True)
         # Per op: [calls, total seconds, longest seconds] of this client's side of each op (a
         # round trip for a call, the send for a one-way op): where an engine's step time goes.
         self.op_seconds: dict[str, list[float]] = {}
@@ -402,6 +412,9 @@ class PortClient:
         self._opened_load_events = {}
         self._waits_in_flight.clear()
         self._layer_replies.clear()
+        # Held frames belong to this connection: a reconnected one starts with its hello.
+        self._held.clear()
+        self._held_bytes = 0
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -432,12 +445,16 @@ class PortClient:
         return NodeUnavailable(self.socket_path, why)
 
     def _send(self, message: dict[str, Any]) -> None:
-        self._send_frames(encode_frame(message))
+        self._send_frames(encode_frame(message, self._packer))
 
     def _send_frames(self, frames: bytes) -> None:
-        """Writes whole encoded frames (one or several) in one call."""
+        """Writes whole encoded frames (one or several) in one call, after any held ones."""
         if self._broken is not None or self._sock is None:
             raise NodeUnavailable(self.socket_path, self._broken or "not connected")
+        if self._held:
+            frames = b"".join(self._held) + frames
+            self._held.clear()
+            self._held_bytes = 0
         try:
             self._sock.sendall(frames)
         except socket.timeout as e:
@@ -587,12 +604,27 @@ class PortClient:
         self._drain_layer_waits()
         self._layer_replies.clear()
 
-    def _one_way(self, op: str, args: dict[str, Any]) -> None:
+    def _one_way(self, op: str, args: dict[str, Any], hold: bool = False) -> None:
+        """Sends ``op`` without an id. ``hold``: keep the frame for the connection's next send
+        (frames keep their order); nothing waits on it, so only ops whose timing the node does
+        not act on are held."""
         began = time.perf_counter()
         try:
-            self._send({"op": op, "args": args})
+            if hold and self._broken is None:
+                frame = encode_frame({"op": op, "args": args}, self._packer)
+                self._held.append(frame)
+                self._held_bytes += len(frame)
+                if self._held_bytes >= HELD_FRAMES_LIMIT:
+                    self.flush()
+            else:
+                self._send({"op": op, "args": args})
         finally:
             self._timed(op, began)
+
+    def flush(self) -> None:
+        """Sends the held one-way frames now (any other send sends them first anyway)."""
+        if self._held:
+            self._send_frames(b"")
 
     def call(self, op: str, args: dict[str, Any] | None = None) -> Any:
         """Any op by name (for ops this client has no method for)."""
@@ -622,7 +654,7 @@ class PortClient:
             ok = self._call("get_num_new_matched_tokens", args)
             result = int(ok["count"]), bool(ok["async"])
         else:
-            self._one_way("get_num_new_matched_tokens", args)
+            self._one_way("get_num_new_matched_tokens", args, hold=True)
             result = 0, False
         if kv_transfer_params and kv_transfer_params.get("do_remote_decode"):
             self._cached_wanted.add(request_id)
@@ -633,10 +665,13 @@ class PortClient:
         return result
 
     def update_state_after_alloc(self, request_id: str, block_ids: list[int], num_external_tokens: int) -> None:
-        """One-way: its error, if any, comes back in the next ``build_connector_meta``."""
+        """One-way: its error, if any, comes back in the next ``build_connector_meta``. Held for
+        a request named without kv_transfer_params; sent at once for one kvferry moves (D's node
+        then tells P where to write)."""
         self._one_way(
             "update_state_after_alloc",
             {"request_id": request_id, "block_ids": list(block_ids), "num_external_tokens": num_external_tokens},
+            hold=request_id in self._plain and self.side == "scheduler",
         )
 
     def build_connector_meta(
@@ -685,7 +720,7 @@ class PortClient:
         self._cached_wanted.discard(request_id)
         if request_id in self._plain and self.side == "scheduler":
             self._plain.discard(request_id)
-            self._one_way("request_finished", args)
+            self._one_way("request_finished", args, hold=True)
             return False, None
         ok = self._call("request_finished", args)
         return bool(ok["delay_free"]), ok.get("kv_transfer_params")

@@ -215,6 +215,62 @@ def test_answers_the_protocol_fixes_come_back_without_waiting_for_the_node(tmp_p
     node.close()
 
 
+def test_a_plain_requests_one_way_ops_are_held_until_the_next_send_and_keep_their_order(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = PortClient(node.path, "scheduler")
+    c.hello()
+    c.get_num_new_matched_tokens("plain", 40, None, 0)
+    c.update_state_after_alloc("plain", [1], 0)
+    c.request_finished("plain", [1], "stopped")
+    time.sleep(0.05)
+    assert node.ops() == ["hello"]  # nothing acts on them, so nothing was sent yet
+    c.ping()  # a round trip: the held frames go first, in one write
+    assert node.ops() == ["hello", "get_num_new_matched_tokens", "update_state_after_alloc", "request_finished",
+                          "ping"]
+    # A request kvferry moves: its update_state_after_alloc goes at once (D's node tells P where
+    # to write), after the plain frames held before it.
+    c.get_num_new_matched_tokens("plain-2", 40, None, 0)
+    assert c.get_num_new_matched_tokens("moved", 40, {"do_remote_prefill": True, "transfer_id": "t"}, 0) == (0, False)
+    c.get_num_new_matched_tokens("plain-3", 40, None, 0)
+    c.update_state_after_alloc("moved", [2], 0)
+    assert [a["request_id"] for a in _await_calls(node, "update_state_after_alloc", 2)] == ["plain", "moved"]
+    assert [a["request_id"] for a in node.calls("get_num_new_matched_tokens")] == ["plain", "plain-2", "moved",
+                                                                                  "plain-3"]
+    node.close()
+
+
+def test_held_frames_go_when_they_reach_the_limit_or_on_flush(tmp_path, monkeypatch):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = PortClient(node.path, "scheduler")
+    c.hello()
+    c.get_num_new_matched_tokens("a", 40, None, 0)
+    c.flush()
+    assert [a["request_id"] for a in _await_calls(node, "get_num_new_matched_tokens", 1)] == ["a"]
+    monkeypatch.setattr(port, "HELD_FRAMES_LIMIT", 300)  # a few frames' worth
+    for i in range(10):
+        c.get_num_new_matched_tokens(f"r{i}", 40, None, 0)
+    seen = _await_calls(node, "get_num_new_matched_tokens", 3)
+    assert 3 <= len(seen) < 11, "some went at the limit, the last ones are still held"
+    c.build_connector_meta([], [])
+    assert len(node.calls("get_num_new_matched_tokens")) == 11
+    node.close()
+
+
+def test_frames_held_for_a_lost_connection_are_not_sent_on_the_next_one(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = PortClient(node.path, "scheduler")
+    c.hello()
+    c.get_num_new_matched_tokens("old", 40, None, 0)
+    node.drop_connections()
+    with pytest.raises(NodeUnavailable):
+        c.ping()
+    c.reconnect()
+    c.build_connector_meta([], [])  # no hello_required: the new connection began with its hello
+    assert node.calls("get_num_new_matched_tokens") == []
+    assert c.last_op_errors == []
+    node.close()
+
+
 def test_a_request_with_params_the_node_refuses_is_refused_at_once(tmp_path):
     node = FakeNode(str(tmp_path / "n.sock"))
 

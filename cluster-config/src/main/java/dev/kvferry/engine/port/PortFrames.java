@@ -3,19 +3,23 @@ package dev.kvferry.engine.port;
 import java.io.EOFException;
 import java.io.IOException;
 import java.nio.ByteBuffer;
+import java.nio.charset.CharacterCodingException;
+import java.nio.charset.StandardCharsets;
 import java.nio.channels.ReadableByteChannel;
 import java.nio.channels.WritableByteChannel;
 import java.util.ArrayList;
 import java.util.Collection;
 import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Locale;
 import java.util.Map;
 import org.jspecify.annotations.Nullable;
 import org.msgpack.core.MessageBufferPacker;
 import org.msgpack.core.MessagePack;
 import org.msgpack.core.MessagePackException;
 import org.msgpack.core.MessageUnpacker;
-import org.msgpack.value.Value;
+import org.msgpack.core.MessageIntegerOverflowException;
+import org.msgpack.value.ValueType;
 
 /**
  * The port's framing: a 4-byte big-endian length, then one msgpack map. Values decode to plain
@@ -25,101 +29,164 @@ import org.msgpack.value.Value;
 final class PortFrames {
 
   static final int MAX_FRAME_BYTES = 64 << 20;
+  /** Most arrays and maps a frame may nest, its own map included (the protocol's use 3). */
+  static final int MAX_DEPTH = 32;
 
   private PortFrames() {}
 
   /**
-   * Reads one frame.
-   *
-   * @return the frame's map, or null at a clean end of stream (between frames)
-   * @throws PortException {@code bad_frame} for a bad length or bytes that are not one map
-   * @throws IOException when the stream fails or ends inside a frame
+   * Reads frames through one buffer, so frames a client sends together (its one-way ops, held
+   * until its next request) cost one system call between them rather than two each.
    */
-  static @Nullable Map<String, Object> read(ReadableByteChannel in)
-      throws IOException, PortException {
-    ByteBuffer header = ByteBuffer.allocate(4);
-    if (!fill(in, header, true)) {
-      return null;
+  static final class Reader {
+
+    private final ReadableByteChannel in;
+    /** Bytes read and not yet consumed lie between position and limit. */
+    private final ByteBuffer buffer;
+
+    Reader(ReadableByteChannel in, int capacity) {
+      this.in = in;
+      this.buffer = ByteBuffer.allocate(capacity);
+      buffer.flip();
     }
-    int length = header.getInt(0);
+
+    /**
+     * The next frame's map.
+     *
+     * @return null at a clean end of stream (between frames)
+     * @throws PortException {@code bad_frame} for a bad length or bytes that are not one map
+     * @throws IOException when the stream fails or ends inside a frame
+     */
+    @Nullable Map<String, Object> next() throws IOException, PortException {
+      if (!buffered(4)) {
+        return null;
+      }
+      int length = buffer.getInt();
+      checkLength(length);
+      byte[] body = new byte[length];
+      int have = Math.min(buffer.remaining(), length);
+      buffer.get(body, 0, have);
+      if (have < length) { // a frame larger than what is buffered: the rest straight from the stream
+        fill(in, ByteBuffer.wrap(body, have, length - have));
+      }
+      return decodeMap(body);
+    }
+
+    /** False when the stream ended cleanly with nothing buffered. */
+    private boolean buffered(int bytes) throws IOException {
+      while (buffer.remaining() < bytes) {
+        buffer.compact();
+        int read = in.read(buffer);
+        buffer.flip();
+        if (read < 0) {
+          if (!buffer.hasRemaining()) {
+            return false;
+          }
+          throw new EOFException("stream ended inside a frame");
+        }
+      }
+      return true;
+    }
+  }
+
+  private static void checkLength(int length) throws PortException {
     if (length <= 0 || length > MAX_FRAME_BYTES) {
       throw new PortException(PortError.BAD_FRAME,
           "frame length " + Integer.toUnsignedString(length) + " is outside 1.." + MAX_FRAME_BYTES);
     }
-    ByteBuffer body = ByteBuffer.allocate(length);
-    fill(in, body, false);
-    return decodeMap(body.array());
   }
 
   static Map<String, Object> decodeMap(byte[] bytes) throws PortException {
     try (MessageUnpacker u = MessagePack.newDefaultUnpacker(bytes)) {
-      Value v = u.unpackValue();
+      ValueType type = u.getNextFormat().getValueType();
+      if (type != ValueType.MAP) {
+        throw new PortException(PortError.BAD_FRAME,
+            "a frame must hold one msgpack map, got " + type.name().toLowerCase(Locale.ROOT));
+      }
+      @SuppressWarnings("unchecked")
+      Map<String, Object> map = (Map<String, Object>) java.util.Objects.requireNonNull(next(u, 0));
       if (u.hasNext()) {
         throw new PortException(PortError.BAD_FRAME, "a frame holds more than one msgpack value");
       }
-      if (!v.isMapValue()) {
-        throw new PortException(PortError.BAD_FRAME,
-            "a frame must hold one msgpack map, got " + v.getValueType().name().toLowerCase());
-      }
-      @SuppressWarnings("unchecked")
-      Map<String, Object> map = (Map<String, Object>) java.util.Objects.requireNonNull(toJava(v));
       return map;
+    } catch (MessageIntegerOverflowException e) {
+      throw new PortException(PortError.BAD_FRAME, "integer out of the 64-bit range");
     } catch (MessagePackException | IOException e) {
       throw new PortException(PortError.BAD_FRAME, "not msgpack: " + e.getMessage());
     }
   }
 
-  private static boolean fill(ReadableByteChannel in, ByteBuffer buf, boolean endAllowed)
-      throws IOException {
+  private static void fill(ReadableByteChannel in, ByteBuffer buf) throws IOException {
     while (buf.hasRemaining()) {
       if (in.read(buf) < 0) {
-        if (endAllowed && buf.position() == 0) {
-          return false;
-        }
         throw new EOFException("stream ended inside a frame");
       }
     }
-    return true;
   }
 
-  private static @Nullable Object toJava(Value v) throws PortException {
-    switch (v.getValueType()) {
+  /**
+   * The next value, decoded straight from the stream (no msgpack {@code Value} tree in between:
+   * the node decodes hundreds of a step's frames). Nesting deeper than {@link #MAX_DEPTH} is
+   * refused rather than recursed into.
+   */
+  private static @Nullable Object next(MessageUnpacker u, int depth)
+      throws IOException, PortException {
+    if (depth > MAX_DEPTH) {
+      throw new PortException(PortError.BAD_FRAME,
+          "values nested deeper than " + MAX_DEPTH + " levels");
+    }
+    ValueType type = u.getNextFormat().getValueType();
+    switch (type) {
       case NIL:
+        u.unpackNil();
         return null;
       case BOOLEAN:
-        return v.asBooleanValue().getBoolean();
+        return u.unpackBoolean();
       case INTEGER:
-        if (!v.asIntegerValue().isInLongRange()) {
-          throw new PortException(PortError.BAD_FRAME, "integer out of the 64-bit range");
-        }
-        return v.asIntegerValue().toLong();
+        return u.unpackLong();
       case FLOAT:
-        return v.asFloatValue().toDouble();
+        return u.unpackDouble();
       case STRING:
-        return v.asStringValue().asString();
+        return string(u.readPayload(u.unpackRawStringHeader()));
       case BINARY:
-        return v.asBinaryValue().asByteArray();
+        return u.readPayload(u.unpackBinaryHeader());
       case ARRAY: {
-        List<Object> list = new ArrayList<>();
-        for (Value e : v.asArrayValue()) {
-          list.add(toJava(e));
+        int n = u.unpackArrayHeader();
+        List<Object> list = new ArrayList<>(Math.min(n, 1024)); // the header is not trusted
+        for (int k = 0; k < n; k++) {
+          list.add(next(u, depth + 1));
         }
         return list;
       }
       case MAP: {
+        int n = u.unpackMapHeader();
         Map<String, Object> map = new LinkedHashMap<>();
-        for (Map.Entry<Value, Value> e : v.asMapValue().entrySet()) {
-          if (!e.getKey().isStringValue()) {
+        for (int k = 0; k < n; k++) {
+          if (u.getNextFormat().getValueType() != ValueType.STRING) {
             throw new PortException(PortError.BAD_FRAME, "map keys must be strings");
           }
-          map.put(e.getKey().asStringValue().asString(), toJava(e.getValue()));
+          String key = string(u.readPayload(u.unpackRawStringHeader()));
+          map.put(key, next(u, depth + 1));
         }
         return map;
       }
       default:
-        throw new PortException(PortError.BAD_FRAME,
-            "unsupported msgpack type " + v.getValueType());
+        throw new PortException(PortError.BAD_FRAME, "unsupported msgpack type " + type);
     }
+  }
+
+  /** UTF-8, strictly: bytes that are not UTF-8 are a bad frame, not replacement characters. */
+  private static String string(byte[] utf8) throws PortException {
+    for (byte b : utf8) {
+      if (b < 0) {
+        try {
+          return StandardCharsets.UTF_8.newDecoder().decode(ByteBuffer.wrap(utf8)).toString();
+        } catch (CharacterCodingException e) {
+          throw new PortException(PortError.BAD_FRAME, "a string is not UTF-8");
+        }
+      }
+    }
+    return new String(utf8, StandardCharsets.US_ASCII);
   }
 
   /** Writes one frame holding {@code map}. */

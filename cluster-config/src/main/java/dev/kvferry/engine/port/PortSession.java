@@ -52,6 +52,7 @@ final class PortSession implements Runnable {
 
   private final EnginePortServer server;
   private final SocketChannel channel;
+  private final PortFrames.Reader frames;
   private final Duration workersTimeout;
   private @Nullable Side side;
   private int rank = -1;
@@ -67,6 +68,7 @@ final class PortSession implements Runnable {
   PortSession(EnginePortServer server, SocketChannel channel, Duration workersTimeout) {
     this.server = server;
     this.channel = channel;
+    this.frames = new PortFrames.Reader(channel, 64 << 10);
     this.workersTimeout = workersTimeout;
   }
 
@@ -77,7 +79,7 @@ final class PortSession implements Runnable {
       while (true) {
         Map<String, Object> frame;
         try {
-          frame = PortFrames.read(channel);
+          frame = frames.next();
         } catch (PortException e) {
           reply(null, error(e));
           ended = "bad frame: " + e.getMessage();

@@ -14,11 +14,13 @@ import java.util.Map;
 final class PortTestClient implements AutoCloseable {
 
   private final SocketChannel channel;
+  private final PortFrames.Reader frames;
   private long nextId;
 
   PortTestClient(Path socket) throws IOException {
     channel = SocketChannel.open(StandardProtocolFamily.UNIX);
     channel.connect(UnixDomainSocketAddress.of(socket));
+    frames = new PortFrames.Reader(channel, 4096);
   }
 
   /** Sends a request and returns the whole reply frame. */
@@ -72,7 +74,7 @@ final class PortTestClient implements AutoCloseable {
 
   /** The next frame, or an IOException when the node closed the connection. */
   Map<String, Object> read() throws IOException, PortException {
-    Map<String, Object> m = PortFrames.read(channel);
+    Map<String, Object> m = frames.next();
     if (m == null) {
       throw new java.io.EOFException("the node closed the connection");
     }
@@ -82,7 +84,7 @@ final class PortTestClient implements AutoCloseable {
   /** Whether the node closed the connection (the next read sees the end). */
   boolean closedByNode() throws IOException {
     try {
-      return PortFrames.read(channel) == null;
+      return frames.next() == null;
     } catch (PortException e) {
       return false;
     } catch (IOException e) {
