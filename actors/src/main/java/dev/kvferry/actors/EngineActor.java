@@ -162,15 +162,18 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         new AgentMetadata(
             self.engineId(), self.dpRank(), self.tpRank(), self.tpSize(),
             setup.transport().name(), setup.geometry(), descriptors);
+    PeerMetadataCache peerMetadata = new PeerMetadataCache();
     this.handshake =
-        ctx.spawn(HandshakeActor.create(local, setup.settings(), ctx.getSelf()), "handshake");
+        ctx.spawn(HandshakeActor.create(local, setup.settings(), ctx.getSelf(), peerMetadata),
+            "handshake");
     this.tracker =
         ctx.spawn(
             RequestTrackerActor.create(self.label(), setup.settings(), setup.sink(), ctx.getSelf()),
             "tracker");
     this.writer = ctx.spawn(WriterActor.create(setup, io, handshake, tracker), "writer");
     this.receiver = ctx.spawn(ReceiverActor.create(setup, tracker), "receiver");
-    this.reader = ctx.spawn(ReaderActor.create(setup, io, handshake, tracker), "reader");
+    this.reader =
+        ctx.spawn(ReaderActor.create(setup, io, handshake, peerMetadata, tracker), "reader");
     this.releases = ctx.spawn(ReleaseActor.create(setup, tracker), "releases");
     this.receiveSide =
         self.mode() == TransferMode.READ ? reader.narrow() : receiver.narrow();
@@ -225,6 +228,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     }
     for (ReqMeta r : m.metadata().reqsToRecv()) {
       if (r.localBlockIds().length > 0) { // none: aborted before it was scheduled, nothing to load
+        ReadStamps.mark(r.transferId(), ReadStamps.Stage.ENGINE);
         tracker.tell(
             new RequestTrackerActor.ExpectReceive(
                 r.requestId(), r.transferId(), r.remoteEngineId(), r.localBlockIds()));

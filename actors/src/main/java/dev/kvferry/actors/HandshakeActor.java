@@ -37,8 +37,17 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   /** Serve our metadata to a peer. */
   public record Serve(PeerProtocol.GetMetadata request) implements Command {}
 
-  /** Fetch (or return cached) metadata of worker {@code tpRank} of {@code engineId}. */
-  public record Fetch(String engineId, int tpRank, ActorRef<Result> replyTo) implements Command {}
+  /**
+   * Fetch (or return cached) metadata of worker {@code tpRank} of {@code engineId}: of its
+   * incarnation whose actor uid is {@code incarnation}, waiting (as for a worker not listed yet)
+   * while the directory lists another; 0: of whichever incarnation is listed.
+   */
+  public record Fetch(String engineId, int tpRank, int incarnation, ActorRef<Result> replyTo)
+      implements Command {
+    public Fetch(String engineId, int tpRank, ActorRef<Result> replyTo) {
+      this(engineId, tpRank, 0, replyTo);
+    }
+  }
 
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
 
@@ -71,13 +80,18 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   private final ConnectorSettings settings;
   private final TimerScheduler<Command> timers;
   /**
-   * Metadata by worker, with the incarnation (the listed actor ref, whose uid changes when the
-   * worker restarts) that served it: a worker back under the same id never gets the old one.
+   * Metadata by worker, with the incarnation that served it: a worker back under the same id
+   * never gets the old one. Shared with this worker's reader, which reads it without asking.
    */
-  private final Map<PeerKey, Cached> cache = new HashMap<>();
+  private final PeerMetadataCache cache;
+  private final Map<PeerKey, List<Waiter>> waiting = new HashMap<>();
 
-  private record Cached(ActorRef<EngineActor.Command> incarnation, AgentMetadata metadata) {}
-  private final Map<PeerKey, List<ActorRef<Result>>> waiting = new HashMap<>();
+  /** A Fetch waiting for its answer; {@code incarnation} 0: any. */
+  private record Waiter(ActorRef<Result> replyTo, int incarnation) {
+    boolean takes(ActorRef<EngineActor.Command> worker) {
+      return incarnation == 0 || worker.path().uid() == incarnation;
+    }
+  }
   private EngineDirectory directory = EngineDirectory.EMPTY;
   /** Fetches waiting for their engine to appear in the listing, with their attempt number. */
   private final Map<PeerKey, Integer> notListed = new HashMap<>();
@@ -93,10 +107,17 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   public static Behavior<Command> create(
       AgentMetadata local, ConnectorSettings settings,
       @Nullable ActorRef<EngineActor.Command> owner) {
+    return create(local, settings, owner, new PeerMetadataCache());
+  }
+
+  /** As above, keeping what it fetches in {@code cache} (only this actor writes it). */
+  static Behavior<Command> create(
+      AgentMetadata local, ConnectorSettings settings,
+      @Nullable ActorRef<EngineActor.Command> owner, PeerMetadataCache cache) {
     return Behaviors.setup(
         ctx ->
             Behaviors.withTimers(
-                timers -> new HandshakeActor(ctx, timers, local, settings, owner)));
+                timers -> new HandshakeActor(ctx, timers, local, settings, owner, cache)));
   }
 
   private HandshakeActor(
@@ -104,9 +125,11 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
       TimerScheduler<Command> timers,
       AgentMetadata local,
       ConnectorSettings settings,
-      @Nullable ActorRef<EngineActor.Command> owner) {
+      @Nullable ActorRef<EngineActor.Command> owner,
+      PeerMetadataCache cache) {
     super(ctx);
     this.owner = owner;
+    this.cache = cache;
     this.timers = timers;
     this.local = local;
     this.localBlob = local.pack();
@@ -157,22 +180,26 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
 
   private Behavior<Command> onFetch(Fetch m) {
     PeerKey key = new PeerKey(m.engineId(), m.tpRank());
-    Cached cached = cache.get(key);
-    if (cached != null && isListed(key, cached.incarnation())) {
+    Waiter waiter = new Waiter(m.replyTo(), m.incarnation());
+    PeerMetadataCache.Entry cached = cache.get(key);
+    boolean listed = cached != null && isListed(key, cached.incarnation());
+    if (cached != null && listed && waiter.takes(cached.incarnation())) {
       m.replyTo().tell(new Ready(key.engineId(), key.tpRank(), cached.metadata()));
       return this;
     }
-    Cached stale = cache.remove(key);
-    if (stale != null && owner != null) {
-      owner.tell(new EngineActor.PeerGone(stale.metadata()));
+    if (cached != null && !listed) {
+      cache.remove(key);
+      if (owner != null) {
+        owner.tell(new EngineActor.PeerGone(cached.metadata()));
+      }
     }
-    List<ActorRef<Result>> waiters = waiting.get(key);
+    List<Waiter> waiters = waiting.get(key);
     if (waiters != null) {
-      waiters.add(m.replyTo()); // one fetch in flight per remote worker
+      waiters.add(waiter); // one fetch in flight per remote worker
       return this;
     }
     waiters = new ArrayList<>();
-    waiters.add(m.replyTo());
+    waiters.add(waiter);
     waiting.put(key, waiters);
     return attempt(key, 1);
   }
@@ -182,10 +209,15 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
       return this;
     }
     Optional<EngineDirectory.Entry> entry = directory.find(key.engineId(), key.tpRank());
-    if (entry.isEmpty()) {
+    List<Waiter> waiters = waiting.getOrDefault(key, List.of());
+    if (entry.isEmpty() || waiters.stream().noneMatch(w -> w.takes(entry.get().ref()))) {
+      // Not listed, or listed as another incarnation than the one asked for (an engine that
+      // attached again: the old one can stay listed for a moment after it stopped).
       if (attempt >= settings.handshakeAttempts()) {
-        String msg = "handshake with " + key + " failed: engine " + key.engineId()
-            + " is not a member of the cluster";
+        String msg = "handshake with " + key + " failed: " + (entry.isEmpty()
+            ? "engine " + key.engineId() + " is not a member of the cluster"
+            : "the worker incarnation asked for (uid " + waiters.get(0).incarnation()
+                + ") is not listed; " + entry.get().ref() + " is");
         getContext().getLog().warn(msg);
         finish(key, new Failed(key.engineId(), key.tpRank(), msg));
         return this;
@@ -226,9 +258,10 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
       }
       local.checkCompatibleWith(peer);
       if (isListed(m.key(), m.asked())) {
-        cache.put(m.key(), new Cached(m.asked(), peer));
+        cache.put(m.key(), new PeerMetadataCache.Entry(m.asked(), peer));
       }
-      finish(m.key(), new Ready(m.key().engineId(), m.key().tpRank(), peer));
+      answer(m.key(), m.asked(), new Ready(m.key().engineId(), m.key().tpRank(), peer),
+          m.attempt());
     } catch (HandshakeException e) {
       // Bad or incompatible metadata will not improve by asking again.
       // The reason reaches the requests' failures: it must say whose metadata was bad.
@@ -262,17 +295,42 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   private void finish(PeerKey key, Result result) {
     timers.cancel(key);
     notListed.remove(key);
-    List<ActorRef<Result>> waiters = waiting.remove(key);
+    List<Waiter> waiters = waiting.remove(key);
     if (waiters != null) {
-      waiters.forEach(w -> w.tell(result));
+      waiters.forEach(w -> w.replyTo().tell(result));
     }
+  }
+
+  /**
+   * Answers the waiters that take {@code from}'s metadata; those that asked for another
+   * incarnation wait on, as for a worker not listed yet.
+   */
+  private void answer(PeerKey key, ActorRef<EngineActor.Command> from, Ready ready, int attempt) {
+    List<Waiter> waiters = waiting.getOrDefault(key, List.of());
+    List<Waiter> others = new ArrayList<>();
+    for (Waiter w : waiters) {
+      if (w.takes(from)) {
+        w.replyTo().tell(ready);
+      } else {
+        others.add(w);
+      }
+    }
+    if (others.isEmpty()) {
+      timers.cancel(key);
+      notListed.remove(key);
+      waiting.remove(key);
+      return;
+    }
+    waiting.put(key, others);
+    notListed.put(key, attempt);
+    timers.startSingleTimer(key, new RetryDue(key, attempt + 1), settings.handshakeTimeout());
   }
 
   private Behavior<Command> onDirectoryChanged(DirectoryChanged m) {
     directory = m.directory();
     // A worker that left or restarted (a new incarnation under the same id, maybe with no gap in
     // the listing) may have new regions: forget what the old one told us.
-    cache.entrySet().removeIf(e -> {
+    cache.removeIf(e -> {
       if (isListed(e.getKey(), e.getValue().incarnation())) {
         return false;
       }

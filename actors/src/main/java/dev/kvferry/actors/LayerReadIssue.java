@@ -30,7 +30,7 @@ final class LayerReadIssue {
    */
   static List<CompletableFuture<TransferStatus>> start(Transport transport, Executor io,
       boolean gpuOrdered, List<MemoryRegion> localLayers, List<RegionDescriptor> peerLayers,
-      TransferBatch plan, AtomicBoolean cancelled, IntConsumer onQueued) {
+      TransferBatch plan, AtomicBoolean cancelled, String transferId, IntConsumer onQueued) {
     int layers = localLayers.size();
     List<CompletableFuture<TransferStatus>> issued = new ArrayList<>(layers);
     for (int layer = 0; layer < layers; layer++) {
@@ -38,6 +38,9 @@ final class LayerReadIssue {
     }
     IntConsumer readLayer = l -> {
       try {
+        if (l == 0) {
+          ReadStamps.mark(transferId, ReadStamps.Stage.IO_STARTED);
+        }
         if (cancelled.get()) {
           issued.get(l).complete(TransferStatus.failed("transfer ended before this layer was read"));
           return;
@@ -45,6 +48,10 @@ final class LayerReadIssue {
         TransferStatus s = transport.read(localLayers.get(l), peerLayers.get(l), plan);
         if (gpuOrdered && s.state() != TransferStatus.State.FAILED) {
           onQueued.accept(l);
+        }
+        if (l == 0 || l == layers - 1) {
+          ReadStamps.mark(transferId,
+              l == layers - 1 ? ReadStamps.Stage.LAST_QUEUED : ReadStamps.Stage.LAYER0_QUEUED);
         }
         issued.get(l).complete(s);
       } catch (Throwable e) { // as supplyAsync did: the layer's read fails, nothing hangs

@@ -86,6 +86,8 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
    */
   private final boolean gpuOrdered;
   private final ActorRef<HandshakeActor.Command> handshake;
+  /** What the handshake actor fetched: a peer met before is read from at once, no Fetch. */
+  private final PeerMetadataCache peerMetadata;
   private final ActorRef<RequestTrackerActor.Command> tracker;
   private final ActorRef<HandshakeActor.Result> handshakeAdapter;
   private final PeerOutbox outbox;
@@ -106,8 +108,9 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       EngineActor.Setup setup,
       Executor io,
       ActorRef<HandshakeActor.Command> handshake,
+      PeerMetadataCache peerMetadata,
       ActorRef<RequestTrackerActor.Command> tracker) {
-    return Behaviors.setup(ctx -> new ReaderActor(ctx, setup, io, handshake, tracker));
+    return Behaviors.setup(ctx -> new ReaderActor(ctx, setup, io, handshake, peerMetadata, tracker));
   }
 
   private ReaderActor(
@@ -115,8 +118,10 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       EngineActor.Setup setup,
       Executor io,
       ActorRef<HandshakeActor.Command> handshake,
+      PeerMetadataCache peerMetadata,
       ActorRef<RequestTrackerActor.Command> tracker) {
     super(ctx);
+    this.peerMetadata = peerMetadata;
     this.setup = setup;
     this.self = setup.identity();
     this.mla = setup.geometry().layout() == KvCacheGeometry.Layout.MLA;
@@ -161,15 +166,22 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
           || outbox.holdsWorkFor(r.transferId())) {
         continue; // P gave up already, or a duplicate id: the tracker reports it; nothing is read
       }
+      ReadStamps.mark(r.transferId(), ReadStamps.Stage.READER);
       outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> {
         int[] sources = PeerPlanning.sourcesFor(self, prefillTp, mla);
         reads.put(r.transferId(), new ReadJob(r, sources, setup.layerRegions().size()));
         setup.sink().layerLoads().readsPerLayer(r.transferId(), sources.length);
         for (int source : sources) {
-          readsAwaitingPeer
-              .computeIfAbsent(new PeerKey(r.remoteEngineId(), source), k -> new ArrayList<>())
-              .add(r);
-          handshake.tell(new HandshakeActor.Fetch(r.remoteEngineId(), source, handshakeAdapter));
+          PeerKey peer = new PeerKey(r.remoteEngineId(), source);
+          int incarnation = r.remoteWorkerUid(source); // 0: whichever is listed
+          AgentMetadata known = peerMetadata.listed(peer, outbox.directory(), incarnation);
+          if (known != null) {
+            startReads(reads.get(r.transferId()), known);
+            continue;
+          }
+          readsAwaitingPeer.computeIfAbsent(peer, k -> new ArrayList<>()).add(r);
+          handshake.tell(new HandshakeActor.Fetch(r.remoteEngineId(), source, incarnation,
+              handshakeAdapter));
         }
       });
     }
@@ -201,6 +213,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     if (job.failure != null) {
       return; // ending: nothing new starts
     }
+    ReadStamps.mark(r.transferId(), ReadStamps.Stage.PEER_READY);
     TransferBatch plan;
     try {
       // A prefix-cache hit on D leaves fewer local blocks: read the tail of P's list.
@@ -216,8 +229,9 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     int source = peer.tpRank();
     String transferId = r.transferId();
     int layers = regions.size();
+    ReadStamps.mark(transferId, ReadStamps.Stage.ISSUED);
     List<CompletableFuture<TransferStatus>> issued = LayerReadIssue.start(setup.transport(), io,
-        gpuOrdered, regions, peer.layers(), plan, job.cancelled,
+        gpuOrdered, regions, peer.layers(), plan, job.cancelled, transferId,
         l -> setup.sink().layerLoads().readQueued(
             transferId, l, new LayerLoads.QueuedRead(regions.get(l), peer.layers().get(l))));
     for (int layer = 0; layer < layers; layer++) {

@@ -150,6 +150,55 @@ class HandshakeActorTest {
         second.metadata().layers().get(0).regionId(), "served the old incarnation's regions");
   }
 
+  /**
+   * READ: D asks for the incarnation P's params name. While the directory still lists the old one
+   * (it stopped, the listing has not caught up) the fetch waits; once the named one is listed it
+   * is asked, and a waiter for any incarnation is not held up meanwhile.
+   */
+  @Test
+  void aFetchForANamedIncarnationWaitsWhileAnotherIsListed() {
+    AtomicInteger askedOld = new AtomicInteger();
+    ActorRef<EngineActor.Command> old = fx.startPeer(peer, p -> {
+      askedOld.incrementAndGet();
+      return fx.peerMetadata(p);
+    });
+    ActorRef<HandshakeActor.Command> h = handshake(ConnectorSettings.DEFAULTS);
+    h.tell(new HandshakeActor.DirectoryChanged(EngineDirectory.of(List.of(old))));
+    TestProbe<HandshakeActor.Result> any = fx.kit.createTestProbe();
+    h.tell(new HandshakeActor.Fetch("decode-0", 0, any.ref()));
+    assertInstanceOf(HandshakeActor.Ready.class, any.receiveMessage(Duration.ofSeconds(5)));
+
+    fx.kit.stop(old);
+    AtomicInteger askedNew = new AtomicInteger();
+    ActorRef<EngineActor.Command> next = fx.startPeer(peer, p -> {
+      askedNew.incrementAndGet();
+      return fx.peerMetadata(p);
+    });
+    TestProbe<HandshakeActor.Result> named = fx.kit.createTestProbe();
+    h.tell(new HandshakeActor.Fetch("decode-0", 0, next.path().uid(), named.ref()));
+    named.expectNoMessage(Duration.ofMillis(300)); // the old one is still listed: not it
+    assertEquals(1, askedOld.get(), "the listed old incarnation was asked for the new one");
+    h.tell(new HandshakeActor.DirectoryChanged(EngineDirectory.of(List.of(next))));
+    assertInstanceOf(HandshakeActor.Ready.class, named.receiveMessage(Duration.ofSeconds(5)));
+    assertEquals(1, askedNew.get());
+  }
+
+  @Test
+  void aNamedIncarnationThatIsNeverListedFailsSayingWhichIsListed() {
+    ActorRef<EngineActor.Command> listed = fx.startPeer(peer, fx::peerMetadata);
+    ConnectorSettings s = ConnectorSettings.DEFAULTS.withHandshake(
+        Duration.ofMillis(100), 2, Duration.ofMillis(20));
+    ActorRef<HandshakeActor.Command> h = handshake(s);
+    h.tell(new HandshakeActor.DirectoryChanged(EngineDirectory.of(List.of(listed))));
+    TestProbe<HandshakeActor.Result> w = fx.kit.createTestProbe();
+    int gone = listed.path().uid() + 1;
+    h.tell(new HandshakeActor.Fetch("decode-0", 0, gone, w.ref()));
+    HandshakeActor.Failed f =
+        assertInstanceOf(HandshakeActor.Failed.class, w.receiveMessage(Duration.ofSeconds(5)));
+    assertTrue(f.reason().contains("uid " + gone) && f.reason().contains("is not listed"),
+        f.reason());
+  }
+
   @Test
   void aPeerThatLeavesIsReportedSoItsTransportStateIsReleased() {
     ActorRef<EngineActor.Command> peerRef = fx.startPeer(peer, fx::peerMetadata);

@@ -80,4 +80,48 @@ class ReattachTest {
       p.worker().stop().get(10, TimeUnit.SECONDS);
     }
   }
+
+  /**
+   * READ: D keeps what it learned of P's worker (its regions) and reads from it at once next
+   * time; after P attached again (new regions, new bytes) D must read the new incarnation's, not
+   * what it kept of the old one.
+   */
+  @Test
+  void aPrefillEngineAttachedAgainIsReadFromItsNewIncarnation() throws Exception {
+    TwoSystemClusterTest.formCluster(prefillSystem, decodeSystem);
+    Side d = TwoSystemClusterTest.side(decodeSystem, closeables, Role.DECODE, TransferMode.READ,
+        "decode-r", D_GEOMETRY);
+    int[] pBlocks = {2, 3, 4, 9};
+    int[] dBlocks = {7, 1, 30, 12};
+    int prompt = pBlocks.length * BLOCK + 1; // D computes the last token: it reads 4 blocks
+    for (int attach = 0; attach < 3; attach++) {
+      Side p = TwoSystemClusterTest.side(prefillSystem, closeables, Role.PREFILL,
+          TransferMode.READ, "prefill-r", P_GEOMETRY);
+      for (var layer : p.layers()) { // bytes of this incarnation only
+        java.nio.ByteBuffer b = layer.buffer(0, (int) layer.lengthBytes());
+        for (int i = 0; i < b.capacity(); i++) {
+          b.put(i, (byte) (b.get(i) + 17 * (attach + 1)));
+        }
+      }
+      for (int request = 0; request < 2; request++) { // the second one reads with what D kept
+        String id = "r" + attach + "-" + request;
+        ConnectorRequest pReq = new ConnectorRequest(id, prompt,
+            KvTransferParams.forPrefill("tx-" + id, "decode-r", 0));
+        pReq.setStatus(ConnectorRequest.Status.FINISHED_LENGTH_CAPPED);
+        var decision = p.scheduler().requestFinished(pReq, pBlocks);
+        p.worker().startLoadKv(
+            p.scheduler().buildConnectorMeta(new SchedulerOutput(List.of(), List.of())));
+        ConnectorRequest dReq = new ConnectorRequest(id, prompt, decision.paramsForPeer());
+        d.scheduler().updateStateAfterAlloc(dReq, dBlocks, prompt - 1);
+        d.worker().startLoadKv(
+            d.scheduler().buildConnectorMeta(new SchedulerOutput(List.of(), List.of())));
+        assertEquals(Set.of(id), TwoSystemClusterTest.await(decodeSystem, d.worker(), false),
+            "attach " + attach + ", request " + request);
+        assertEquals(Set.of(id), TwoSystemClusterTest.await(prefillSystem, p.worker(), true),
+            "attach " + attach + ", request " + request);
+        TwoSystemClusterTest.assertMoved(p, d, pBlocks, dBlocks);
+      }
+      p.worker().stop().get(10, TimeUnit.SECONDS);
+    }
+  }
 }

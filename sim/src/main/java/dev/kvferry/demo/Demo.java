@@ -493,12 +493,13 @@ public final class Demo implements AutoCloseable {
 
   /**
    * This JVM's {@code kvferry.cuda.*} settings (where libcudart and libcuda are, when the loader
-   * does not find them), as flags for the child JVMs: they need the same libraries.
+   * does not find them), as flags for the child JVMs: they need the same libraries. Also {@code
+   * kvferry.stamps}, so the nodes log their stage stamps when the demo was asked to.
    */
   static List<String> inheritedProperties() {
     List<String> flags = new ArrayList<>();
     System.getProperties().stringPropertyNames().stream()
-        .filter(k -> k.startsWith("kvferry.cuda."))
+        .filter(k -> k.startsWith("kvferry.cuda.") || k.equals("kvferry.stamps"))
         .sorted()
         .forEach(k -> flags.add("-D" + k + "=" + System.getProperty(k)));
     return flags;

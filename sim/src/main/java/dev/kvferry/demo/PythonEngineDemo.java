@@ -155,7 +155,9 @@ public final class PythonEngineDemo implements AutoCloseable {
       throws IOException {
     int management = FreePorts.next();
     managementPorts.add(management);
-    return ChildProcess.start(role, logDir, List.of("-Xmx512m", "-XX:+UseSerialGC"), List.of(
+    List<String> jvmArgs = new java.util.ArrayList<>(List.of("-Xmx512m", "-XX:+UseSerialGC"));
+    jvmArgs.addAll(Demo.inheritedProperties());
+    return ChildProcess.start(role, logDir, jvmArgs, List.of(
         "node", "--role", role, "--engine-id", role + "-0", "--mode", modes,
         "--engine", "port", "--engine-socket", socket.toString(), "--tp-size",
         Integer.toString(tp), "--port", Integer.toString(FreePorts.next()),

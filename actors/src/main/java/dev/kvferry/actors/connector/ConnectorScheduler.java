@@ -47,8 +47,8 @@ public final class ConnectorScheduler {
   }
 
   /**
-   * @param localWorkers this engine's workers (one per TP rank); D's remote-block announcements go
-   *     to each
+   * @param localWorkers this engine's workers, one per TP rank, in rank order; D's remote-block
+   *     announcements go to each
    */
   public ConnectorScheduler(
       Role role,
@@ -155,7 +155,7 @@ public final class ConnectorScheduler {
               pr.request().requestId(), p.transferId(), pr.blockIds(),
               blocksBeforeLastToken(p.remoteBlockIds(), pr.request().numPromptTokens(),
                   pr.blockIds().length, pr.externalTokens()),
-              p.remoteEngineId(), p.remoteDpRank()));
+              p.remoteEngineId(), p.remoteDpRank(), p.remoteWorkerUids()));
     }
     Map<String, Integer> computedAfterStep = new HashMap<>();
     for (SchedulerOutput.NewRequest n : output.scheduledNewReqs()) {
@@ -290,10 +290,14 @@ public final class ConnectorScheduler {
           new ConnectorMetadata.PendingSend(
               request.requestId(), p.transferId(), deadline, p.remoteEngineId()));
     }
+    // By TP rank (the workers are in rank order): D reads from these incarnations only.
+    int[] uids = mode == TransferMode.READ
+        ? localWorkers.stream().mapToInt(w -> w.path().uid()).toArray()
+        : new int[0];
     KvTransferParams forDecode =
         new KvTransferParams(
             true, false, p.transferId(), engineId, dpRank, blockIds.clone(), "", 0,
-            Math.max(1, localWorkers.size()));
+            Math.max(1, localWorkers.size()), uids);
     return new FinishDecision(delay, forDecode);
   }
 

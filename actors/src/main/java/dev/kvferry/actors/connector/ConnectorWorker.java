@@ -3,6 +3,7 @@ package dev.kvferry.actors.connector;
 import dev.kvferry.actors.EngineActor;
 import dev.kvferry.actors.FinishedSink;
 import dev.kvferry.actors.LayerLoads;
+import dev.kvferry.actors.ReadStamps;
 import dev.kvferry.actors.TransferObserver;
 import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineIdentity;
@@ -114,6 +115,7 @@ public final class ConnectorWorker implements AutoCloseable {
     Set<String> loads = new HashSet<>();
     for (ReqMeta r : metadata.reqsToRecv()) {
       if (r.localBlockIds().length > 0) {
+        ReadStamps.mark(r.transferId(), ReadStamps.Stage.START_LOAD);
         loads.add(r.transferId());
         sink.layerLoads().begin(r.transferId());
       }

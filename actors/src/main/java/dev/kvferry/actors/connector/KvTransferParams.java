@@ -20,6 +20,10 @@ import org.jspecify.annotations.Nullable;
  * @param remoteHost seed compatibility: host of the other side
  * @param remotePort seed compatibility: handshake port of the other side
  * @param tpSize TP size of the side that wrote these params
+ * @param remoteWorkerUids READ mode, from P: by TP rank, the actor uid of the P worker incarnation
+ *     that holds the blocks (kvferry's addition, key {@code remote_worker_uids}). D reads only from
+ *     that incarnation: an engine that attached again under the same id has other memory, and the
+ *     old incarnation can stay listed for a moment after it stopped. Empty: any (older senders).
  */
 public record KvTransferParams(
     boolean doRemotePrefill,
@@ -30,11 +34,29 @@ public record KvTransferParams(
     int[] remoteBlockIds,
     String remoteHost,
     int remotePort,
-    int tpSize) {
+    int tpSize,
+    int[] remoteWorkerUids) {
 
   public KvTransferParams {
     remoteBlockIds = remoteBlockIds == null ? new int[0] : remoteBlockIds;
     remoteHost = remoteHost == null ? "" : remoteHost;
+    remoteWorkerUids = remoteWorkerUids == null ? new int[0] : remoteWorkerUids;
+  }
+
+  /** Without worker uids (any incarnation of the remote workers). */
+  public KvTransferParams(boolean doRemotePrefill, boolean doRemoteDecode, String transferId,
+      String remoteEngineId, int remoteDpRank, int[] remoteBlockIds, String remoteHost,
+      int remotePort, int tpSize) {
+    this(doRemotePrefill, doRemoteDecode, transferId, remoteEngineId, remoteDpRank,
+        remoteBlockIds, remoteHost, remotePort, tpSize, new int[0]);
+  }
+
+  /**
+   * The uid of the remote worker of TP rank {@code rank} these params name, or 0 (Pekko's
+   * "undefined" uid) when they name none: any incarnation will do.
+   */
+  public int remoteWorkerUid(int rank) {
+    return rank >= 0 && rank < remoteWorkerUids.length ? remoteWorkerUids[rank] : 0;
   }
 
   /** Params for a request that D receives from P (the router hands these to D). */
@@ -50,7 +72,7 @@ public record KvTransferParams(
   public KvTransferParams withDoRemotePrefill(boolean value) {
     return new KvTransferParams(
         value, doRemoteDecode, transferId, remoteEngineId, remoteDpRank, remoteBlockIds,
-        remoteHost, remotePort, tpSize);
+        remoteHost, remotePort, tpSize, remoteWorkerUids);
   }
 
   /**
@@ -71,7 +93,9 @@ public record KvTransferParams(
     String transferId = string(map, "transfer_id", !(prefill || decode));
     String engine = string(map, "remote_engine_id", !(prefill || decode));
     int dp = integer(map, "remote_dp_rank", 0);
-    int[] blocks = blockIds(map.get("remote_block_ids"));
+    int[] blocks = integers(map.get("remote_block_ids"), "remote_block_ids", 0);
+    int[] uids = integers(map.get("remote_worker_uids"), "remote_worker_uids",
+        Integer.MIN_VALUE);
     String host = string(map, "remote_host", true);
     int port = integer(map, "remote_port", 0);
     int tp = integer(map, "tp_size", 1);
@@ -80,7 +104,8 @@ public record KvTransferParams(
           "kv_transfer_params out of range: remote_dp_rank=" + dp + " tp_size=" + tp
               + " remote_port=" + port);
     }
-    return new KvTransferParams(prefill, decode, transferId, engine, dp, blocks, host, port, tp);
+    return new KvTransferParams(
+        prefill, decode, transferId, engine, dp, blocks, host, port, tp, uids);
   }
 
   /** The map form, with the seed's field names. */
@@ -95,6 +120,9 @@ public record KvTransferParams(
     m.put("remote_host", remoteHost);
     m.put("remote_port", remotePort);
     m.put("tp_size", tpSize);
+    if (remoteWorkerUids.length > 0) {
+      m.put("remote_worker_uids", Arrays.stream(remoteWorkerUids).boxed().toList());
+    }
     return m;
   }
 
@@ -145,7 +173,9 @@ public record KvTransferParams(
         "kv_transfer_params." + key + " must be an integer, got " + describe(v));
   }
 
-  private static int[] blockIds(@Nullable Object v) throws InvalidTransferParamsException {
+  /** A list of ints, each at least {@code min}; absent: empty. */
+  private static int[] integers(@Nullable Object v, String key, int min)
+      throws InvalidTransferParamsException {
     if (v == null) {
       return new int[0];
     }
@@ -157,18 +187,18 @@ public record KvTransferParams(
       for (int i = 0; i < out.length; i++) {
         Object e = list.get(i);
         if (!(e instanceof Integer || e instanceof Long || e instanceof Short)
-            || ((Number) e).longValue() < 0
+            || ((Number) e).longValue() < min
             || ((Number) e).longValue() > Integer.MAX_VALUE) {
-          throw new InvalidTransferParamsException(
-              "kv_transfer_params.remote_block_ids[" + i + "] must be a non-negative integer, got "
-                  + describe(e));
+          throw new InvalidTransferParamsException("kv_transfer_params." + key + "[" + i
+              + "] must be " + (min == 0 ? "a non-negative" : "a 32-bit") + " integer, got "
+              + describe(e));
         }
         out[i] = ((Number) e).intValue();
       }
       return out;
     }
     throw new InvalidTransferParamsException(
-        "kv_transfer_params.remote_block_ids must be a list of integers, got " + describe(v));
+        "kv_transfer_params." + key + " must be a list of integers, got " + describe(v));
   }
 
   private static String describe(Object v) {
@@ -186,7 +216,8 @@ public record KvTransferParams(
         && Arrays.equals(remoteBlockIds, p.remoteBlockIds)
         && remoteHost.equals(p.remoteHost)
         && remotePort == p.remotePort
-        && tpSize == p.tpSize;
+        && tpSize == p.tpSize
+        && Arrays.equals(remoteWorkerUids, p.remoteWorkerUids);
   }
 
   @Override

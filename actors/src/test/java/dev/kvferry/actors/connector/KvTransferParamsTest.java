@@ -39,6 +39,14 @@ class KvTransferParamsTest {
         "10.0.0.1", 5555, 2);
     assertEquals(p, KvTransferParams.fromMap(p.toMap()));
     assertEquals(KvTransferParams.forPrefill("tx-1", "decode-0", 2), KvTransferParams.fromMap(valid()));
+    KvTransferParams pinned = new KvTransferParams(true, false, "tx-9", "prefill-3", 1,
+        new int[] {4}, "", 0, 2, new int[] {-17, 99});
+    assertEquals(pinned, KvTransferParams.fromMap(pinned.toMap()));
+    assertEquals(List.of(-17, 99), pinned.toMap().get("remote_worker_uids"));
+    assertEquals(99, pinned.remoteWorkerUid(1));
+    assertEquals(0, pinned.remoteWorkerUid(2), "a rank it does not name: any incarnation");
+    assertTrue(!p.toMap().containsKey("remote_worker_uids"), "left out when it names none");
+    assertEquals(0, p.remoteWorkerUid(0));
   }
 
   @Test
@@ -67,6 +75,9 @@ class KvTransferParamsTest {
         "remote_block_ids[1] must be a non-negative integer, got null");
     cases.put(with("remote_block_ids", List.of(3L << 31)), "remote_block_ids[0] must be a non-negative integer");
     cases.put(with("remote_block_ids", List.of(2.0)), "remote_block_ids[0] must be a non-negative integer, got Double");
+    cases.put(with("remote_worker_uids", 5), "remote_worker_uids must be a list of integers");
+    cases.put(with("remote_worker_uids", List.of(1L << 33)), "remote_worker_uids[0] must be a 32-bit integer");
+    cases.put(with("remote_worker_uids", List.of("7")), "remote_worker_uids[0] must be a 32-bit integer, got String");
     for (Map.Entry<Map<String, Object>, String> c : cases.entrySet()) {
       String message = refusal(c.getKey());
       assertTrue(message.startsWith("kv_transfer_params"), message);

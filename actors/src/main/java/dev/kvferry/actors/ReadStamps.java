@@ -1,0 +1,74 @@
+package dev.kvferry.actors;
+
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Where a READ-mode transfer's start spends its time on D's node, from the worker's {@code
+ * start_load_kv} until its first and last layers' reads are queued (issue 18: the engine's wait
+ * for layer 0 is the first thing its forward waits on). One {@link System#nanoTime()} per
+ * {@link Stage} and transfer; once the last layer is queued the node logs one line with each stage
+ * as microseconds after the first. Off unless {@code -Dkvferry.stamps=true}; off, each mark is a
+ * static boolean test.
+ */
+public final class ReadStamps {
+
+  /** In the order a transfer's start passes them. */
+  public enum Stage {
+    /** The worker's start_load_kv reached the connector (the engine port's thread). */
+    START_LOAD,
+    /** D's EngineActor took the StartLoad from its mailbox. */
+    ENGINE,
+    /** D's ReaderActor took it from its mailbox and asked for P's metadata. */
+    READER,
+    /** P's metadata came back to the ReaderActor; the plan follows. */
+    PEER_READY,
+    /** The reads were handed to the I/O pool. */
+    ISSUED,
+    /** An I/O thread started on layer 0. */
+    IO_STARTED,
+    /** Layer 0's reads were queued (GPU) or done (host). */
+    LAYER0_QUEUED,
+    /** The last layer's reads were queued (GPU) or done (host). */
+    LAST_QUEUED
+  }
+
+  private static final Logger log = LoggerFactory.getLogger(ReadStamps.class);
+  private static final Stage[] STAGES = Stage.values();
+  private static final boolean ON = Boolean.getBoolean("kvferry.stamps");
+  /** Bounded: transfers whose last layer never queues (failed, aborted) are dropped wholesale. */
+  private static final int MAX_TRANSFERS = 4096;
+  private static final Map<String, long[]> stamps = new ConcurrentHashMap<>();
+
+  private ReadStamps() {}
+
+  public static void mark(String transferId, Stage stage) {
+    if (!ON) {
+      return;
+    }
+    long now = System.nanoTime();
+    if (stage == Stage.START_LOAD && stamps.size() >= MAX_TRANSFERS) {
+      stamps.clear();
+    }
+    long[] at = stage == Stage.START_LOAD
+        ? stamps.computeIfAbsent(transferId, k -> new long[STAGES.length])
+        : stamps.get(transferId);
+    if (at == null) {
+      return;
+    }
+    at[stage.ordinal()] = now;
+    if (stage == Stage.LAST_QUEUED) {
+      stamps.remove(transferId);
+      StringBuilder line = new StringBuilder("read start stamps, us after start_load_kv: transfer ")
+          .append(transferId);
+      for (Stage s : STAGES) {
+        line.append(' ').append(s.name().toLowerCase(java.util.Locale.ROOT)).append('=');
+        line.append(at[s.ordinal()] == 0 ? "-" : String.format(java.util.Locale.ROOT, "%.1f",
+            (at[s.ordinal()] - at[0]) / 1e3));
+      }
+      log.info(line.toString());
+    }
+  }
+}
