@@ -753,10 +753,52 @@ def _line(r: dict) -> str:
                f"top2_margin={div['top2_margin']:.4g}" if div else ""))
 
 
+def _disaggregated_first(p: _Proc, d: _Proc, mode: str, rid: str, prompt: list[int], p_info: dict, d_info: dict,
+                         profiled: bool = False) -> tuple[dict, dict]:
+    """One request through P and D up to D's first token (then finished and freed): P's prefill
+    result and D's first-token result."""
+    xfer = f"xfer-{rid}"
+    p_params = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": xfer,
+                "remote_engine_id": d_info["engine_id"]}
+    if mode == "write":
+        d.call("admit", rid=rid, prompt=prompt, params={
+            "do_remote_prefill": True, "do_remote_decode": False, "transfer_id": xfer,
+            "remote_engine_id": p_info["engine_id"]})
+        d.send("receive_first", rid=rid, profile=profiled)
+        try:
+            pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False, profile=profiled)
+        finally:
+            first = d.result()
+    else:
+        pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False, profile=profiled)
+        params = dict(pre["kv_transfer_params"] or {})
+        params.setdefault("transfer_id", xfer)
+        adm = d.call("admit", rid=rid, prompt=prompt, params=params)
+        first = d.call("receive_first", rid=rid, profile=profiled)
+        first["admit"] = adm
+    if pre["delay_free"]:
+        p.call("drain", rids=[rid])
+        p.call("free_sent", rid=rid, blocks=pre["blocks"])
+    if not first["ok"]:
+        raise RuntimeError(f"{rid}: {first['why']}")
+    d.call("finish_first", rid=rid)
+    return pre, first
+
+
 def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: random.Random, log: Any) -> list[dict]:
     """Time to first token with and without disaggregation, fresh prompts (no prefix hits)."""
     p_info = p.call("attach", mode=mode)
     d_info = d.call("attach", mode=mode)
+    if args.ttft_warmup > 0:
+        # A serving node has run its per-request code (the actors' handling of a transfer, the
+        # port's ops) thousands of times, compiled by the JIT; a few TTFT reps alone would time it
+        # interpreted. Short requests through the same path first, not timed.
+        began = time.perf_counter()
+        for i in range(args.ttft_warmup):
+            _disaggregated_first(p, d, mode, f"ttft-warm-{mode}-{i}",
+                                 [rng.randrange(3, args.vocab) for _ in range(48)], p_info, d_info)
+        log(f"  TTFT {mode}: {args.ttft_warmup} warm-up requests of 48 tokens took "
+            f"{time.perf_counter() - began:.1f} s")
     rows = []
     for n in args.ttft_lengths:
         dis, base = [], []
@@ -772,9 +814,6 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
             p.call("timeline", on=last)
             prompt = [rng.randrange(3, args.vocab) for _ in range(n)]
             rid = f"ttft-{mode}-{n}-{rep}"
-            xfer = f"xfer-{rid}"
-            p_params = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": xfer,
-                        "remote_engine_id": d_info["engine_id"]}
             # Odd reps measure the engine without kvferry first: neither side always runs a
             # shape first (first-time costs land on whichever does).
             b = None
@@ -783,28 +822,7 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                            profile_first=profiled)
                 pb = p.call("baseline_ttft", rid=rid + "-pb", prompt=[rng.randrange(3, args.vocab) for _ in range(n)],
                             profile=profiled)
-            if mode == "write":
-                d.call("admit", rid=rid, prompt=prompt, params={
-                    "do_remote_prefill": True, "do_remote_decode": False, "transfer_id": xfer,
-                    "remote_engine_id": p_info["engine_id"]})
-                d.send("receive_first", rid=rid, profile=profiled)
-                try:
-                    pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False, profile=profiled)
-                finally:
-                    first = d.result()
-            else:
-                pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False, profile=profiled)
-                params = dict(pre["kv_transfer_params"] or {})
-                params.setdefault("transfer_id", xfer)
-                adm = d.call("admit", rid=rid, prompt=prompt, params=params)
-                first = d.call("receive_first", rid=rid, profile=profiled)
-                first["admit"] = adm
-            if pre["delay_free"]:
-                p.call("drain", rids=[rid])
-                p.call("free_sent", rid=rid, blocks=pre["blocks"])
-            if not first["ok"]:
-                raise RuntimeError(f"{rid}: {first['why']}")
-            d.call("finish_first", rid=rid)
+            pre, first = _disaggregated_first(p, d, mode, rid, prompt, p_info, d_info, profiled)
             if b is None:
                 b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)],
                            profile_first=profiled)
@@ -995,6 +1013,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="diagnostic: profile D's decode (cProfile) on the first K requests of each mode")
     p.add_argument("--ttft-lengths", type=lambda s: [int(x) for x in s.split(",") if x], default=[256, 1024, 2048, 4096])
     p.add_argument("--ttft-reps", type=int, default=5)
+    p.add_argument("--ttft-warmup", type=int, default=300,
+                   help="disaggregated 48-token requests per mode before the TTFT runs, not timed: the nodes' "
+                        "per-request code is then compiled, as in a node that has served a while (0: none)")
     p.add_argument("--ttft-profile", action="store_true",
                    help="profile one more P prefill at the longest TTFT length, with and without kvferry")
     p.add_argument("--max-prompt-tokens", type=int, default=PROMPT_MAX)
