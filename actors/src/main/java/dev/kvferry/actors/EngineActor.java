@@ -171,7 +171,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
             RequestTrackerActor.create(self.label(), setup.settings(), setup.sink(), ctx.getSelf()),
             "tracker");
     this.writer = ctx.spawn(WriterActor.create(setup, io, handshake, tracker), "writer");
-    this.receiver = ctx.spawn(ReceiverActor.create(setup, tracker), "receiver");
+    this.receiver = ctx.spawn(
+        ReceiverActor.create(setup, tracker, ctx.getSelf().path().uid()), "receiver");
     this.reader =
         ctx.spawn(ReaderActor.create(setup, io, handshake, peerMetadata, tracker), "reader");
     this.releases = ctx.spawn(ReleaseActor.create(setup, tracker), "releases");

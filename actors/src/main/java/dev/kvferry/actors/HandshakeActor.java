@@ -68,7 +68,13 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
     int tpRank();
   }
 
-  public record Ready(String engineId, int tpRank, AgentMetadata metadata) implements Result {}
+  /** {@code from}: the worker incarnation whose metadata this is (null: not known). */
+  public record Ready(String engineId, int tpRank, AgentMetadata metadata,
+      @Nullable ActorRef<EngineActor.Command> from) implements Result {
+    public Ready(String engineId, int tpRank, AgentMetadata metadata) {
+      this(engineId, tpRank, metadata, null);
+    }
+  }
 
   public record Failed(String engineId, int tpRank, String reason) implements Result {}
 
@@ -184,7 +190,8 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
     PeerMetadataCache.Entry cached = cache.get(key);
     boolean listed = cached != null && isListed(key, cached.incarnation());
     if (cached != null && listed && waiter.takes(cached.incarnation())) {
-      m.replyTo().tell(new Ready(key.engineId(), key.tpRank(), cached.metadata()));
+      m.replyTo().tell(
+          new Ready(key.engineId(), key.tpRank(), cached.metadata(), cached.incarnation()));
       return this;
     }
     if (cached != null && !listed) {
@@ -260,8 +267,8 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
       if (isListed(m.key(), m.asked())) {
         cache.put(m.key(), new PeerMetadataCache.Entry(m.asked(), peer));
       }
-      answer(m.key(), m.asked(), new Ready(m.key().engineId(), m.key().tpRank(), peer),
-          m.attempt());
+      answer(m.key(), m.asked(),
+          new Ready(m.key().engineId(), m.key().tpRank(), peer, m.asked()), m.attempt());
     } catch (HandshakeException e) {
       // Bad or incompatible metadata will not improve by asking again.
       // The reason reaches the requests' failures: it must say whose metadata was bad.

@@ -20,11 +20,13 @@ import org.jspecify.annotations.Nullable;
  * <p>Layout, little-endian: strings are an int byte count then UTF-8; ints are 4 bytes; block ids
  * are an int count then one zigzag varint each (at most 5 bytes, the bound {@link
  * ClusterMessageLimit} assumes); the optional done word is a byte 0 (absent) or 1 then its
- * fields. The manifest names the message and its layout's version ({@code RB1}: RemoteBlocks,
- * version 1); a later layout takes a new manifest, so a node reading an older or newer one says so
- * instead of misreading it. Bytes that do not parse (truncated, lengths past the end, bytes left
- * over) raise {@link NotSerializableException} naming the message and the offset; Artery logs it
- * and drops that message, and the node carries on.
+ * fields. The manifest names the message and its layout's version ({@code RB2}: RemoteBlocks,
+ * version 2, which adds the sender's incarnation uid after the done word); a later layout takes a
+ * new manifest, so a node reading an unknown one says so instead of misreading it. {@code RB1}
+ * (no uid) is still read, as from a node of the version before. Bytes that do not parse
+ * (truncated, lengths past the end, bytes left over) raise {@link NotSerializableException}
+ * naming the message and the offset; Artery logs it and drops that message, and the node carries
+ * on.
  */
 public final class PeerMessageSerializer extends SerializerWithStringManifest
     implements ByteBufferSerializer {
@@ -32,7 +34,9 @@ public final class PeerMessageSerializer extends SerializerWithStringManifest
   /** Unique among the serializers of a system (Pekko keeps 0 to 40 for its own). */
   public static final int IDENTIFIER = 1907;
 
-  static final String REMOTE_BLOCKS = "RB1";
+  static final String REMOTE_BLOCKS = "RB2";
+  /** RemoteBlocks without the sender's incarnation uid (the version before): still read. */
+  static final String REMOTE_BLOCKS_V1 = "RB1";
   static final String WRITE_DONE = "WD1";
   static final String TRANSFER_FAILED = "TF1";
   static final String RELEASE = "RL1";
@@ -129,6 +133,7 @@ public final class PeerMessageSerializer extends SerializerWithStringManifest
           buf.putInt(w.slot());
           buf.putLong(w.value());
         }
+        buf.putInt(m.decodeWorkerUid());
       } else if (o instanceof PeerProtocol.WriteDone m) {
         putString(buf, m.transferId());
         putString(buf, m.producerEngineId());
@@ -158,7 +163,8 @@ public final class PeerMessageSerializer extends SerializerWithStringManifest
   private static Object read(ByteBuffer buf, String manifest)
       throws NotSerializableException, MalformedException {
     switch (manifest) {
-      case REMOTE_BLOCKS: {
+      case REMOTE_BLOCKS:
+      case REMOTE_BLOCKS_V1: {
         String transferId = getString(buf);
         String requestId = getString(buf);
         int[] blockIds = getBlockIds(buf);
@@ -176,8 +182,9 @@ public final class PeerMessageSerializer extends SerializerWithStringManifest
           buf.position(buf.position() - 1);
           throw new MalformedException("done-word flag is " + hasDoneWord + ", not 0 or 1");
         }
+        int uid = manifest.equals(REMOTE_BLOCKS) ? buf.getInt() : 0;
         return new PeerProtocol.RemoteBlocks(transferId, requestId, blockIds, decodeEngineId,
-            decodeDpRank, decodeTpRank, doneWord);
+            decodeDpRank, decodeTpRank, doneWord, uid);
       }
       case WRITE_DONE:
         return new PeerProtocol.WriteDone(getString(buf), getString(buf), buf.getInt());
@@ -189,7 +196,8 @@ public final class PeerMessageSerializer extends SerializerWithStringManifest
             buf.getInt());
       default:
         throw new NotSerializableException(what(manifest) + ": unknown to this node (it reads "
-            + String.join(", ", REMOTE_BLOCKS, WRITE_DONE, TRANSFER_FAILED, RELEASE)
+            + String.join(", ", REMOTE_BLOCKS, REMOTE_BLOCKS_V1, WRITE_DONE, TRANSFER_FAILED,
+                RELEASE)
             + "); the sender may run another kvferry version; the message is dropped");
     }
   }
@@ -200,7 +208,7 @@ public final class PeerMessageSerializer extends SerializerWithStringManifest
       PeerProtocol.DoneWord w = m.doneWord();
       return stringBytes(m.transferId()) + stringBytes(m.requestId()) + blockIdsBytes(m.blockIds())
           + stringBytes(m.decodeEngineId()) + 8 + 1
-          + (w == null ? 0 : stringBytes(w.file()) + 4 + 4 + 8);
+          + (w == null ? 0 : stringBytes(w.file()) + 4 + 4 + 8) + 4;
     } else if (o instanceof PeerProtocol.WriteDone m) {
       return stringBytes(m.transferId()) + stringBytes(m.producerEngineId()) + 4;
     } else if (o instanceof PeerProtocol.TransferFailed m) {

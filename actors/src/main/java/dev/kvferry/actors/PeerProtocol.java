@@ -25,6 +25,9 @@ public interface PeerProtocol {
    * @param doneWord where P's transport stores done words (cuda, cma, tcp) and one P worker
    *     writes: where P tells D that its writes landed before WriteDone arrives; null: messages
    *     only
+   * @param decodeWorkerUid the actor uid of the sending worker's incarnation: P writes into the
+   *     memory of that incarnation only (an engine attached again under the same id has other
+   *     memory, and its old incarnation can stay listed for a moment); 0: whichever is listed
    */
   record RemoteBlocks(
       String transferId,
@@ -33,13 +36,22 @@ public interface PeerProtocol {
       String decodeEngineId,
       int decodeDpRank,
       int decodeTpRank,
-      @Nullable DoneWord doneWord)
+      @Nullable DoneWord doneWord,
+      int decodeWorkerUid)
       implements Message {
-    /** Messages only: no done word. */
+    /** Messages only: no done word; any incarnation. */
     public RemoteBlocks(
         String transferId, String requestId, int[] blockIds, String decodeEngineId,
         int decodeDpRank, int decodeTpRank) {
-      this(transferId, requestId, blockIds, decodeEngineId, decodeDpRank, decodeTpRank, null);
+      this(transferId, requestId, blockIds, decodeEngineId, decodeDpRank, decodeTpRank, null, 0);
+    }
+
+    /** Any incarnation. */
+    public RemoteBlocks(
+        String transferId, String requestId, int[] blockIds, String decodeEngineId,
+        int decodeDpRank, int decodeTpRank, @Nullable DoneWord doneWord) {
+      this(transferId, requestId, blockIds, decodeEngineId, decodeDpRank, decodeTpRank, doneWord,
+          0);
     }
   }
 

@@ -82,16 +82,22 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
   /** Done words P's transport stores into (null until first needed). */
   private @Nullable DoneWordWatcher doneWords;
   private boolean doneWordsUnavailable;
+  private final int engineUid;
 
+  /**
+   * @param engineUid the actor uid of this worker's EngineActor (its listed incarnation), sent
+   *     with our blocks so P writes into this incarnation's memory only
+   */
   public static Behavior<Command> create(
-      EngineActor.Setup setup, ActorRef<RequestTrackerActor.Command> tracker) {
-    return Behaviors.setup(ctx -> new ReceiverActor(ctx, setup, tracker));
+      EngineActor.Setup setup, ActorRef<RequestTrackerActor.Command> tracker, int engineUid) {
+    return Behaviors.setup(ctx -> new ReceiverActor(ctx, setup, tracker, engineUid));
   }
 
   private ReceiverActor(
       ActorContext<Command> ctx, EngineActor.Setup setup,
-      ActorRef<RequestTrackerActor.Command> tracker) {
+      ActorRef<RequestTrackerActor.Command> tracker, int engineUid) {
     super(ctx);
+    this.engineUid = engineUid;
     this.self = setup.identity();
     this.mla = setup.geometry().layout() == KvCacheGeometry.Layout.MLA;
     this.tracker = tracker;
@@ -149,7 +155,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     PeerProtocol.RemoteBlocks blocks =
         new PeerProtocol.RemoteBlocks(
             r.transferId(), r.requestId(), r.localBlockIds(), self.engineId(), self.dpRank(),
-            self.tpRank(), word);
+            self.tpRank(), word, engineUid);
     Optional<String> tooBig =
         messageLimit.whyNotSendable(blocks, r.localBlockIds().length,
             () -> "the list of " + r.localBlockIds().length + " block ids of request "

@@ -35,6 +35,11 @@ final class WriteJob {
     /** How many of the job's fired layers have been issued to this target. */
     int issued;
     boolean handshakeRequested;
+    /**
+     * The uid of the D worker incarnation that sent its blocks (0: not known, or any): only its
+     * metadata is written through.
+     */
+    int incarnation;
     /** D's done word for this target, from its RemoteBlocks; null: none. */
     PeerProtocol.@Nullable DoneWord doneWord;
     /** With a done word: each issued layer's submission (copies queued, not yet done). */
@@ -112,6 +117,19 @@ final class WriteJob {
       return false;
     }
     t.remoteBlockIds = b.blockIds();
+    t.incarnation = b.decodeWorkerUid();
+    if (t.incarnation != 0) {
+      if (t.decodeRef != null && t.decodeRef.path().uid() != t.incarnation) {
+        // Metadata came (through a TP-size probe's handshake) from an incarnation other than
+        // the one whose blocks these are: not written through.
+        t.peer = null;
+        t.decodeRef = null;
+        t.plan = null;
+      }
+      if (t.peer == null) {
+        t.handshakeRequested = false; // a fetch asked before may answer for another incarnation
+      }
+    }
     PeerProtocol.DoneWord word = b.doneWord();
     if (word != null && word.usable() && storesDoneWords) {
       t.doneWord = word;

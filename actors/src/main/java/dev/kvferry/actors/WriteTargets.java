@@ -92,10 +92,30 @@ final class WriteTargets {
       learned = true;
     }
     WriteJob.Target t = j.targets.get(ready.tpRank());
-    if (t != null && t.peer == null && j.isTarget(ready.tpRank())) {
+    if (t != null && t.peer == null && j.isTarget(ready.tpRank()) && takes(t, ready)) {
       t.peer = ready.metadata();
+      if (ready.from() != null) {
+        t.decodeRef = ready.from(); // where WriteDone goes: the incarnation we write into
+      }
     }
     return learned;
+  }
+
+  private static boolean takes(WriteJob.Target t, HandshakeActor.Ready ready) {
+    ActorRef<EngineActor.Command> from = ready.from();
+    return t.incarnation == 0 || (from != null && from.path().uid() == t.incarnation);
+  }
+
+  /**
+   * After D's blocks came for {@code rank}: asks for the metadata of the incarnation that sent
+   * them if the job's targets are known and none is on its way.
+   */
+  void blocksArrived(WriteJob j, int rank) {
+    WriteJob.Target t = j.targets.get(rank);
+    if (t != null && j.targetRanks != null && j.isTarget(rank) && !t.handshakeRequested) {
+      t.handshakeRequested = true;
+      handshake.tell(new HandshakeActor.Fetch(j.decodeEngineId, rank, t.incarnation, replies));
+    }
   }
 
   private void set(WriteJob j, int decodeTpSize) {
@@ -106,7 +126,7 @@ final class WriteTargets {
       WriteJob.Target t = j.target(rank);
       if (!t.handshakeRequested) {
         t.handshakeRequested = true;
-        handshake.tell(new HandshakeActor.Fetch(j.decodeEngineId, rank, replies));
+        handshake.tell(new HandshakeActor.Fetch(j.decodeEngineId, rank, t.incarnation, replies));
       }
     }
     j.dropNonTargets().forEachInt(rank -> log.warn(

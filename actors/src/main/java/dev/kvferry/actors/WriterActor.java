@@ -192,6 +192,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       getContext().getLog().warn("duplicate remote blocks for transfer {} ignored", b.transferId());
       return this;
     }
+    targets.blocksArrived(j, b.decodeTpRank());
     issueReady(j);
     return this;
   }

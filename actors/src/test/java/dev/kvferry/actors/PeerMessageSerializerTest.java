@@ -146,10 +146,25 @@ class PeerMessageSerializerTest {
   @Test
   void anUnknownManifestNamesTheOnesThisNodeReads() {
     var e = assertThrows(NotSerializableException.class,
-        () -> serializer.fromBinary(new byte[8], "RB2"));
-    assertEquals("kvferry peer message with manifest 'RB2': unknown to this node (it reads RB1, "
-        + "WD1, TF1, RL1); the sender may run another kvferry version; the message is dropped",
+        () -> serializer.fromBinary(new byte[8], "RB3"));
+    assertEquals("kvferry peer message with manifest 'RB3': unknown to this node (it reads RB2, "
+        + "RB1, WD1, TF1, RL1); the sender may run another kvferry version; the message is dropped",
         e.getMessage());
+  }
+
+  /** A node of the version before sends RB1: no incarnation uid, read as "any". */
+  @Test
+  void remoteBlocksOfTheVersionBeforeAreStillRead() throws Exception {
+    PeerProtocol.RemoteBlocks m = blocks(new int[] {3, 1}, null);
+    byte[] v2 = serializer.toBinary(m);
+    assertEquals("RB2", serializer.manifest(m));
+    byte[] v1 = Arrays.copyOf(v2, v2.length - 4); // RB1 is RB2 without the trailing uid
+    var read = (PeerProtocol.RemoteBlocks) serializer.fromBinary(v1, "RB1");
+    assertEquals(0, read.decodeWorkerUid());
+    assertArrayEquals(new int[] {3, 1}, read.blockIds());
+    var pinned = new PeerProtocol.RemoteBlocks("tx", "r", new int[] {2}, "d", 0, 1, null, -42);
+    assertEquals(-42, ((PeerProtocol.RemoteBlocks) serializer.fromBinary(
+        serializer.toBinary(pinned), "RB2")).decodeWorkerUid());
   }
 
   @Test
@@ -188,7 +203,8 @@ class PeerMessageSerializerTest {
 
   @Test
   void aDoneWordFlagOtherThanZeroOrOneIsRejected() throws Exception {
-    byte[] bytes = serializer.toBinary(blocks(new int[] {1}, null));
+    byte[] v2 = serializer.toBinary(blocks(new int[] {1}, null));
+    byte[] bytes = Arrays.copyOf(v2, v2.length - 4); // RB1: the flag is the last byte
     bytes[bytes.length - 1] = 7;
     var e = assertThrows(NotSerializableException.class,
         () -> serializer.fromBinary(bytes, "RB1"));

@@ -82,6 +82,44 @@ class ReattachTest {
   }
 
   /**
+   * WRITE the other way round: D's engine attaches again (new memory) while P may still list the
+   * old incarnation; P must write into the new one's blocks, which announced them.
+   */
+  @Test
+  void aDecodeEngineAttachedAgainIsWrittenToAtItsNewIncarnation() throws Exception {
+    TwoSystemClusterTest.formCluster(prefillSystem, decodeSystem);
+    Side p = TwoSystemClusterTest.side(prefillSystem, closeables, Role.PREFILL, TransferMode.WRITE,
+        "prefill-w", P_GEOMETRY);
+    int[] pBlocks = {2, 3, 4};
+    int[] dBlocks = {7, 1, 30};
+    int prompt = pBlocks.length * BLOCK;
+    for (int attach = 0; attach < 3; attach++) {
+      Side d = TwoSystemClusterTest.side(decodeSystem, closeables, Role.DECODE,
+          TransferMode.WRITE, "decode-w", D_GEOMETRY);
+      for (int request = 0; request < 2; request++) {
+        String id = "w" + attach + "-" + request;
+        ConnectorRequest dReq = new ConnectorRequest(id, prompt,
+            KvTransferParams.forDecode("tx-" + id, "prefill-w", 0));
+        ConnectorRequest pReq = new ConnectorRequest(id, prompt,
+            KvTransferParams.forPrefill("tx-" + id, "decode-w", 0));
+        d.scheduler().updateStateAfterAlloc(dReq, dBlocks, prompt);
+        p.scheduler().updateStateAfterAlloc(pReq, pBlocks, 0);
+        ConnectorMetadata meta = p.scheduler().buildConnectorMeta(new SchedulerOutput(
+            List.of(new SchedulerOutput.NewRequest(id, pBlocks, prompt)), List.of()));
+        for (int l = 0; l < LAYERS; l++) {
+          p.worker().saveKvLayer(meta, l, HostLayerEvent.completed());
+        }
+        p.worker().waitForSave();
+        assertEquals(Set.of(id), TwoSystemClusterTest.await(decodeSystem, d.worker(), false),
+            "attach " + attach + ", request " + request);
+        assertEquals(Set.of(id), TwoSystemClusterTest.await(prefillSystem, p.worker(), true));
+        TwoSystemClusterTest.assertMoved(p, d, pBlocks, dBlocks);
+      }
+      d.worker().stop().get(10, TimeUnit.SECONDS);
+    }
+  }
+
+  /**
    * READ: D keeps what it learned of P's worker (its regions) and reads from it at once next
    * time; after P attached again (new regions, new bytes) D must read the new incarnation's, not
    * what it kept of the old one.
