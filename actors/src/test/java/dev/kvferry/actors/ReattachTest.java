@@ -53,32 +53,35 @@ class ReattachTest {
         "decode-w", D_GEOMETRY);
     int[] pBlocks = {2, 3, 4};
     int[] dBlocks = {7, 1, 30};
-    int prompt = pBlocks.length * BLOCK;
     for (int attach = 0; attach < 3; attach++) {
       Side p = TwoSystemClusterTest.side(prefillSystem, closeables, Role.PREFILL,
           TransferMode.WRITE, "prefill-w", P_GEOMETRY);
-      String id = "w" + attach;
-      ConnectorRequest dReq =
-          new ConnectorRequest(id, prompt, KvTransferParams.forDecode("tx-" + id, "prefill-w", 0));
-      ConnectorRequest pReq =
-          new ConnectorRequest(id, prompt, KvTransferParams.forPrefill("tx-" + id, "decode-w", 0));
-      d.scheduler().updateStateAfterAlloc(dReq, dBlocks, prompt);
-      p.scheduler().updateStateAfterAlloc(pReq, pBlocks, 0);
-      ConnectorMetadata meta = p.scheduler().buildConnectorMeta(new SchedulerOutput(
-          List.of(new SchedulerOutput.NewRequest(id, pBlocks, prompt)), List.of()));
-      for (int l = 0; l < LAYERS; l++) {
-        p.worker().saveKvLayer(meta, l, HostLayerEvent.completed());
-      }
-      p.worker().waitForSave();
-      assertEquals(Set.of(id), TwoSystemClusterTest.await(decodeSystem, d.worker(), false),
-          "attach " + attach);
-      assertEquals(Set.of(id), TwoSystemClusterTest.await(prefillSystem, p.worker(), true));
-      TwoSystemClusterTest.assertMoved(p, d, pBlocks, dBlocks);
+      writeOne(p, d, "w" + attach, pBlocks, dBlocks);
       // The engine detaches and attaches again at once, well inside the Receptionist's gossip
       // round: D may still route to the old worker, or tell it our blocks after it stopped; D
       // then tells the new incarnation (ReceiverActor.tellNewIncarnations).
       p.worker().stop().get(10, TimeUnit.SECONDS);
     }
+  }
+
+  /** One WRITE request from P ("prefill-w") into D ("decode-w"), every byte checked. */
+  private void writeOne(Side p, Side d, String id, int[] pBlocks, int[] dBlocks) {
+    int prompt = pBlocks.length * BLOCK;
+    ConnectorRequest dReq =
+        new ConnectorRequest(id, prompt, KvTransferParams.forDecode("tx-" + id, "prefill-w", 0));
+    ConnectorRequest pReq =
+        new ConnectorRequest(id, prompt, KvTransferParams.forPrefill("tx-" + id, "decode-w", 0));
+    d.scheduler().updateStateAfterAlloc(dReq, dBlocks, prompt);
+    p.scheduler().updateStateAfterAlloc(pReq, pBlocks, 0);
+    ConnectorMetadata meta = p.scheduler().buildConnectorMeta(new SchedulerOutput(
+        List.of(new SchedulerOutput.NewRequest(id, pBlocks, prompt)), List.of()));
+    for (int l = 0; l < LAYERS; l++) {
+      p.worker().saveKvLayer(meta, l, HostLayerEvent.completed());
+    }
+    p.worker().waitForSave();
+    assertEquals(Set.of(id), TwoSystemClusterTest.await(decodeSystem, d.worker(), false), id);
+    assertEquals(Set.of(id), TwoSystemClusterTest.await(prefillSystem, p.worker(), true), id);
+    TwoSystemClusterTest.assertMoved(p, d, pBlocks, dBlocks);
   }
 
   /**
@@ -92,28 +95,11 @@ class ReattachTest {
         "prefill-w", P_GEOMETRY);
     int[] pBlocks = {2, 3, 4};
     int[] dBlocks = {7, 1, 30};
-    int prompt = pBlocks.length * BLOCK;
     for (int attach = 0; attach < 3; attach++) {
       Side d = TwoSystemClusterTest.side(decodeSystem, closeables, Role.DECODE,
           TransferMode.WRITE, "decode-w", D_GEOMETRY);
-      for (int request = 0; request < 2; request++) {
-        String id = "w" + attach + "-" + request;
-        ConnectorRequest dReq = new ConnectorRequest(id, prompt,
-            KvTransferParams.forDecode("tx-" + id, "prefill-w", 0));
-        ConnectorRequest pReq = new ConnectorRequest(id, prompt,
-            KvTransferParams.forPrefill("tx-" + id, "decode-w", 0));
-        d.scheduler().updateStateAfterAlloc(dReq, dBlocks, prompt);
-        p.scheduler().updateStateAfterAlloc(pReq, pBlocks, 0);
-        ConnectorMetadata meta = p.scheduler().buildConnectorMeta(new SchedulerOutput(
-            List.of(new SchedulerOutput.NewRequest(id, pBlocks, prompt)), List.of()));
-        for (int l = 0; l < LAYERS; l++) {
-          p.worker().saveKvLayer(meta, l, HostLayerEvent.completed());
-        }
-        p.worker().waitForSave();
-        assertEquals(Set.of(id), TwoSystemClusterTest.await(decodeSystem, d.worker(), false),
-            "attach " + attach + ", request " + request);
-        assertEquals(Set.of(id), TwoSystemClusterTest.await(prefillSystem, p.worker(), true));
-        TwoSystemClusterTest.assertMoved(p, d, pBlocks, dBlocks);
+      for (int request = 0; request < 2; request++) { // the second one with what P kept of D
+        writeOne(p, d, "w" + attach + "-" + request, pBlocks, dBlocks);
       }
       d.worker().stop().get(10, TimeUnit.SECONDS);
     }
