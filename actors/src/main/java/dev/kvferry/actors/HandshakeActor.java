@@ -310,7 +310,8 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
 
   /**
    * Answers the waiters that take {@code from}'s metadata; those that asked for another
-   * incarnation wait on, as for a worker not listed yet.
+   * incarnation are tried again at once (asked if the directory lists theirs now, else they wait
+   * as for a worker not listed yet).
    */
   private void answer(PeerKey key, ActorRef<EngineActor.Command> from, Ready ready, int attempt) {
     List<Waiter> waiters = waiting.getOrDefault(key, List.of());
@@ -329,8 +330,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
       return;
     }
     waiting.put(key, others);
-    notListed.put(key, attempt);
-    timers.startSingleTimer(key, new RetryDue(key, attempt + 1), settings.handshakeTimeout());
+    attempt(key, attempt + 1);
   }
 
   private Behavior<Command> onDirectoryChanged(DirectoryChanged m) {
