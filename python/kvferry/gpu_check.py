@@ -615,7 +615,7 @@ def run_mode(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                 d_params = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": xfer,
                             "remote_engine_id": p_info["engine_id"]}
                 adm = d.call("admit", rid=rid, prompt=prompt, params=d_params)
-                d.send("receive_first", rid=rid, profile=profiled)
+                d.send("receive_first", rid=rid)
                 try:
                     pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params)
                 finally:
