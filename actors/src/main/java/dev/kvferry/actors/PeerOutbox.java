@@ -20,7 +20,9 @@ import org.slf4j.Logger;
  */
 final class PeerOutbox {
 
-  private record Held(PeerKey to, PeerProtocol.Message message, long heldSinceNanos) {}
+  /** {@code incarnation}: the actor uid of the worker it must reach; 0: whichever is listed. */
+  private record Held(
+      PeerKey to, int incarnation, PeerProtocol.Message message, long heldSinceNanos) {}
 
   /** Work that needs a peer engine's TP size; dropped when its transfer ends. */
   private record AwaitingTpSize(
@@ -61,11 +63,21 @@ final class PeerOutbox {
 
   /** Sends {@code message} to worker {@code tpRank} of {@code engineId}, or holds it. */
   void send(String engineId, int tpRank, PeerProtocol.Message message) {
-    send(new Held(new PeerKey(engineId, tpRank), message, System.nanoTime()));
+    send(engineId, tpRank, 0, message);
+  }
+
+  /**
+   * As {@link #send(String, int, PeerProtocol.Message)}, to the worker's incarnation whose actor
+   * uid is {@code incarnation} (0: any): held while the directory lists another (an engine that
+   * attached again: its old incarnation can stay listed for a moment after it stopped).
+   */
+  void send(String engineId, int tpRank, int incarnation, PeerProtocol.Message message) {
+    send(new Held(new PeerKey(engineId, tpRank), incarnation, message, System.nanoTime()));
   }
 
   private void send(Held h) {
-    var entry = directory.find(h.to().engineId(), h.to().tpRank());
+    var entry = directory.find(h.to().engineId(), h.to().tpRank())
+        .filter(e -> h.incarnation() == 0 || e.ref().path().uid() == h.incarnation());
     if (entry.isPresent()) {
       ActorRef<EngineActor.Command> worker = entry.get().ref();
       worker.tell(h.message());
@@ -73,7 +85,9 @@ final class PeerOutbox {
       return;
     }
     if (System.nanoTime() - h.heldSinceNanos() > settings.transferTimeout().toNanos()) {
-      log.warn("{} never joined; dropping {}", h.to().engineId(), h.message());
+      log.warn("{}{} never joined; dropping {}", h.to().engineId(),
+          h.incarnation() == 0 ? "" : " (worker incarnation uid " + h.incarnation() + ")",
+          h.message());
       return;
     }
     if (held.size() >= settings.terminalIdCapacity()) {

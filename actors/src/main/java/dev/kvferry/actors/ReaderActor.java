@@ -156,7 +156,8 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
         // read nothing, and still tell P to free its blocks.
         outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> {
           for (int source : PeerPlanning.sourcesFor(self, prefillTp, mla)) {
-            outbox.send(r.remoteEngineId(), source, release(r.transferId()));
+            outbox.send(r.remoteEngineId(), source, r.remoteWorkerUid(source),
+                release(r.transferId()));
           }
         });
         continue;
@@ -276,7 +277,8 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       reads.remove(m.transferId());
       tracker.tell(new RequestTrackerActor.ReceiveSucceeded(m.transferId(), job.bytes));
       for (int source : job.sources) {
-        outbox.send(job.request.remoteEngineId(), source, release(m.transferId()));
+        outbox.send(job.request.remoteEngineId(), source, job.request.remoteWorkerUid(source),
+            release(m.transferId()));
       }
     }
     return this;
@@ -302,7 +304,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(), failure));
     // P keeps the blocks for us until released: let them go now rather than at its deadline.
     for (int source : job.sources) {
-      outbox.send(r.remoteEngineId(), source, release(r.transferId()));
+      outbox.send(r.remoteEngineId(), source, r.remoteWorkerUid(source), release(r.transferId()));
     }
   }
 

@@ -309,7 +309,7 @@ public final class ConnectorScheduler {
   private void tellPrefillToFree(ConnectorRequest request, KvTransferParams p) {
     reqsNeedRecv.remove(request.requestId());
     ReqMeta readNothing = new ReqMeta(request.requestId(), p.transferId(), new int[0],
-        p.remoteBlockIds(), p.remoteEngineId(), p.remoteDpRank());
+        p.remoteBlockIds(), p.remoteEngineId(), p.remoteDpRank(), p.remoteWorkerUids());
     ConnectorMetadata meta = new ConnectorMetadata(List.of(), List.of(readNothing), List.of());
     for (ActorRef<EngineActor.Command> w : localWorkers) {
       w.tell(new EngineActor.StartLoad(meta));

@@ -1,0 +1,63 @@
+package dev.kvferry.actors;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+
+import dev.kvferry.actors.connector.Role;
+import dev.kvferry.actors.connector.TransferMode;
+import dev.kvferry.actors.engine.ConnectorSettings;
+import dev.kvferry.actors.engine.EngineDirectory;
+import dev.kvferry.actors.engine.EngineIdentity;
+import java.time.Duration;
+import java.util.List;
+import org.apache.pekko.actor.testkit.typed.javadsl.ActorTestKit;
+import org.apache.pekko.actor.testkit.typed.javadsl.TestProbe;
+import org.apache.pekko.actor.typed.ActorRef;
+import org.apache.pekko.actor.typed.javadsl.Behaviors;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+import org.slf4j.LoggerFactory;
+
+/** What an actor sends to peer workers: held until the worker (and incarnation) is listed. */
+class PeerOutboxTest {
+
+  private final ActorTestKit kit = ActorTestKit.create();
+  private final EngineIdentity prefill =
+      new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.READ);
+
+  @AfterEach
+  void stop() {
+    kit.shutdownTestKit();
+  }
+
+  /** A worker under the engine's actor name that forwards what it gets to {@code probe}. */
+  private ActorRef<EngineActor.Command> incarnation(TestProbe<EngineActor.Command> probe) {
+    return kit.spawn(Behaviors.<EngineActor.Command>receiveMessage(m -> {
+      probe.ref().tell(m);
+      return Behaviors.same();
+    }), prefill.toActorName());
+  }
+
+  @Test
+  void aMessageForANamedIncarnationWaitsWhileAnotherIsListed() {
+    PeerOutbox outbox = new PeerOutbox(LoggerFactory.getLogger(PeerOutboxTest.class),
+        ConnectorSettings.DEFAULTS);
+    TestProbe<EngineActor.Command> oldProbe = kit.createTestProbe();
+    ActorRef<EngineActor.Command> old = incarnation(oldProbe);
+    outbox.replaceDirectory(EngineDirectory.of(List.of(old)));
+    kit.stop(old); // stopped; the listing has not caught up yet
+    TestProbe<EngineActor.Command> nextProbe = kit.createTestProbe();
+    ActorRef<EngineActor.Command> next = incarnation(nextProbe);
+    PeerProtocol.Release release = new PeerProtocol.Release("tx-1", "decode-0", 0, 1);
+
+    // Told to the old one, it would be lost (it stopped): held for the named one instead.
+    outbox.send("prefill-0", 0, next.path().uid(), release);
+    // Not pinned: goes to whichever is listed, the old one here (and is lost with it).
+    outbox.send("prefill-0", 0, new PeerProtocol.Release("tx-any", "decode-0", 0, 1));
+    nextProbe.expectNoMessage(Duration.ofMillis(200)); // not listed yet: nothing reaches it
+    outbox.replaceDirectory(EngineDirectory.of(List.of(next)));
+    outbox.flush();
+    assertEquals(release, nextProbe.receiveMessage(Duration.ofSeconds(5)));
+    nextProbe.expectNoMessage(Duration.ofMillis(100));
+    oldProbe.expectNoMessage(Duration.ofMillis(10));
+  }
+}
