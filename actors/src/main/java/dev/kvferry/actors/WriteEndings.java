@@ -3,7 +3,6 @@ package dev.kvferry.actors;
 import dev.kvferry.actors.engine.EngineIdentity;
 import java.util.OptionalInt;
 import org.apache.pekko.actor.typed.ActorRef;
-import org.jspecify.annotations.Nullable;
 
 /**
  * Tells everyone who waits on P's writes of a transfer how they ended, for its {@link
@@ -46,8 +45,17 @@ final class WriteEndings {
 
   /** The job ended early and nothing of it is in flight: D is told, a saved request fails. */
   void failed(WriteJob j, String failure) {
-    tellDecode(j.decodeEngineId, j.targetRanks,
-        new PeerProtocol.TransferFailed(j.transferId, self.engineId(), failure, self.tpRank()));
+    PeerProtocol.TransferFailed message =
+        new PeerProtocol.TransferFailed(j.transferId, self.engineId(), failure, self.tpRank());
+    int[] ranks = j.targetRanks;
+    if (ranks != null) {
+      for (int rank : ranks) { // each to the incarnation that sent its blocks, once known
+        WriteJob.Target t = j.targets.get(rank);
+        outbox.send(j.decodeEngineId, rank, t == null ? 0 : t.incarnation, message);
+      }
+    } else {
+      tellDecode(j.decodeEngineId, message);
+    }
     if (j.saved()) {
       // Only a saved request's free was delayed for this transfer; one the engine never handed
       // us for saving was freed by the engine already, and must not be reported done sending.
@@ -58,7 +66,7 @@ final class WriteEndings {
 
   /** A transfer this worker has no job for was abandoned: nothing is in flight, confirm now. */
   void abandonedWithoutJob(String transferId, String decodeEngineId, String reason) {
-    tellDecode(decodeEngineId, null,
+    tellDecode(decodeEngineId,
         new PeerProtocol.TransferFailed(transferId, self.engineId(), reason, self.tpRank()));
   }
 
@@ -70,20 +78,13 @@ final class WriteEndings {
   }
 
   /**
-   * Tells D's workers this worker writes into {@code message}: {@code knownRanks}, or the ranks
-   * D's TP size gives. While D is not listed here its TP size is unknown, and guessing (our own
-   * rank) is wrong whenever the sizes differ: P rank 1 of TP 2 would confirm to a D rank 1 that
-   * a D of TP 1 does not have, and D would wait for that confirmation forever. So the message
-   * waits in the outbox until D is listed.
+   * Tells D's workers this worker writes into {@code message}: the ranks D's TP size gives. While
+   * D is not listed here its TP size is unknown, and guessing (our own rank) is wrong whenever the
+   * sizes differ: P rank 1 of TP 2 would confirm to a D rank 1 that a D of TP 1 does not have,
+   * and D would wait for that confirmation forever. So the message waits in the outbox until D is
+   * listed.
    */
-  private void tellDecode(
-      String decodeEngineId, int @Nullable [] knownRanks, PeerProtocol.TransferFailed message) {
-    if (knownRanks != null) {
-      for (int rank : knownRanks) {
-        outbox.send(decodeEngineId, rank, message);
-      }
-      return;
-    }
+  private void tellDecode(String decodeEngineId, PeerProtocol.TransferFailed message) {
     outbox.withTpSizeOf(decodeEngineId, message.transferId(), decodeTp -> {
       for (int rank : PeerPlanning.targetsFor(self, OptionalInt.of(decodeTp), mla)) {
         outbox.send(decodeEngineId, rank, message);
