@@ -129,10 +129,23 @@ final class TcpListener implements AutoCloseable {
     }
   }
 
+  /**
+   * Stops listening; once this returns the port is free to bind again. A channel closed while
+   * another thread is blocked in its accept releases the socket only when that thread leaves
+   * accept, so the acceptor is waited for (a CI run rebinding the port right after close found it
+   * still in use).
+   */
   @Override
   public void close() {
     closed = true;
     closeQuietly(server);
+    if (Thread.currentThread() != acceptor) {
+      try {
+        acceptor.join(TimeUnit.SECONDS.toMillis(5));
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+      }
+    }
     for (Connection c : connections) {
       closeQuietly(c.channel);
     }

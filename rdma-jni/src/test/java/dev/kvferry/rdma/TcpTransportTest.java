@@ -182,29 +182,6 @@ class TcpTransportTest {
     throw new IOException("no free port in 20000-31999");
   }
 
-  /**
-   * A listener on the port the closed one had. One CI run found the port still taken right after
-   * the close (rc 1 at c322f51), so this tries again for up to 2 s.
-   */
-  private TcpTransport listenAgain(int port) throws IOException {
-    long deadline = System.nanoTime() + 2_000_000_000L;
-    while (true) {
-      try {
-        return new TcpTransport(peer, TransportOptions.defaults().withTcpBind("127.0.0.1", port));
-      } catch (IOException e) {
-        if (System.nanoTime() > deadline || !String.valueOf(e.getMessage()).contains("in use")) {
-          throw e;
-        }
-        try {
-          Thread.sleep(20);
-        } catch (InterruptedException ie) {
-          Thread.currentThread().interrupt();
-          throw e;
-        }
-      }
-    }
-  }
-
   @Test
   void retriesOnAFreshConnectionWhenThePooledOneDied() throws IOException {
     server.close();
@@ -215,7 +192,9 @@ class TcpTransportTest {
     RegionDescriptor d = server.describe(dst);
     assertTrue(Patterns.await(client.write(src, d, single(0, 0, 4096))).succeeded());
     server.close(); // kills the pooled connection
-    server = listenAgain(d.tcpPort());
+    // The closed listener's port is free again once close returns (TcpListener.close).
+    server = new TcpTransport(peer,
+        TransportOptions.defaults().withTcpBind("127.0.0.1", d.tcpPort()));
     Patterns.fill(src, 0, 4096, 8);
     TransferStatus s = Patterns.await(client.write(src, d, single(0, 0, 4096)));
     assertTrue(s.succeeded(), s::toString);
