@@ -114,19 +114,28 @@ class HandshakeActorTest {
     assertTrue(reply.blob().length > 0);
   }
 
-  @Test
-  void aWorkerRestartedUnderTheSameIdIsAskedAgainNotServedItsOldMetadata() {
-    AtomicInteger askedOld = new AtomicInteger();
-    ActorRef<EngineActor.Command> old = fx.startPeer(peer, p -> {
-      askedOld.incrementAndGet();
+  /** A peer worker serving its metadata, counting how often it is asked. */
+  private ActorRef<EngineActor.Command> countingPeer(AtomicInteger asked) {
+    return fx.startPeer(peer, p -> {
+      asked.incrementAndGet();
       return fx.peerMetadata(p);
     });
-    ActorRef<HandshakeActor.Command> h = handshake(ConnectorSettings.DEFAULTS);
-    h.tell(new HandshakeActor.DirectoryChanged(EngineDirectory.of(List.of(old))));
-    TestProbe<HandshakeActor.Result> w = fx.kit.createTestProbe();
+  }
+
+  /** Lists {@code worker} alone and fetches its metadata (any incarnation) through {@code h}. */
+  private HandshakeActor.Ready listAndFetch(ActorRef<HandshakeActor.Command> h,
+      ActorRef<EngineActor.Command> worker, TestProbe<HandshakeActor.Result> w) {
+    h.tell(new HandshakeActor.DirectoryChanged(EngineDirectory.of(List.of(worker))));
     h.tell(new HandshakeActor.Fetch("decode-0", 0, w.ref()));
-    HandshakeActor.Ready first =
-        assertInstanceOf(HandshakeActor.Ready.class, w.receiveMessage(Duration.ofSeconds(5)));
+    return assertInstanceOf(HandshakeActor.Ready.class, w.receiveMessage(Duration.ofSeconds(5)));
+  }
+
+  @Test
+  void aWorkerRestartedUnderTheSameIdIsAskedAgainNotServedItsOldMetadata() {
+    ActorRef<EngineActor.Command> old = countingPeer(new AtomicInteger());
+    ActorRef<HandshakeActor.Command> h = handshake(ConnectorSettings.DEFAULTS);
+    TestProbe<HandshakeActor.Result> w = fx.kit.createTestProbe();
+    HandshakeActor.Ready first = listAndFetch(h, old, w);
 
     // The engine restarts with its regions elsewhere; the listing goes from the old incarnation
     // to the new one with no gap in between.
@@ -141,10 +150,7 @@ class HandshakeActorTest {
       return new AgentMetadata(p.engineId(), 0, 0, 1, fx.transport.name(), PeerFixture.GEOMETRY,
           moved).pack();
     });
-    h.tell(new HandshakeActor.DirectoryChanged(EngineDirectory.of(List.of(restarted))));
-    h.tell(new HandshakeActor.Fetch("decode-0", 0, w.ref()));
-    HandshakeActor.Ready second =
-        assertInstanceOf(HandshakeActor.Ready.class, w.receiveMessage(Duration.ofSeconds(5)));
+    HandshakeActor.Ready second = listAndFetch(h, restarted, w);
     assertEquals(1, askedNew.get(), "the new incarnation was not asked");
     assertEquals(first.metadata().layers().get(1).regionId(),
         second.metadata().layers().get(0).regionId(), "served the old incarnation's regions");
@@ -152,28 +158,19 @@ class HandshakeActorTest {
 
   /**
    * READ: D asks for the incarnation P's params name. While the directory still lists the old one
-   * (it stopped, the listing has not caught up) the fetch waits; once the named one is listed it
-   * is asked, and a waiter for any incarnation is not held up meanwhile.
+   * (it stopped, the listing has not caught up) the fetch waits and the old one is not asked;
+   * once the named one is listed it is asked.
    */
   @Test
   void aFetchForANamedIncarnationWaitsWhileAnotherIsListed() {
     AtomicInteger askedOld = new AtomicInteger();
-    ActorRef<EngineActor.Command> old = fx.startPeer(peer, p -> {
-      askedOld.incrementAndGet();
-      return fx.peerMetadata(p);
-    });
+    ActorRef<EngineActor.Command> old = countingPeer(askedOld);
     ActorRef<HandshakeActor.Command> h = handshake(ConnectorSettings.DEFAULTS);
-    h.tell(new HandshakeActor.DirectoryChanged(EngineDirectory.of(List.of(old))));
-    TestProbe<HandshakeActor.Result> any = fx.kit.createTestProbe();
-    h.tell(new HandshakeActor.Fetch("decode-0", 0, any.ref()));
-    assertInstanceOf(HandshakeActor.Ready.class, any.receiveMessage(Duration.ofSeconds(5)));
+    listAndFetch(h, old, fx.kit.createTestProbe());
 
     fx.kit.stop(old);
     AtomicInteger askedNew = new AtomicInteger();
-    ActorRef<EngineActor.Command> next = fx.startPeer(peer, p -> {
-      askedNew.incrementAndGet();
-      return fx.peerMetadata(p);
-    });
+    ActorRef<EngineActor.Command> next = countingPeer(askedNew);
     TestProbe<HandshakeActor.Result> named = fx.kit.createTestProbe();
     h.tell(new HandshakeActor.Fetch("decode-0", 0, next.path().uid(), named.ref()));
     named.expectNoMessage(Duration.ofMillis(300)); // the old one is still listed: not it
