@@ -31,6 +31,9 @@ else
   JAVA=java
   CP=${KVFERRY_CP:-$(cd "$gpu_env_here/.." && pwd)/cli/target/kvferry.jar}
 fi
+# KVFERRY_CP_FIRST: classes put before kvferry's on the classpath, e.g. a jar of a few classes as
+# an earlier commit built them, to A/B them in one device call (the bundle holds one kvferry.jar).
+[ -n "${KVFERRY_CP_FIRST:-}" ] && CP="$KVFERRY_CP_FIRST:$CP"
 
 # The CUDA runtime and driver: the loader's cache first, then the usual places (PyTorch's pip
 # wheels bring libcudart).

@@ -13,11 +13,12 @@ import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.function.IntConsumer;
 
 /**
- * Hands one transfer's layer reads to the transport on the blocking pool (D, READ). A transport
- * that orders copies on the GPU only queues them: one task queues every layer, in layer order, so
- * the engine's wait for layer 0 is answered first (tasks of their own would contend for the CUDA
- * context and finish in any order); each queued layer is told to {@code onQueued}. Host copies
- * run one task per layer, in parallel.
+ * Hands one transfer's layer reads to the transport (D, READ). Host copies block until their
+ * bytes moved: one task per layer on the blocking pool, in parallel. A transport that orders
+ * copies on the GPU only queues them (a launch and an event record, tens of microseconds): the
+ * caller queues every layer itself, in layer order, so the engine's wait for layer 0 is answered
+ * first and no pool thread has to wake before it (that hand-off took 104-124 us of a READ's start
+ * on the GPU, docs/gpu.md); each queued layer is told to {@code onQueued}.
  */
 final class LayerReadIssue {
 
@@ -26,7 +27,8 @@ final class LayerReadIssue {
   /**
    * Starts the reads of every layer from {@code peerLayers} into {@code localLayers}; returns,
    * per layer, the read's status once the transport has it (a read that throws fails its layer).
-   * A read not started yet when {@code cancelled} is set is skipped (failed).
+   * A read not started yet when {@code cancelled} is set is skipped (failed). With {@code
+   * gpuOrdered} every layer is queued before this returns.
    */
   static List<CompletableFuture<TransferStatus>> start(Transport transport, Executor io,
       boolean gpuOrdered, List<MemoryRegion> localLayers, List<RegionDescriptor> peerLayers,
@@ -59,11 +61,9 @@ final class LayerReadIssue {
       }
     };
     if (gpuOrdered) {
-      io.execute(() -> {
-        for (int l = 0; l < layers; l++) {
-          readLayer.accept(l);
-        }
-      });
+      for (int l = 0; l < layers; l++) {
+        readLayer.accept(l);
+      }
     } else {
       for (int layer = 0; layer < layers; layer++) {
         int l = layer;

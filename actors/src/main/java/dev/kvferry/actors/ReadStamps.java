@@ -25,9 +25,9 @@ public final class ReadStamps {
     READER,
     /** P's metadata came back to the ReaderActor; the plan follows. */
     PEER_READY,
-    /** The reads were handed to the I/O pool. */
+    /** The plan is made; the reads are handed to the transport. */
     ISSUED,
-    /** An I/O thread started on layer 0. */
+    /** Layer 0's read began (on an I/O thread; GPU-ordered, on the reader's own thread). */
     IO_STARTED,
     /** Layer 0's reads were queued (GPU) or done (host). */
     LAYER0_QUEUED,

@@ -32,9 +32,10 @@ import org.jspecify.annotations.Nullable;
 
 /**
  * D's side of READ mode: once P's metadata is in (through the {@link HandshakeActor}), reads every
- * layer of P's blocks on the I/O dispatcher, reports each layer to {@code waitForLayerLoad}, and
- * releases P's blocks when done or failed ({@link ReleaseActor} counts the releases on P). A read
- * that ends early waits for its reads in flight before the blocks go back.
+ * layer of P's blocks ({@link LayerReadIssue}: host copies on the I/O dispatcher, GPU copies
+ * queued here), reports each layer to {@code waitForLayerLoad}, and releases P's blocks when done
+ * or failed ({@link ReleaseActor} counts the releases on P). A read that ends early waits for its
+ * reads in flight before the blocks go back.
  */
 public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
 

@@ -7,6 +7,7 @@ import dev.kvferry.rdma.cuda.CudaEventPoller;
 import dev.kvferry.rdma.cuda.CudaException;
 import dev.kvferry.rdma.cuda.CudaKernels;
 import dev.kvferry.rdma.cuda.KernelArgs;
+import dev.kvferry.rdma.cuda.PlanBuffers;
 import dev.kvferry.rdma.cuda.ScatterPlan;
 import dev.kvferry.rdma.cuda.SharedDoneWords;
 import java.nio.ByteBuffer;
@@ -88,6 +89,8 @@ public final class CudaTransport implements EventOrderedTransport {
 
   static final int IPC_DESCRIPTOR_BYTES = Cuda.IPC_HANDLE_BYTES + 8;
   private static final int PLANS_PER_LANE = 32;
+  /** Plan buffers kept free per device for the next plans (page-locked host + device each). */
+  private static final long POOLED_PLAN_BYTES = 16L << 20;
   private static final long OWN_PID = ProcessHandle.current().pid();
 
   private final CopyMethod method;
@@ -153,6 +156,8 @@ public final class CudaTransport implements EventOrderedTransport {
   private final Map<LaneKey, Lane> lanes = new ConcurrentHashMap<>();
   /** Per local device, the stream that joins several lanes for {@link #recordAfterCopies}. */
   private final Map<Integer, Join> joins = new ConcurrentHashMap<>();
+  /** Per local device, the buffers plans are uploaded through, reused from plan to plan. */
+  private final Map<Integer, PlanBuffers> planBuffers = new ConcurrentHashMap<>();
   private final Map<Long, byte[]> describedHandles = new ConcurrentHashMap<>();
   private volatile boolean closed;
 
@@ -548,6 +553,11 @@ public final class CudaTransport implements EventOrderedTransport {
     return closed;
   }
 
+  /** Plan buffers allocated so far, every device (the rest of the plans reused one). */
+  public long planBufferAllocations() {
+    return planBuffers.values().stream().mapToLong(PlanBuffers::allocations).sum();
+  }
+
   /** Number of remote allocations opened through IPC so far (each once per local device). */
   public int openedAllocations() {
     return openedAllocations.size();
@@ -573,6 +583,8 @@ public final class CudaTransport implements EventOrderedTransport {
       Cuda.ipcCloseMemHandle(e.getValue().base());
     }
     openedAllocations.clear();
+    planBuffers.values().forEach(PlanBuffers::close); // after the lanes gave their plans back
+    planBuffers.clear();
   }
 
   /** A device's join stream: it waits for several lanes' join events, then records. */
@@ -610,6 +622,7 @@ public final class CudaTransport implements EventOrderedTransport {
      * again later is safe, as a wait binds to the record before it.
      */
     final long joinEvent;
+    final PlanBuffers buffers;
     final LinkedHashMap<TransferBatch, ScatterPlan> plans = new LinkedHashMap<>(16, 0.75f, true);
     @Nullable TransferBatch lastBatch;
     @Nullable ScatterPlan lastPlan;
@@ -626,6 +639,8 @@ public final class CudaTransport implements EventOrderedTransport {
       Cuda.setDevice(device);
       this.stream = Cuda.streamCreate();
       this.joinEvent = Cuda.eventCreate(false);
+      this.buffers =
+          planBuffers.computeIfAbsent(device, d -> PlanBuffers.forDevice(d, POOLED_PLAN_BYTES));
       this.kernels = method != CopyMethod.MEMCPY_BATCH ? CudaKernels.forDevice(device) : null;
       attrs.clear();
       attrs.setInt(0, 1); // cudaMemcpySrcAccessOrderStream
@@ -640,7 +655,7 @@ public final class CudaTransport implements EventOrderedTransport {
       }
       ScatterPlan plan = plans.get(batch);
       if (plan == null) {
-        plan = ScatterPlan.upload(device, batch, stream);
+        plan = ScatterPlan.upload(device, batch, stream, buffers);
         plans.put(batch, plan);
         if (plans.size() > PLANS_PER_LANE) {
           var eldest = plans.entrySet().iterator().next();

@@ -111,6 +111,53 @@ class CudaTransportTest {
     }
   }
 
+  /**
+   * Every request has a plan of its own; past the lane's cache, a retired plan's buffers carry
+   * the next one. Each write's bytes are checked where they landed, so a plan uploaded through a
+   * staging buffer still in use by an earlier upload would show as wrong bytes.
+   */
+  @Test
+  void plansOfManyRequestsReuseTheirBuffersAndEachMovesItsOwnBlocks() throws Exception {
+    assumeGpu();
+    Cuda.setDevice(0);
+    int blocks = 64;
+    long bytes = blocks * BLOCK;
+    long src = Cuda.malloc(bytes);
+    long dst = Cuda.malloc(bytes);
+    int requests = 200;
+    try (RegionRegistry p = new RegionRegistry("p");
+        RegionRegistry d = new RegionRegistry("d");
+        CudaTransport t = new CudaTransport();
+        Memory host = new Memory(bytes);
+        Memory back = new Memory(BLOCK)) {
+      for (long i = 0; i < bytes; i += 8) {
+        host.setLong(i, (i + 1) * 0x9E3779B97F4A7C15L);
+      }
+      Cuda.memcpy(src, Pointer.nativeValue(host), bytes);
+      MemoryRegion local = p.registerExternal(src, bytes, RegionKind.CUDA, 0);
+      RegionDescriptor remote = t.describe(d.registerExternal(dst, bytes, RegionKind.CUDA, 0));
+      for (int r = 0; r < requests; r++) {
+        int from = r % blocks;
+        int to = (r * 7 + 3) % blocks;
+        TransferBatch batch = new TransferBatch(
+            new long[] {from * BLOCK}, new long[] {to * BLOCK}, new long[] {BLOCK});
+        TransferStatus s = t.write(local, remote, batch);
+        assertTrue(s.completion().get(10, TimeUnit.SECONDS).succeeded(), s.toString());
+        Cuda.memcpy(Pointer.nativeValue(back), dst + to * BLOCK, BLOCK);
+        for (long i = 0; i < BLOCK; i += 8) {
+          assertEquals(host.getLong(from * BLOCK + i), back.getLong(i),
+              "request " + r + ": block " + from + " -> " + to + ", byte " + i);
+        }
+      }
+      assertTrue(t.planBufferAllocations() < requests / 2,
+          "plans reuse retired buffers: " + t.planBufferAllocations() + " allocations for "
+              + requests + " plans");
+    } finally {
+      Cuda.free(src);
+      Cuda.free(dst);
+    }
+  }
+
   @Test
   void refusesOutOfBoundsBatchesBeforeAnyLaunch() throws Exception {
     assumeGpu();

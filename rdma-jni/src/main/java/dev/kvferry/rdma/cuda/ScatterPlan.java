@@ -15,8 +15,8 @@ public final class ScatterPlan implements AutoCloseable {
   private final int device;
   private final int count;
   private final long chunks;
-  private final long hostStaging;
-  private final long deviceBuffer;
+  private final PlanBuffers buffers;
+  private final PlanBuffers.Pair buffer;
   private final long localOffsets;
   private final long remoteOffsets;
   private final long sizes;
@@ -25,7 +25,7 @@ public final class ScatterPlan implements AutoCloseable {
   private final long totalBytes;
   private boolean closed;
 
-  private ScatterPlan(int device, TransferBatch batch, long stream) {
+  private ScatterPlan(int device, TransferBatch batch, long stream, PlanBuffers buffers) {
     this.device = device;
     this.count = batch.count();
     long c = 0;
@@ -37,23 +37,15 @@ public final class ScatterPlan implements AutoCloseable {
     this.chunks = c;
     this.totalBytes = total;
     long bytes = 24L * count + 12L * chunks + 8;
-    Cuda.setDevice(device);
-    // Page-locked staging, so the upload is truly asynchronous and never waits for the stream.
-    this.hostStaging = Cuda.hostAlloc(bytes);
-    long dev;
-    try {
-      dev = Cuda.malloc(bytes);
-    } catch (CudaException e) {
-      Cuda.freeHost(hostStaging);
-      throw e;
-    }
-    this.deviceBuffer = dev;
+    this.buffers = buffers;
+    this.buffer = buffers.take(bytes);
+    long dev = buffer.device();
     this.localOffsets = dev;
     this.remoteOffsets = dev + 8L * count;
     this.sizes = dev + 16L * count;
     this.chunkWithin = dev + 24L * count;
     this.chunkEntry = dev + 24L * count + 8L * chunks;
-    Pointer h = new Pointer(hostStaging);
+    Pointer h = new Pointer(buffer.host());
     h.write(0, batch.localOffsets(), 0, count);
     h.write(8L * count, batch.remoteOffsets(), 0, count);
     h.write(16L * count, batch.sizes(), 0, count);
@@ -67,12 +59,17 @@ public final class ScatterPlan implements AutoCloseable {
         h.setInt(entry + 4 * k, e);
       }
     }
-    Cuda.memcpyAsync(deviceBuffer, hostStaging, bytes, stream);
+    Cuda.setDevice(device);
+    Cuda.memcpyAsync(dev, buffer.host(), bytes, stream);
   }
 
-  /** Uploads {@code batch} to {@code device}, ordered on {@code stream} before later launches. */
-  public static ScatterPlan upload(int device, TransferBatch batch, long stream) {
-    return new ScatterPlan(device, batch, stream);
+  /**
+   * Uploads {@code batch} to {@code device}, ordered on {@code stream} before later launches,
+   * through a pair of {@code buffers} (of that device) that {@link #close} gives back.
+   */
+  public static ScatterPlan upload(int device, TransferBatch batch, long stream,
+      PlanBuffers buffers) {
+    return new ScatterPlan(device, batch, stream, buffers);
   }
 
   public int device() {
@@ -110,14 +107,12 @@ public final class ScatterPlan implements AutoCloseable {
         kernels.scatterCopyFunction(), grid, CudaKernels.COPY_THREADS, 0, stream, args.pointer());
   }
 
-  /** Frees the plan; only once no launch that uses it is still queued. */
+  /** Gives the plan's buffers back; only once no launch that uses it is still queued. */
   @Override
   public synchronized void close() {
     if (!closed) {
       closed = true;
-      Cuda.setDevice(device);
-      Cuda.free(deviceBuffer);
-      Cuda.freeHost(hostStaging);
+      buffers.give(buffer);
     }
   }
 }
