@@ -1,43 +1,61 @@
 #!/usr/bin/env bash
-# A/B of a few node classes on the GPU in one device call: scripts/gpu-model.sh run ROUNDS times
-# each way, alternately, "before" with the classes of BEFORE_JAR first on the nodes' classpath
-# (KVFERRY_CP_FIRST; e.g. the changed classes as an earlier commit compiled them) and "after"
-# with the bundle's kvferry.jar alone. The bundle holds one kvferry.jar; a second one would not
-# fit the device machine's carry limit, a jar of the changed classes does.
+# A/B of node classes or node JVM options on the GPU in one device call: scripts/gpu-model.sh run
+# ROUNDS times per variant, the variants alternated. A variant is NAME=[JAR][@JVM_OPTIONS]: JAR's
+# classes go first on the nodes' classpath (KVFERRY_CP_FIRST; e.g. the changed classes as an
+# earlier commit compiled them, since the bundle holds one kvferry.jar and a second would not fit
+# the device machine's carry limit), JVM_OPTIONS are added to the nodes' (KVFERRY_NODE_JAVA_OPTS).
 #
-# usage: OUT=DIR scripts/gpu-model-ab.sh ROUNDS BEFORE_JAR P_GPU D_GPU [kvferry.gpu_check flags]
+# usage: OUT=DIR scripts/gpu-model-ab.sh ROUNDS P_GPU D_GPU NAME=[JAR][@OPTS]... -- [gpu_check flags]
+#   e.g. OUT=$OUT/ab scripts/gpu-model-ab.sh 2 0 0 before=.device/ab/old.jar after= -- --modes read
 # env:   AB_TIMEOUT   seconds per run (default 150); a run past it is cut, what it wrote stays
 #        KVFERRY_PORT_BASE  the first run's base port; each later run adds 100
-# Output: $OUT/<before|after>-<round>/ (gpu-model.sh's output and console.txt) and, when the
-# nodes ran with -Dkvferry.stamps=true (KVFERRY_NODE_JAVA_OPTS), stamps.txt: the READ start
-# stamps' medians per kind of transfer (scripts/read-stamps.py).
+#        KVFERRY_NODE_JAVA_OPTS  options of every variant (e.g. -Dkvferry.stamps=true)
+# Output: $OUT/<NAME>-<round>/ (console.txt, and stamps.txt, the READ start stamps' medians per
+# kind of transfer, when the nodes stamped), each run's node logs as logs.tgz there, and all of
+# it as $OUT/../<basename of OUT>.tgz (a device call returns at most 8 files).
 set -uo pipefail
-[ $# -ge 4 ] || { echo "usage: OUT=DIR $0 ROUNDS BEFORE_JAR P_GPU D_GPU [gpu_check flags]" >&2; exit 2; }
+usage="usage: OUT=DIR $0 ROUNDS P_GPU D_GPU NAME=[JAR][@OPTS]... -- [gpu_check flags]"
+[ $# -ge 4 ] || { echo "$usage" >&2; exit 2; }
 : "${OUT:?set OUT to the output folder}"
 here=$(cd "$(dirname "$0")" && pwd)
-rounds=$1 before_jar=$(cd "$(dirname "$2")" && pwd)/$(basename "$2") P=$3 D=$4
-shift 4
-[ -f "$before_jar" ] || { echo "no such jar: $before_jar" >&2; exit 2; }
+rounds=$1 P=$2 D=$3
+shift 3
+variants=()
+while [ $# -gt 0 ] && [ "$1" != -- ]; do
+  case $1 in *=*) variants+=("$1") ;; *) echo "not NAME=[JAR][@OPTS]: $1; $usage" >&2; exit 2 ;; esac
+  shift
+done
+[ "${1:-}" = -- ] && shift
+[ ${#variants[@]} -ge 1 ] || { echo "$usage" >&2; exit 2; }
+base_opts=${KVFERRY_NODE_JAVA_OPTS:-}
 port=${KVFERRY_PORT_BASE:-27000}
+mkdir -p "$OUT"
 for round in $(seq 1 "$rounds"); do
-  for side in before after; do
-    dir=$OUT/$side-$round
-    mkdir -p "$dir"
+  for v in "${variants[@]}"; do
+    name=${v%%=*} spec=${v#*=} opts=
+    case $spec in *@*) opts=${spec#*@}; spec=${spec%%@*} ;; esac
     first=
-    [ "$side" = before ] && first=$before_jar
-    echo "== $side, round $round, port base $port, $(date -u +%H:%M:%S)"
+    if [ -n "$spec" ]; then
+      [ -f "$spec" ] || { echo "no such jar: $spec" >&2; exit 2; }
+      first=$(cd "$(dirname "$spec")" && pwd)/$(basename "$spec")
+    fi
+    dir=$OUT/$name-$round
+    mkdir -p "$dir"
+    echo "== $name, round $round, port base $port, $(date -u +%H:%M:%S)${first:+, classes first: $first}${opts:+, options: $opts}"
     start=$SECONDS
-    OUT=$dir KVFERRY_PORT_BASE=$port KVFERRY_CP_FIRST=$first timeout "${AB_TIMEOUT:-150}" \
-      bash "$here/gpu-model.sh" "$P" "$D" "$@" > "$dir/console.txt" 2>&1
+    OUT=$dir KVFERRY_PORT_BASE=$port KVFERRY_CP_FIRST=$first KVFERRY_NODE_JAVA_OPTS="$base_opts $opts" \
+      timeout "${AB_TIMEOUT:-150}" bash "$here/gpu-model.sh" "$P" "$D" "$@" > "$dir/console.txt" 2>&1
     echo "   rc=$? wall $((SECONDS - start)) s"
-    grep -E "^TTFT|checks|passed|FAIL" "$dir/console.txt" | head -20
-    log=$dir/gpu-model-p$P-d$D/decode.log
-    if [ -f "$log" ] && grep -q "read start stamps" "$log"; then
+    grep -E "^TTFT read n|^TTFT write n|checks|FAIL" "$dir/console.txt" | head -20
+    run=$dir/gpu-model-p$P-d$D
+    if [ -f "$run/decode.log" ] && grep -q "read start stamps" "$run/decode.log"; then
       for m in ttft-warm ttft-read-1024- ttft-read-4096- ""; do
-        python3 "$here/read-stamps.py" ${m:+--match "$m"} "$log"
+        python3 "$here/read-stamps.py" ${m:+--match "$m"} "$run/decode.log"
       done > "$dir/stamps.txt"
       grep -E "transfers:|layer0_queued|last_queued" "$dir/stamps.txt"
     fi
+    [ -d "$run" ] && tar czf "$dir/logs.tgz" -C "$dir" "$(basename "$run")" && rm -rf "$run"
     port=$((port + 100))
   done
 done
+tar czf "$OUT/../$(basename "$OUT").tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
