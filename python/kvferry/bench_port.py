@@ -6,8 +6,11 @@ step at N requests per step, as vLLM would call the connector: the scheduler's
 `build_connector_meta` over N scheduled requests, then the worker's `bind_connector_metadata`,
 `start_load_kv`, one `save_kv_layer` per layer, `wait_for_save` and `get_finished`. With
 `--new K`, K of the N requests are new that step (`get_num_new_matched_tokens` and
-`update_state_after_alloc` each) and K finish (`request_finished`). The timed steps follow
-WARM_UP_S seconds of the same steps. Prints one JSON line.
+`update_state_after_alloc` each) and K finish (`request_finished`). The requests carry no
+kv_transfer_params (kvferry moves none of them): by default the client answers them itself and
+the node never hears of them; `--send-plain` has the client tell the node (in batches), so its
+side of each request is timed too. The timed steps follow WARM_UP_S seconds of the same steps.
+Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ def _timed(fn, count: int) -> list[float]:
     return out
 
 
-def run(socket_path: str, requests: int, new: int, layers: int, steps: int, round_trips: int) -> dict:
+def run(socket_path: str, requests: int, new: int, layers: int, steps: int, round_trips: int,
+        send_plain: bool = False) -> dict:
     geometry = {"layout": "standard", "num_blocks": 64, "block_size": 16, "kv_heads": 1, "head_dim": 8,
                 "dtype_bytes": 2}
     layer_bytes = 2 * 64 * 16 * 1 * 8 * 2
@@ -51,7 +55,7 @@ def run(socket_path: str, requests: int, new: int, layers: int, steps: int, roun
                                              for i in range(layers)]}
         worker = PortClient(socket_path, "worker", tp_rank=0, geometry=geometry, memory=memory)
         worker.connect()
-        scheduler = PortClient(socket_path, "scheduler")
+        scheduler = PortClient(socket_path, "scheduler", send_plain=send_plain)
         scheduler.connect()
         try:
             return _measure(scheduler, worker, requests, new, layers, steps, round_trips)
@@ -125,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--round-trips", type=int, default=2000)
+    p.add_argument("--send-plain", action="store_true", help="tell the node of the requests (PortClient send_plain)")
     a = p.parse_args(argv)
-    print(json.dumps(run(a.socket, a.requests, a.new, a.layers, a.steps, a.round_trips)))
+    print(json.dumps(run(a.socket, a.requests, a.new, a.layers, a.steps, a.round_trips, a.send_plain)))
     return 0
 
 

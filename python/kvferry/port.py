@@ -1,6 +1,6 @@
 """The engine port's client: one connection to a kvferry node's Unix socket.
 
-Protocol version 1 (docs/engine-port.md). A frame is a 4-byte big-endian length and one msgpack
+Protocol version 2, or 1 with a node that speaks only that (docs/engine-port.md). A frame is a 4-byte big-endian length and one msgpack
 map. A request carries an ``id`` and gets one reply with the same id; one-way requests carry no
 id and get no reply: this client sends ``update_state_after_alloc``, ``bind_connector_metadata``,
 ``save_kv_layer``, ``wait_for_save`` and (when the bound metadata says nothing loads)
@@ -31,10 +31,13 @@ from typing import Any
 
 import msgpack
 
-PROTOCOL_VERSION = 1
+# The newest version this client speaks; a node that refuses it is asked again with version 1.
+PROTOCOL_VERSION = 2
+# Version 2 added the batch op: held one-way ops go to the node as one frame.
+BATCH_VERSION = 2
 MAX_FRAME_BYTES = 64 * 1024 * 1024
-# Held one-way frames (PortClient._one_way) are sent once they reach this many bytes.
-HELD_FRAMES_LIMIT = 8 * 1024
+# Held one-way ops (PortClient._one_way) are sent once this many are held.
+HELD_OPS_LIMIT = 512
 IPC_HANDLE_BYTES = 64  # cudaIpcEventHandle_t
 _LENGTH = struct.Struct(">I")
 
@@ -292,10 +295,16 @@ class PortClient:
         connect_timeout_s: float = 5.0,
         load_events: bool = False,
         event_device: Any = None,
+        send_plain: bool = False,
     ):
         """``load_events`` (a worker on GPU memory): ask for the node's load-event ring; then
         ``wait_for_layer_load`` makes the current stream of ``event_device`` (a torch device or
-        index, default the current CUDA device) wait on the slot the node names."""
+        index, default the current CUDA device) wait on the slot the node names.
+
+        ``send_plain`` (scheduler): also tell the node about requests named without
+        kv_transfer_params, which kvferry does not move, so that it checks their ops (held and
+        sent in batches). Off (the default), the client gives their fixed answers itself and
+        leaves them out of ``build_connector_meta``: the node never hears of them."""
         if side not in ("scheduler", "worker"):
             raise ValueError(f"side must be 'scheduler' or 'worker', not {side!r}")
         if side == "worker" and (tp_rank is None or geometry is None or memory is None):
@@ -321,6 +330,7 @@ class PortClient:
         self._cached_wanted: set[str] = set()
         # Requests named without kv_transfer_params: the node frees them at once when they finish.
         self._plain: set[str] = set()
+        self.send_plain = send_plain
         self.last_op_errors: list[dict[str, Any]] = []
         self.load_events = load_events
         self.event_device = event_device
@@ -336,11 +346,13 @@ class PortClient:
         self.pipelined_layer_waits = True
         self._waits_in_flight: deque[tuple[int, int]] = deque()
         self._layer_replies: dict[int, tuple[int, dict[str, Any]]] = {}
-        # Scheduler: one-way frames of requests kvferry does not move, encoded and held until the
-        # connection's next send (at the latest the step's build_connector_meta): one system call
-        # and one wake-up of the node for a step's hundreds of them (docs/engine-port.md).
-        self._held: list[bytes] = []
-        self._held_bytes = 0
+        # Scheduler: one-way ops of requests kvferry does not move, held as [op, args] until the
+        # connection's next send (at the latest the step's build_connector_meta), then sent as one
+        # batch frame (version 1: a frame each, written together): one system call, one wake-up
+        # and one frame for the node for a step's hundreds of them (docs/engine-port.md).
+        self._held: list[list[Any]] = []
+        # The version this connection's hello settled on (the node's reply says).
+        self.version = PROTOCOL_VERSION
         self._packer = msgpack.Packer(use_bin_type=True)
         # Per op: [calls, total seconds, longest seconds] of this client's side of each op (a
         # round trip for a call, the send for a one-way op): where an engine's step time goes.
@@ -352,8 +364,9 @@ class PortClient:
     def connected(self) -> bool:
         return self._broken is None
 
-    def connect(self) -> dict[str, Any]:
-        """Connects and says hello; returns the node's hello reply."""
+    def connect(self, version: int = PROTOCOL_VERSION) -> dict[str, Any]:
+        """Connects and says hello (``version``, else 1 if the node refuses it); returns the
+        node's hello reply."""
         self._close_socket()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.connect_timeout_s)
@@ -371,11 +384,18 @@ class PortClient:
         self._broken = None
         self._next_id = 1
         try:
-            self.node_info = self._call("hello", self._hello_args(), request_id=0)
+            self.node_info = self._call("hello", self._hello_args(version), request_id=0)
+        except BadVersion:
+            self._close_socket()
+            self._broken = "hello refused"
+            if version > 1:  # a node from before version 2: it closed the connection; ask again
+                return self.connect(version=1)
+            raise
         except PortError:
             self._close_socket()
             self._broken = "hello refused"
             raise
+        self.version = int(self.node_info.get("version", version))
         self.load_event_handles = parse_load_events(self.node_info)
         return self.node_info
 
@@ -412,9 +432,8 @@ class PortClient:
         self._opened_load_events = {}
         self._waits_in_flight.clear()
         self._layer_replies.clear()
-        # Held frames belong to this connection: a reconnected one starts with its hello.
+        # Held ops belong to this connection: a reconnected one starts with its hello.
         self._held.clear()
-        self._held_bytes = 0
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -423,8 +442,8 @@ class PortClient:
         self._sock = None
         self._reader = None
 
-    def _hello_args(self) -> dict[str, Any]:
-        args: dict[str, Any] = {"version": PROTOCOL_VERSION, "side": self.side}
+    def _hello_args(self, version: int = PROTOCOL_VERSION) -> dict[str, Any]:
+        args: dict[str, Any] = {"version": version, "side": self.side}
         if self.engine:
             args["engine"] = self.engine
         if self.side == "worker":
@@ -452,9 +471,7 @@ class PortClient:
         if self._broken is not None or self._sock is None:
             raise NodeUnavailable(self.socket_path, self._broken or "not connected")
         if self._held:
-            frames = b"".join(self._held) + frames
-            self._held.clear()
-            self._held_bytes = 0
+            frames = self._encode_held() + frames
         try:
             self._sock.sendall(frames)
         except socket.timeout as e:
@@ -464,6 +481,13 @@ class PortClient:
             if refusal is not None:
                 raise refusal from e
             raise self._lost(f"connection lost while sending ({os.strerror(e.errno or errno.EPIPE)})") from e
+
+    def _encode_held(self) -> bytes:
+        """The held ops as one batch frame (version 1: a frame each), in the order they were held."""
+        held, self._held = self._held, []
+        if self.version >= BATCH_VERSION:
+            return encode_frame({"op": "batch", "args": {"ops": held}}, self._packer)
+        return b"".join(encode_frame({"op": op, "args": args}, self._packer) for op, args in held)
 
     def _pending_refusal(self) -> PortError | None:
         """After a failed send: the error frame the node sent before closing (bad_frame,
@@ -605,16 +629,14 @@ class PortClient:
         self._layer_replies.clear()
 
     def _one_way(self, op: str, args: dict[str, Any], hold: bool = False) -> None:
-        """Sends ``op`` without an id. ``hold``: keep the frame for the connection's next send
-        (frames keep their order); nothing waits on it, so only ops whose timing the node does
-        not act on are held."""
+        """Sends ``op`` without an id. ``hold``: keep it for the connection's next send (ops keep
+        their order); nothing waits on it, so only ops whose timing the node does not act on are
+        held."""
         began = time.perf_counter()
         try:
             if hold and self._broken is None:
-                frame = encode_frame({"op": op, "args": args}, self._packer)
-                self._held.append(frame)
-                self._held_bytes += len(frame)
-                if self._held_bytes >= HELD_FRAMES_LIMIT:
+                self._held.append([op, args])
+                if len(self._held) >= HELD_OPS_LIMIT:
                     self.flush()
             else:
                 self._send({"op": op, "args": args})
@@ -622,7 +644,7 @@ class PortClient:
             self._timed(op, began)
 
     def flush(self) -> None:
-        """Sends the held one-way frames now (any other send sends them first anyway)."""
+        """Sends the held one-way ops now (any other send sends them first anyway)."""
         if self._held:
             self._send_frames(b"")
 
@@ -645,8 +667,9 @@ class PortClient:
         num_computed_tokens: int,
     ) -> tuple[int, bool]:
         """``(count, async)``. A request without kv_transfer_params matches nothing on any node
-        (docs/engine-port.md), so for it the op goes one-way and ``(0, False)`` comes back at
-        once. Requests with params always ask: a node that refuses them says so here."""
+        (docs/engine-port.md), so for it ``(0, False)`` comes back at once: nothing is sent, or
+        with ``send_plain`` the op is held and goes one-way. Requests with params always ask: a
+        node that refuses them says so here."""
         args = {"request_id": request_id, "num_prompt_tokens": num_prompt_tokens,
                 "kv_transfer_params": kv_transfer_params, "num_computed_tokens": num_computed_tokens}
         # (On a worker connection the node refuses the op: asked, so the refusal comes now.)
@@ -654,7 +677,8 @@ class PortClient:
             ok = self._call("get_num_new_matched_tokens", args)
             result = int(ok["count"]), bool(ok["async"])
         else:
-            self._one_way("get_num_new_matched_tokens", args, hold=True)
+            if self.send_plain:
+                self._one_way("get_num_new_matched_tokens", args, hold=True)
             result = 0, False
         if kv_transfer_params and kv_transfer_params.get("do_remote_decode"):
             self._cached_wanted.add(request_id)
@@ -665,13 +689,16 @@ class PortClient:
         return result
 
     def update_state_after_alloc(self, request_id: str, block_ids: list[int], num_external_tokens: int) -> None:
-        """One-way: its error, if any, comes back in the next ``build_connector_meta``. Held for
-        a request named without kv_transfer_params; sent at once for one kvferry moves (D's node
-        then tells P where to write)."""
+        """One-way: its error, if any, comes back in the next ``build_connector_meta``. Sent at
+        once for a request kvferry moves (D's node then tells P where to write); for one named
+        without kv_transfer_params nothing is sent, or with ``send_plain`` it is held."""
+        plain = request_id in self._plain and self.side == "scheduler"
+        if plain and not self.send_plain:
+            return
         self._one_way(
             "update_state_after_alloc",
             {"request_id": request_id, "block_ids": list(block_ids), "num_external_tokens": num_external_tokens},
-            hold=request_id in self._plain and self.side == "scheduler",
+            hold=plain,
         )
 
     def build_connector_meta(
@@ -686,8 +713,13 @@ class PortClient:
 
         Of ``scheduled_cached_reqs`` only the entries the node reads are sent: those of requests
         named with ``do_remote_decode`` (P's chunked prefill) and not finished yet. At hundreds of
-        running requests the rest cost most of the step's port time and change nothing."""
+        running requests the rest cost most of the step's port time and change nothing. Of
+        ``scheduled_new_reqs`` those of requests named without kv_transfer_params are left out
+        unless ``send_plain`` is set: the node never heard of them."""
         wanted = self._cached_wanted
+        if not self.send_plain and self._plain:
+            plain = self._plain
+            scheduled_new_reqs = [r for r in scheduled_new_reqs if r["request_id"] not in plain]
         ok = self._call(
             "build_connector_meta",
             {"scheduled_new_reqs": scheduled_new_reqs,
@@ -711,16 +743,17 @@ class PortClient:
 
     def request_finished(self, request_id: str, block_ids: list[int], status: str) -> tuple[bool, dict[str, Any] | None]:
         """``(delay_free, kv_transfer_params)``. For a request this client named without
-        kv_transfer_params the node frees at once and returns nothing (docs/engine-port.md): the op
-        goes one-way and ``(False, None)`` comes back at once; an error in it comes back with the
-        next ``build_connector_meta``."""
+        kv_transfer_params the node frees at once and returns nothing (docs/engine-port.md), so
+        ``(False, None)`` comes back at once: nothing is sent, or with ``send_plain`` the op is
+        held and goes one-way (an error in it comes back with the next ``build_connector_meta``)."""
         if status not in ("length_capped", "stopped", "aborted"):
             raise ValueError(f"status must be length_capped, stopped or aborted, not {status!r}")
         args = {"request_id": request_id, "block_ids": list(block_ids), "status": status}
         self._cached_wanted.discard(request_id)
         if request_id in self._plain and self.side == "scheduler":
             self._plain.discard(request_id)
-            self._one_way("request_finished", args, hold=True)
+            if self.send_plain:
+                self._one_way("request_finished", args, hold=True)
             return False, None
         ok = self._call("request_finished", args)
         return bool(ok["delay_free"]), ok.get("kv_transfer_params")

@@ -11,6 +11,8 @@ Load it with::
 Extra config keys: ``socket`` (required, or env ``KVFERRY_ENGINE_SOCKET``), ``role``
 (``prefill``/``decode``; needed with ``kv_both``), ``mode`` (``write``/``read``), ``engine_id``,
 ``tp_rank`` (when vLLM's parallel state is not there to ask), ``connect_timeout_s`` (default 60),
+``send_plain`` (default false: requests without kv_transfer_params never reach the node; true:
+the node is told of them and checks their ops, docs/engine-port.md),
 ``start_node`` (default false) with ``kvferry_jar``, ``java`` and ``node_args`` (a list): start a
 node beside the engine when none answers on the socket.
 
@@ -427,7 +429,7 @@ class KvferryScheduler:
         self.mode = self.identity.get("mode", "write")
         ensure_node(self.socket_path, extra, self.identity)
         self.client = PortClient(self.socket_path, "scheduler", engine=self.identity,
-                                 http_url=extra.get("http_url"))
+                                 http_url=extra.get("http_url"), send_plain=bool(extra.get("send_plain", False)))
         self.client.reconnect(wait_s=float(extra.get("connect_timeout_s", 60)))
         self.pending_sends: set[str] = set()
         self.seen: set[str] = set()  # named to the node, not finished yet

@@ -1,7 +1,8 @@
 """A scripted stand-in for a kvferry node's engine port, for tests that need no JVM.
 
-It speaks protocol version 1's framing and hello rules (hello first, once; version 1 only; the
-side's ops only) and records every frame it receives. Replies to scheduler and worker ops come
+It speaks the protocol's framing and hello rules (hello first, once; the versions in
+``versions``, 1 and 2 unless a test narrows them; the side's ops only; version 2's ``batch``) and
+records every op it receives (a batch's ops one by one; ``frames`` counts the frames). Replies to scheduler and worker ops come
 from overridable handlers; ``finished`` holds per TP rank the next ``get_finished`` results.
 """
 
@@ -33,6 +34,8 @@ class FakeNode:
         self.path = path
         self.log: list[tuple[str, int | None, str, dict]] = []  # (side, tp_rank, op, args)
         self.hellos: list[dict] = []
+        self.versions: tuple[int, ...] = (1, 2)
+        self.frames = 0
         self.lock = threading.Lock()
         self.finished: dict[int, collections.deque] = collections.defaultdict(collections.deque)
         self.metadata: set[bytes] = set()
@@ -125,24 +128,16 @@ class FakeNode:
                     self._send(conn, {"id": None, "error": {"code": "bad_frame", "message": "not a request"}})
                     return
                 rid, op, args = msg.get("id"), msg["op"], msg.get("args") or {}
-                try:
-                    with self.lock:
-                        entry = (state["side"] or args.get("side", "?"), state["rank"] if state["side"]
-                                 else args.get("tp_rank"), op, args)
-                        self.log.append(entry)
-                    result = self._handle(state, op, args)
-                    if rid is not None:
-                        if self.reply_before_close is not None and op == self.reply_before_close.decode():
-                            conn.close()  # dies mid-call, as a killed node would
+                with self.lock:
+                    self.frames += 1
+                if op == "batch" and state.get("version", 0) >= 2:
+                    for batched_op, batched_args in args.get("ops", []):
+                        if not self._run(conn, state, None, batched_op, batched_args or {}):
                             return
-                        self._send(conn, {"id": rid, "ok": result})
-                except Refuse as e:
                     if rid is not None:
-                        self._send(conn, {"id": rid, "error": {"code": e.code, "message": e.message}})
-                    else:
-                        state.setdefault("op_errors", []).append({"op": op, "code": e.code, "message": e.message})
-                    if e.fatal:
-                        return
+                        self._send(conn, {"id": rid, "ok": {}})
+                elif not self._run(conn, state, rid, op, args):
+                    return
         except (EOFError, OSError):
             pass
         finally:
@@ -151,19 +146,42 @@ class FakeNode:
             except OSError:
                 pass
 
+    def _run(self, conn: socket.socket, state: dict, rid: int | None, op: str, args: dict) -> bool:
+        """One op: replied to when it has an id, else its error kept; False: the connection ends."""
+        try:
+            with self.lock:
+                entry = (state["side"] or args.get("side", "?"), state["rank"] if state["side"]
+                         else args.get("tp_rank"), op, args)
+                self.log.append(entry)
+            result = self._handle(state, op, args)
+            if rid is not None:
+                if self.reply_before_close is not None and op == self.reply_before_close.decode():
+                    conn.close()  # dies mid-call, as a killed node would
+                    return False
+                self._send(conn, {"id": rid, "ok": result})
+        except Refuse as e:
+            if rid is not None:
+                self._send(conn, {"id": rid, "error": {"code": e.code, "message": e.message}})
+            else:
+                state.setdefault("op_errors", []).append({"op": op, "code": e.code, "message": e.message})
+            if e.fatal:
+                return False
+        return True
+
     def _handle(self, state: dict, op: str, a: dict) -> Any:
         if op == "hello":
             if state["side"] is not None:
                 raise Refuse("already_hello", "second hello")
-            if a.get("version") != 1:
-                raise Refuse("bad_version", "supported versions: [1]", fatal=True)
+            if a.get("version") not in self.versions:
+                raise Refuse("bad_version", f"supported: {list(self.versions)}", fatal=True)
             if a.get("side") not in ("scheduler", "worker"):
                 raise Refuse("bad_args", "side")
             state["side"] = a["side"]
             state["rank"] = a.get("tp_rank")
+            state["version"] = a["version"]
             with self.lock:
                 self.hellos.append(a)
-            reply = {"version": 1, "node": "fake", "engine_id": (a.get("engine") or {}).get("engine_id", "fake-0"),
+            reply = {"version": a["version"], "node": "fake", "engine_id": (a.get("engine") or {}).get("engine_id", "fake-0"),
                      "role": (a.get("engine") or {}).get("role", "prefill"), "mode": "write", "dp_rank": 0,
                      "tp_size": 1, "transport": "none"}
             if a.get("load_events"):

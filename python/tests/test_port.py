@@ -71,8 +71,8 @@ def test_hello_sends_version_side_and_identity(tmp_path):
     node = FakeNode(str(tmp_path / "n.sock"))
     c = PortClient(node.path, "scheduler", engine={"role": "prefill", "mode": "read"}, http_url="http://x:1")
     info = c.hello()
-    assert info["version"] == 1
-    assert node.hellos == [{"version": 1, "side": "scheduler", "engine": {"role": "prefill", "mode": "read"},
+    assert info["version"] == 2
+    assert node.hellos == [{"version": 2, "side": "scheduler", "engine": {"role": "prefill", "mode": "read"},
                             "http_url": "http://x:1"}]
     assert c.ping() == {"node": "fake"}
     node.close()
@@ -103,8 +103,8 @@ def test_error_reply_raises_its_typed_error_and_the_connection_stays_usable(tmp_
 def test_a_fatal_error_closes_the_client(tmp_path):
     node = FakeNode(str(tmp_path / "n.sock"))
     c = PortClient(node.path, "scheduler")
-    c._hello_args = lambda: {"version": 99, "side": "scheduler"}  # type: ignore[method-assign]
-    with pytest.raises(BadVersion, match=r"\[1\]"):
+    c._hello_args = lambda *_: {"version": 99, "side": "scheduler"}  # type: ignore[method-assign]
+    with pytest.raises(BadVersion, match=r"supported: \[1, 2\]"):
         c.hello()
     assert not c.connected
     with pytest.raises(NodeUnavailable):
@@ -198,11 +198,12 @@ def test_scheduler_ops_send_the_spec_args(tmp_path):
 
 def test_answers_the_protocol_fixes_come_back_without_waiting_for_the_node(tmp_path):
     """A request without params matches nothing and is freed at once with nothing for a peer:
-    the client sends those ops one-way, so this fake node's other answers are never read for it."""
+    with send_plain the client sends those ops one-way, so this fake node's other answers are
+    never read for it."""
     node = FakeNode(str(tmp_path / "n.sock"))
     node.matched = lambda a: {"count": 99, "async": True}
     node.finish = lambda a: {"delay_free": True, "kv_transfer_params": {"x": 1}}
-    c = PortClient(node.path, "scheduler")
+    c = PortClient(node.path, "scheduler", send_plain=True)
     c.hello()
     assert c.get_num_new_matched_tokens("plain", 40, None, 0) == (0, False)
     assert c.get_num_new_matched_tokens("to-d", 40, {"do_remote_decode": True, "transfer_id": "t"}, 0) == (99, True)
@@ -215,9 +216,35 @@ def test_answers_the_protocol_fixes_come_back_without_waiting_for_the_node(tmp_p
     node.close()
 
 
+def test_by_default_the_node_never_hears_of_a_request_without_params(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.matched = lambda a: {"count": 99, "async": True}
+    c = PortClient(node.path, "scheduler")
+    c.hello()
+    assert c.get_num_new_matched_tokens("plain", 40, None, 0) == (0, False)
+    c.update_state_after_alloc("plain", [1], 0)
+    assert c.get_num_new_matched_tokens("to-d", 40, {"do_remote_decode": True, "transfer_id": "t"}, 0) == (99, True)
+    c.update_state_after_alloc("to-d", [2], 0)
+    c.build_connector_meta([{"request_id": "plain", "block_ids": [1], "num_computed_tokens": 40},
+                            {"request_id": "to-d", "block_ids": [2], "num_computed_tokens": 40}], [])
+    assert c.request_finished("plain", [1], "stopped") == (False, None)
+    c.flush()
+    assert c.request_finished("to-d", [2], "stopped") == (False, None)  # the fake's answer
+    assert node.ops() == ["hello", "get_num_new_matched_tokens", "update_state_after_alloc",
+                          "build_connector_meta", "request_finished"]
+    assert all(a["request_id"] == "to-d" for _, _, op, a in node.log if op != "hello" and "request_id" in a)
+    assert [r["request_id"] for r in node.calls("build_connector_meta")[0]["scheduled_new_reqs"]] == ["to-d"]
+    # A request named plain once and later with params is asked about from then on.
+    assert c.get_num_new_matched_tokens("later", 40, None, 0) == (0, False)
+    assert c.get_num_new_matched_tokens("later", 40, {"do_remote_decode": True, "transfer_id": "l"}, 0) == (99, True)
+    c.update_state_after_alloc("later", [3], 0)
+    assert [a["request_id"] for a in _await_calls(node, "update_state_after_alloc", 2)] == ["to-d", "later"]
+    node.close()
+
+
 def test_a_plain_requests_one_way_ops_are_held_until_the_next_send_and_keep_their_order(tmp_path):
     node = FakeNode(str(tmp_path / "n.sock"))
-    c = PortClient(node.path, "scheduler")
+    c = PortClient(node.path, "scheduler", send_plain=True)
     c.hello()
     c.get_num_new_matched_tokens("plain", 40, None, 0)
     c.update_state_after_alloc("plain", [1], 0)
@@ -241,18 +268,40 @@ def test_a_plain_requests_one_way_ops_are_held_until_the_next_send_and_keep_thei
 
 def test_held_frames_go_when_they_reach_the_limit_or_on_flush(tmp_path, monkeypatch):
     node = FakeNode(str(tmp_path / "n.sock"))
-    c = PortClient(node.path, "scheduler")
+    c = PortClient(node.path, "scheduler", send_plain=True)
     c.hello()
     c.get_num_new_matched_tokens("a", 40, None, 0)
     c.flush()
     assert [a["request_id"] for a in _await_calls(node, "get_num_new_matched_tokens", 1)] == ["a"]
-    monkeypatch.setattr(port, "HELD_FRAMES_LIMIT", 300)  # a few frames' worth
+    monkeypatch.setattr(port, "HELD_OPS_LIMIT", 4)
+    frames = node.frames
     for i in range(10):
         c.get_num_new_matched_tokens(f"r{i}", 40, None, 0)
-    seen = _await_calls(node, "get_num_new_matched_tokens", 3)
-    assert 3 <= len(seen) < 11, "some went at the limit, the last ones are still held"
+    seen = _await_calls(node, "get_num_new_matched_tokens", 9)
+    time.sleep(0.05)
+    assert len(node.calls("get_num_new_matched_tokens")) == 9, "the last two are still held"
+    assert [a["request_id"] for a in seen[1:]] == [f"r{i}" for i in range(8)]
+    assert node.frames == frames + 2, "each 4 went as one batch frame"
     c.build_connector_meta([], [])
     assert len(node.calls("get_num_new_matched_tokens")) == 11
+    node.close()
+
+
+def test_a_node_that_speaks_only_version_1_gets_held_ops_a_frame_each(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.versions = (1,)
+    c = PortClient(node.path, "scheduler", send_plain=True)
+    assert c.hello()["version"] == 1 and c.version == 1  # refused version 2, asked again with 1
+    assert [h["version"] for h in node.hellos] == [1]
+    for i in range(3):
+        c.get_num_new_matched_tokens(f"r{i}", 40, None, 0)
+        c.request_finished(f"r{i}", [i], "stopped")
+    frames = node.frames
+    c.build_connector_meta([], [])
+    assert node.ops() == ["hello", "hello"] + ["get_num_new_matched_tokens", "request_finished"] * 3 + [
+        "build_connector_meta"]
+    assert node.frames == frames + 7, "no batch op for a version 1 node"
+    assert c.last_op_errors == []
     node.close()
 
 

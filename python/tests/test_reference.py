@@ -351,8 +351,11 @@ def test_abort_before_scheduling_tells_the_node_with_no_blocks(tmp_path):
     try:
         e.connect()
         # Both reach the loop in one batch, the abort after them: "small" is never scheduled.
+        # "small" is one kvferry would move (P holds its blocks until told), so the node hears of
+        # it; a request without params it would not (PortClient's send_plain).
         big = e.submit(Request("big", list(range(1, 100)), 5, None))
-        small = e.submit(Request("small", list(range(500, 540)), 5, None))
+        small = e.submit(Request("small", list(range(500, 540)), 5,
+                                 {"do_remote_prefill": True, "transfer_id": "t-small", "remote_engine_id": "p0"}))
         e.abort("small")
         e.start()
         events = []
@@ -361,7 +364,8 @@ def test_abort_before_scheduling_tells_the_node_with_no_blocks(tmp_path):
         assert [ev.kind for ev in events] == ["done"] and events[0].finish_reason == "abort"
         while big.events.get(timeout=30).kind == "token":
             pass
-        assert {"request_id": "small", "block_ids": [], "status": "aborted"} in node.calls("request_finished")
+        assert [(a["request_id"], a["block_ids"], a["status"]) for a in node.calls("request_finished")] == [
+            ("small", [], "aborted")]
         assert "small" not in [a["request_id"] for a in node.calls("update_state_after_alloc")]
         assert wait_idle(e)["free_blocks"] == 64
     finally:

@@ -32,7 +32,8 @@ class EnginePortBenchTest {
         new PrintStream(progress, true, StandardCharsets.UTF_8), 10, 100).run();
     assertEquals(List.of("engine port round trip p50 (ping)", "engine port scheduler call p50",
         "engine port time in a step, 256 req, 0 new", "engine port time in a step, 256 req, 16 new",
-        "engine port time in a step, 256 req, 256 new"),
+        "engine port time in a step, 256 req, 256 new",
+        "engine port time in a step, 256 req, 256 new, node told"),
         rows.stream().map(BenchRow::name).toList(), rows.toString());
     for (BenchRow r : rows) {
       assertFalse(r.failed(), r.name() + ": " + r.note());

@@ -130,6 +130,18 @@ record PortArgs(String where, Map<String, Object> map) {
     return out;
   }
 
+  /** A list of anything (its elements checked by the caller); nil reads as empty. */
+  List<?> list(String key) throws PortException {
+    Object v = map.get(key);
+    if (v == null) {
+      return List.of();
+    }
+    if (!(v instanceof List<?> list)) {
+      throw wrongType(key, "a list", v);
+    }
+    return list;
+  }
+
   PortArgs nested(String key) throws PortException {
     return PortArgs.of(where + "." + key, map.get(key));
   }

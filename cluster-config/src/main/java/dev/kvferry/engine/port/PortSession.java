@@ -42,7 +42,11 @@ import org.slf4j.LoggerFactory;
 final class PortSession implements Runnable {
 
   private static final Logger log = LoggerFactory.getLogger(PortSession.class);
-  static final int PROTOCOL_VERSION = 1;
+  /** The newest protocol version spoken here; {@link #SUPPORTED_VERSIONS} lists them all. */
+  static final int PROTOCOL_VERSION = 2;
+  static final List<Integer> SUPPORTED_VERSIONS = List.of(1, 2);
+  /** The version that added {@code batch}. */
+  static final int BATCH_VERSION = 2;
   /** One-way ops' errors kept for the next get_finished; beyond this they are only counted. */
   static final int KEPT_OP_ERRORS = 64;
   /** cudaIpcMemHandle_t and cudaIpcEventHandle_t are both 64 bytes. */
@@ -55,6 +59,8 @@ final class PortSession implements Runnable {
   private final PortFrames.Reader frames;
   private final Duration workersTimeout;
   private @Nullable Side side;
+  /** The version this connection's hello settled on; 0 before hello. */
+  private int version;
   private int rank = -1;
   private @Nullable PortEngine engine;
   private ConnectorMetadata bound = ConnectorMetadata.EMPTY;
@@ -118,19 +124,56 @@ final class PortSession implements Runnable {
       reply(id, error(new PortException(PortError.BAD_FRAME, "op must be a string")));
       return false;
     }
+    if (op.equals("batch") && version >= BATCH_VERSION) {
+      return batch(id, frame.get("args"));
+    }
+    return run(id, op, frame.get("args"));
+  }
+
+  /**
+   * Version 2's {@code batch}: {@code args.ops} is a list of {@code [op, args]}, each run in order
+   * as a one-way frame of its own would be (its error kept for the next get_finished or
+   * build_connector_meta under its op's name). The Python client sends a step's held ops of
+   * plain requests this way: one frame and one dispatch for hundreds of them.
+   */
+  private boolean batch(@Nullable Long id, @Nullable Object args) throws IOException {
+    List<?> ops;
     try {
-      Object result = dispatch(op, PortArgs.of("args", frame.get("args")));
+      ops = PortArgs.of("args", args).list("ops");
+    } catch (PortException e) {
+      return failed(id, "batch", e);
+    }
+    for (int i = 0; i < ops.size(); i++) {
+      if (!(ops.get(i) instanceof List<?> element) || element.size() != 2
+          || !(element.get(0) instanceof String op)) {
+        keepOpError("batch", PortException.badArgs(
+            "args.ops[" + i + "] must be [op (a string), args (a map or nil)]"));
+        continue;
+      }
+      if (op.equals("hello") || op.equals("batch")) {
+        keepOpError(op, PortException.badArgs(op + " cannot be sent in a batch"));
+        continue;
+      }
+      if (!run(null, op, element.get(1))) {
+        return false;
+      }
+    }
+    if (id != null) {
+      reply(id, Map.of("ok", Map.of()));
+    }
+    return !shutdownAsked;
+  }
+
+  /** Runs one op: replies when {@code id} is set, else keeps its error; false: close. */
+  private boolean run(@Nullable Long id, String op, @Nullable Object args) throws IOException {
+    try {
+      Object result = dispatch(op, PortArgs.of("args", args));
       if (id != null) {
         reply(id, Map.of("ok", result));
       }
       return !shutdownAsked;
     } catch (PortException e) {
-      if (id != null) {
-        reply(id, error(e));
-      } else {
-        keepOpError(op, e);
-      }
-      return !e.error().fatal();
+      return failed(id, op, e);
     } catch (RuntimeException e) {
       log.error("engine port: op {} failed", op, e);
       PortException internal = new PortException(PortError.INTERNAL, op + ": " + e);
@@ -141,6 +184,15 @@ final class PortSession implements Runnable {
       }
       return true;
     }
+  }
+
+  private boolean failed(@Nullable Long id, String op, PortException e) throws IOException {
+    if (id != null) {
+      reply(id, error(e));
+    } else {
+      keepOpError(op, e);
+    }
+    return !e.error().fatal();
   }
 
   private Object dispatch(String op, PortArgs a) throws PortException {
@@ -176,11 +228,10 @@ final class PortSession implements Runnable {
     if (side != null) {
       throw new PortException(PortError.ALREADY_HELLO, "this connection already said hello");
     }
-    long version = a.integer("version", 0, Long.MAX_VALUE);
-    if (version != PROTOCOL_VERSION) {
+    long asked = a.integer("version", 0, Long.MAX_VALUE);
+    if (!SUPPORTED_VERSIONS.contains((int) Math.min(asked, Integer.MAX_VALUE))) {
       throw new PortException(PortError.BAD_VERSION,
-          "protocol version " + version + " is not spoken here; supported: [" + PROTOCOL_VERSION
-              + "]");
+          "protocol version " + asked + " is not spoken here; supported: " + SUPPORTED_VERSIONS);
     }
     List<byte[]> loadEventHandles = null;
     Side s = switch (a.string("side")) {
@@ -220,8 +271,9 @@ final class PortSession implements Runnable {
     }
     side = s;
     engine = e;
+    version = (int) asked;
     Map<String, Object> r = new LinkedHashMap<>();
-    r.put("version", PROTOCOL_VERSION);
+    r.put("version", version);
     r.put("node", server.host().nodeName());
     r.put("engine_id", e.engineId());
     r.put("role", e.role().clusterRole());

@@ -159,6 +159,8 @@ class EnginePortTest {
     assertEquals("already_hello", PortTestClient.errorCode(c.call("hello",
         Map.of("version", 1, "side", "scheduler"))));
     assertEquals("unknown_op", PortTestClient.errorCode(c.call("frobnicate", Map.of())));
+    // batch came with version 2; this connection said hello with version 1
+    assertEquals("unknown_op", PortTestClient.errorCode(c.call("batch", Map.of("ops", List.of()))));
     assertEquals("wrong_side", PortTestClient.errorCode(c.call("start_load_kv", Map.of())));
 
     // A worker whose memory is open to others, or of the wrong length, is refused.
@@ -219,8 +221,9 @@ class EnginePortTest {
 
     // A second client with a wrong version is cut off; one with a broken frame too.
     PortTestClient v = client(socket);
-    assertEquals("bad_version", PortTestClient.errorCode(v.call("hello",
-        Map.of("version", 2, "side", "scheduler"))));
+    Map<String, Object> badVersion = v.call("hello", Map.of("version", 3, "side", "scheduler"));
+    assertEquals("bad_version", PortTestClient.errorCode(badVersion));
+    assertTrue(String.valueOf(badVersion).contains("supported: [1, 2]"), String.valueOf(badVersion));
     assertTrue(v.closedByNode());
     PortTestClient b = client(socket);
     b.raw(new byte[] {0, 0, 0, 0});
@@ -238,6 +241,50 @@ class EnginePortTest {
    * A process of another uid is refused by its credentials even where the socket's mode would
    * let it connect (here opened to everyone on purpose): one unauthorized frame, then the end.
    */
+  /**
+   * Version 2's batch: each element runs as its own one-way frame would, in order, and its error
+   * comes back under its op's name with the next build_connector_meta; a bad element is skipped.
+   */
+  @Test
+  void aBatchRunsEachOpInOrderAsOneWayFramesWould() throws Exception {
+    int port = FreePorts.next();
+    Path socket = dir.resolve("b.sock");
+    node("prefill", "p0", "write", socket, port, port);
+    PortTestClient s = client(socket);
+    assertEquals(2L, s.ok("hello", Map.of("version", 2, "side", "scheduler",
+        "engine", Map.of("mode", "write"))).get("version"));
+    worker(socket, kvFile(), "write"); // the engine's allocations need its workers
+    List<Object> ops = new ArrayList<>();
+    for (int i = 0; i < 3; i++) {
+      ops.add(List.of("get_num_new_matched_tokens", Map.of("request_id", "r" + i,
+          "num_prompt_tokens", 16, "num_computed_tokens", 0)));
+    }
+    ops.add(List.of("update_state_after_alloc", Map.of("request_id", "nobody",
+        "block_ids", List.of(1), "num_external_tokens", 0))); // never named: unknown_request
+    ops.add("not an element");
+    ops.add(List.of("hello", Map.of("version", 2)));
+    ops.add(List.of("request_finished", Map.of("request_id", "r2", "block_ids", List.of(),
+        "status", "stopped")));
+    s.oneWay("batch", Map.of("ops", ops));
+    // The batch's ops ran before this call: r0 and r1 are named, r2 is finished again.
+    s.ok("update_state_after_alloc", Map.of("request_id", "r0", "block_ids", List.of(1, 2),
+        "num_external_tokens", 0));
+    s.ok("update_state_after_alloc", Map.of("request_id", "r1", "block_ids", List.of(3),
+        "num_external_tokens", 0));
+    assertEquals("unknown_request", PortTestClient.errorCode(s.call("update_state_after_alloc",
+        Map.of("request_id", "r2", "block_ids", List.of(4), "num_external_tokens", 0))));
+    @SuppressWarnings("unchecked")
+    List<Map<String, Object>> opErrors = (List<Map<String, Object>>) s.ok("build_connector_meta",
+        Map.of("scheduled_new_reqs", List.of(), "scheduled_cached_reqs", List.of()))
+        .get("op_errors");
+    assertEquals(List.of("update_state_after_alloc:unknown_request", "batch:bad_args",
+            "hello:bad_args"),
+        opErrors.stream().map(e -> e.get("op") + ":" + e.get("code")).toList());
+    // With an id the batch is answered once every op ran; a batch without ops is fine.
+    assertEquals(Map.of(), s.ok("batch", Map.of("ops", List.of())));
+    assertEquals("bad_args", PortTestClient.errorCode(s.call("batch", Map.of("ops", 7))));
+  }
+
   @Test
   void anotherUidIsRefused() throws Exception {
     org.junit.jupiter.api.Assumptions.assumeTrue(
