@@ -48,6 +48,9 @@ final class LayerReadIssue {
           return;
         }
         TransferStatus s = transport.read(localLayers.get(l), peerLayers.get(l), plan);
+        if (l == 0) {
+          ReadStamps.markLayer0Returned(transferId);
+        }
         if (gpuOrdered && s.state() != TransferStatus.State.FAILED) {
           onQueued.accept(l);
         }

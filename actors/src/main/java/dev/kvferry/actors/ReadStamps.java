@@ -1,5 +1,6 @@
 package dev.kvferry.actors;
 
+import dev.kvferry.rdma.CopyStamps;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import org.slf4j.Logger;
@@ -29,6 +30,10 @@ public final class ReadStamps {
     ISSUED,
     /** Layer 0's read began (on an I/O thread; GPU-ordered, on the reader's own thread). */
     IO_STARTED,
+    /** Layer 0's plan was uploaded (cuda: the transport's latest plan upload, if after IO_STARTED). */
+    LAYER0_PLANNED,
+    /** The transport returned layer 0's read (queued on the GPU, or done); then it is recorded. */
+    LAYER0_RETURNED,
     /** Layer 0's reads were queued (GPU) or done (host). */
     LAYER0_QUEUED,
     /** The last layer's reads were queued (GPU) or done (host). */
@@ -45,10 +50,35 @@ public final class ReadStamps {
   private ReadStamps() {}
 
   public static void mark(String transferId, Stage stage) {
+    if (ON) {
+      mark(transferId, stage, System.nanoTime());
+    }
+  }
+
+  /**
+   * Layer 0's read returned from the transport: marks that, and before it the transport's latest
+   * plan upload if that came after layer 0's read began (then it was this read's).
+   */
+  static void markLayer0Returned(String transferId) {
     if (!ON) {
       return;
     }
     long now = System.nanoTime();
+    long[] at = stamps.get(transferId);
+    long planned = CopyStamps.plannedNanos();
+    long began = at == null ? 0 : at[Stage.IO_STARTED.ordinal()];
+    if (began != 0 && planned > began) {
+      mark(transferId, Stage.LAYER0_PLANNED, planned);
+    }
+    mark(transferId, Stage.LAYER0_RETURNED, now);
+  }
+
+  /** Marks {@code stage} at {@code nanos} (a {@link System#nanoTime()} taken elsewhere). */
+  public static void mark(String transferId, Stage stage, long nanos) {
+    if (!ON) {
+      return;
+    }
+    long now = nanos;
     if (stage == Stage.START_LOAD && stamps.size() >= MAX_TRANSFERS) {
       stamps.clear();
     }

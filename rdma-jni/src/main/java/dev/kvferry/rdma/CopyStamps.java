@@ -14,6 +14,7 @@ public final class CopyStamps {
   private static volatile long copiedNanos;
   private static volatile long onCpuNanos;
   private static volatile long wordStoredNanos;
+  private static volatile long plannedNanos;
   private static final ThreadLocal<long[]> cpuAtStart = ThreadLocal.withInitial(() -> new long[1]);
 
   private CopyStamps() {}
@@ -34,6 +35,18 @@ public final class CopyStamps {
     copiedNanos = 0;
     onCpuNanos = 0;
     wordStoredNanos = 0;
+  }
+
+  /** A new plan was uploaded for the copy kernel (cuda: a transfer's first layer). */
+  static void planned() {
+    if (on) {
+      plannedNanos = System.nanoTime();
+    }
+  }
+
+  /** The latest plan upload's end (0: none since start). */
+  public static long plannedNanos() {
+    return plannedNanos;
   }
 
   static void wordStored() {

@@ -656,6 +656,7 @@ public final class CudaTransport implements EventOrderedTransport {
       ScatterPlan plan = plans.get(batch);
       if (plan == null) {
         plan = ScatterPlan.upload(device, batch, stream, buffers);
+        CopyStamps.planned();
         plans.put(batch, plan);
         if (plans.size() > PLANS_PER_LANE) {
           var eldest = plans.entrySet().iterator().next();
