@@ -351,8 +351,10 @@ class PortClient:
         # batch frame (version 1: a frame each, written together): one system call, one wake-up
         # and one frame for the node for a step's hundreds of them (docs/engine-port.md).
         self._held: list[list[Any]] = []
-        # The version this connection's hello settled on (the node's reply says).
+        # The version this connection's hello settled on (the node's reply says), and the one
+        # the hello being sent asks for.
         self.version = PROTOCOL_VERSION
+        self._hello_version = PROTOCOL_VERSION
         self._packer = msgpack.Packer(use_bin_type=True)
         # Per op: [calls, total seconds, longest seconds] of this client's side of each op (a
         # round trip for a call, the send for a one-way op): where an engine's step time goes.
@@ -384,7 +386,8 @@ class PortClient:
         self._broken = None
         self._next_id = 1
         try:
-            self.node_info = self._call("hello", self._hello_args(version), request_id=0)
+            self._hello_version = version
+            self.node_info = self._call("hello", self._hello_args(), request_id=0)
         except BadVersion:
             self._close_socket()
             self._broken = "hello refused"
@@ -442,8 +445,9 @@ class PortClient:
         self._sock = None
         self._reader = None
 
-    def _hello_args(self, version: int = PROTOCOL_VERSION) -> dict[str, Any]:
-        args: dict[str, Any] = {"version": version, "side": self.side}
+    def _hello_args(self) -> dict[str, Any]:
+        """The hello's args (subclasses add theirs); the version is the one ``connect`` asks."""
+        args: dict[str, Any] = {"version": self._hello_version, "side": self.side}
         if self.engine:
             args["engine"] = self.engine
         if self.side == "worker":

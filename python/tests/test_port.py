@@ -670,3 +670,21 @@ def test_pipelining_can_be_turned_off(tmp_path):
     assert c.wait_for_layer_load(0) is True
     assert len(node.calls("wait_for_layer_load")) == 1
     node.close()
+
+
+def test_a_subclass_that_adds_hello_args_keeps_them_when_the_version_falls_back(tmp_path):
+    """kvferry.gpu_model's worker client adds its events this way (it needs torch, so CI cannot
+    run it): the override takes no arguments and the version comes from connect."""
+
+    class Extra(PortClient):
+        def _hello_args(self) -> dict:
+            args = super()._hello_args()
+            args["engine"] = {"engine_id": "extra-0"}
+            return args
+
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.versions = (1,)
+    c = Extra(node.path, "scheduler")
+    assert c.hello()["engine_id"] == "extra-0"
+    assert node.hellos == [{"version": 1, "side": "scheduler", "engine": {"engine_id": "extra-0"}}]
+    node.close()
