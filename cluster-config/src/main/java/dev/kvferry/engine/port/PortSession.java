@@ -42,8 +42,7 @@ import org.slf4j.LoggerFactory;
 final class PortSession implements Runnable {
 
   private static final Logger log = LoggerFactory.getLogger(PortSession.class);
-  /** The newest protocol version spoken here; {@link #SUPPORTED_VERSIONS} lists them all. */
-  static final int PROTOCOL_VERSION = 2;
+  /** The protocol versions spoken here (docs/engine-port.md, "Versioning"). */
   static final List<Integer> SUPPORTED_VERSIONS = List.of(1, 2);
   /** The version that added {@code batch}. */
   static final int BATCH_VERSION = 2;
