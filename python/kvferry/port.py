@@ -1,10 +1,10 @@
 """The engine port's client: one connection to a kvferry node's Unix socket.
 
-Protocol version 2, or 1 with a node that speaks only that (docs/engine-port.md). A frame is a 4-byte big-endian length and one msgpack
-map. A request carries an ``id`` and gets one reply with the same id; one-way requests carry no
-id and get no reply: this client sends ``update_state_after_alloc``, ``bind_connector_metadata``,
-``save_kv_layer``, ``wait_for_save`` and (when the bound metadata says nothing loads)
-``start_load_kv`` one-way. Their errors come back in the next ``build_connector_meta``
+Protocol version 2, or 1 with a node that speaks only that (docs/engine-port.md). A frame is a
+4-byte big-endian length and one msgpack map. A request carries an ``id`` and gets one reply
+with the same id; one-way requests carry no id and get no reply: this client sends
+``update_state_after_alloc``, ``bind_connector_metadata``, ``save_kv_layer``, ``wait_for_save``
+and (when the bound metadata says nothing loads) ``start_load_kv`` one-way. Their errors come back in the next ``build_connector_meta``
 (scheduler) or ``get_finished`` (worker) reply and are raised there.
 
 Load events (GPU memory, READ mode on D): a worker created with ``load_events=True`` asks the
