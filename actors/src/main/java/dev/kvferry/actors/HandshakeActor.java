@@ -70,11 +70,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
 
   /** {@code from}: the worker incarnation whose metadata this is (null: not known). */
   public record Ready(String engineId, int tpRank, AgentMetadata metadata,
-      @Nullable ActorRef<EngineActor.Command> from) implements Result {
-    public Ready(String engineId, int tpRank, AgentMetadata metadata) {
-      this(engineId, tpRank, metadata, null);
-    }
-  }
+      @Nullable ActorRef<EngineActor.Command> from) implements Result {}
 
   public record Failed(String engineId, int tpRank, String reason) implements Result {}
 

@@ -112,7 +112,14 @@ final class WriteTargets {
    */
   void blocksArrived(WriteJob j, int rank) {
     WriteJob.Target t = j.targets.get(rank);
-    if (t != null && j.targetRanks != null && j.isTarget(rank) && !t.handshakeRequested) {
+    if (t != null && j.targetRanks != null && j.isTarget(rank)) {
+      requestMetadata(j, rank, t);
+    }
+  }
+
+  /** Asks for the metadata of {@code t}'s incarnation (any, if not known) unless a fetch is out. */
+  private void requestMetadata(WriteJob j, int rank, WriteJob.Target t) {
+    if (!t.handshakeRequested) {
       t.handshakeRequested = true;
       handshake.tell(new HandshakeActor.Fetch(j.decodeEngineId, rank, t.incarnation, replies));
     }
@@ -123,11 +130,7 @@ final class WriteTargets {
     int[] ranks = PeerPlanning.targetsFor(self, OptionalInt.of(decodeTpSize), mla);
     j.targetRanks = ranks;
     for (int rank : ranks) {
-      WriteJob.Target t = j.target(rank);
-      if (!t.handshakeRequested) {
-        t.handshakeRequested = true;
-        handshake.tell(new HandshakeActor.Fetch(j.decodeEngineId, rank, t.incarnation, replies));
-      }
+      requestMetadata(j, rank, j.target(rank));
     }
     j.dropNonTargets().forEachInt(rank -> log.warn(
         "transfer {}: remote blocks from {} ignored: its heads do not overlap ours",

@@ -46,21 +46,43 @@ class ReattachTest {
     prefillSystem.shutdownTestKit();
   }
 
+  /**
+   * The engine detaches and attaches again at once, well inside the Receptionist's gossip round:
+   * D may still route to the old worker, or tell it our blocks after it stopped; D then tells the
+   * new incarnation (ReceiverActor.tellNewIncarnations).
+   */
   @Test
   void aPrefillEngineAttachedAgainIsWrittenToByItsNewIncarnation() throws Exception {
+    writeWhileAttachingAgain(Role.PREFILL, 1);
+  }
+
+  /**
+   * WRITE requests while the engine of {@code attaching} (P or D) attaches three times under one
+   * id, each incarnation stopped at once after its {@code requestsPerAttach} requests; the other
+   * side's engine stays.
+   */
+  private void writeWhileAttachingAgain(Role attaching, int requestsPerAttach) throws Exception {
     TwoSystemClusterTest.formCluster(prefillSystem, decodeSystem);
-    Side d = TwoSystemClusterTest.side(decodeSystem, closeables, Role.DECODE, TransferMode.WRITE,
-        "decode-w", D_GEOMETRY);
+    boolean prefillAttaches = attaching == Role.PREFILL;
+    Side stays = prefillAttaches
+        ? TwoSystemClusterTest.side(decodeSystem, closeables, Role.DECODE, TransferMode.WRITE,
+            "decode-w", D_GEOMETRY)
+        : TwoSystemClusterTest.side(prefillSystem, closeables, Role.PREFILL, TransferMode.WRITE,
+            "prefill-w", P_GEOMETRY);
     int[] pBlocks = {2, 3, 4};
     int[] dBlocks = {7, 1, 30};
     for (int attach = 0; attach < 3; attach++) {
-      Side p = TwoSystemClusterTest.side(prefillSystem, closeables, Role.PREFILL,
-          TransferMode.WRITE, "prefill-w", P_GEOMETRY);
-      writeOne(p, d, "w" + attach, pBlocks, dBlocks);
-      // The engine detaches and attaches again at once, well inside the Receptionist's gossip
-      // round: D may still route to the old worker, or tell it our blocks after it stopped; D
-      // then tells the new incarnation (ReceiverActor.tellNewIncarnations).
-      p.worker().stop().get(10, TimeUnit.SECONDS);
+      Side again = prefillAttaches
+          ? TwoSystemClusterTest.side(prefillSystem, closeables, Role.PREFILL, TransferMode.WRITE,
+              "prefill-w", P_GEOMETRY)
+          : TwoSystemClusterTest.side(decodeSystem, closeables, Role.DECODE, TransferMode.WRITE,
+              "decode-w", D_GEOMETRY);
+      for (int request = 0; request < requestsPerAttach; request++) {
+        String id = requestsPerAttach == 1 ? "w" + attach : "w" + attach + "-" + request;
+        writeOne(prefillAttaches ? again : stays, prefillAttaches ? stays : again, id, pBlocks,
+            dBlocks);
+      }
+      again.worker().stop().get(10, TimeUnit.SECONDS);
     }
   }
 
@@ -90,19 +112,7 @@ class ReattachTest {
    */
   @Test
   void aDecodeEngineAttachedAgainIsWrittenToAtItsNewIncarnation() throws Exception {
-    TwoSystemClusterTest.formCluster(prefillSystem, decodeSystem);
-    Side p = TwoSystemClusterTest.side(prefillSystem, closeables, Role.PREFILL, TransferMode.WRITE,
-        "prefill-w", P_GEOMETRY);
-    int[] pBlocks = {2, 3, 4};
-    int[] dBlocks = {7, 1, 30};
-    for (int attach = 0; attach < 3; attach++) {
-      Side d = TwoSystemClusterTest.side(decodeSystem, closeables, Role.DECODE,
-          TransferMode.WRITE, "decode-w", D_GEOMETRY);
-      for (int request = 0; request < 2; request++) { // the second one with what P kept of D
-        writeOne(p, d, "w" + attach + "-" + request, pBlocks, dBlocks);
-      }
-      d.worker().stop().get(10, TimeUnit.SECONDS);
-    }
+    writeWhileAttachingAgain(Role.DECODE, 2); // the second request with what P kept of D
   }
 
   /**

@@ -76,7 +76,7 @@ public final class EnginePortSuite {
       List<BenchRow> rows = new ArrayList<>();
       for (int fresh : NEW_PER_STEP) {
         progress.printf("  engine port, 256 requests per step, %d new%n", fresh);
-        JsonNode j = measure(pkg.get(), socket, fresh);
+        JsonNode j = measure(pkg.get(), socket, fresh, false);
         if (fresh == 0) {
           rows.add(BenchRow.figure("engine port round trip p50 (ping)", "us",
               j.get("ping_p50_us").asDouble(), String.format(Locale.ROOT,
@@ -99,11 +99,6 @@ public final class EnginePortSuite {
       Thread.currentThread().interrupt();
       return List.of(missing("interrupted"));
     }
-  }
-
-  private JsonNode measure(Path pkg, Path socket, int fresh) throws IOException,
-      InterruptedException {
-    return measure(pkg, socket, fresh, false);
   }
 
   /** {@code sendPlain}: the client tells the node of the requests (they carry no params). */
