@@ -73,12 +73,8 @@ public final class ReadStamps {
     mark(transferId, Stage.LAYER0_RETURNED, now);
   }
 
-  /** Marks {@code stage} at {@code nanos} (a {@link System#nanoTime()} taken elsewhere). */
-  public static void mark(String transferId, Stage stage, long nanos) {
-    if (!ON) {
-      return;
-    }
-    long now = nanos;
+  /** Marks {@code stage} at {@code now} (a {@link System#nanoTime()} taken elsewhere). */
+  private static void mark(String transferId, Stage stage, long now) {
     if (stage == Stage.START_LOAD && stamps.size() >= MAX_TRANSFERS) {
       stamps.clear();
     }
