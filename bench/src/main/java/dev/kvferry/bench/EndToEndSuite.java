@@ -155,8 +155,12 @@ public final class EndToEndSuite {
 
   private double oneLayerMicros() throws IOException {
     int blocks = 2 * Geometry.blocksPerLayer(promptTokens);
+    // On one thread whatever the nodes use: that budget measured the stricter of the two (a
+    // copy of the same hot regions 21 times ran slower shared by two threads than on one,
+    // docs/results/2026-12-02-e2e-ab-copy-threads.txt).
     HostTransferBench.Result r = HostTransferBench.run(new HostTransferBench.Config(
-        Geometry.BLOCK_BYTES, blocks, 21, "cma", HostTransferBench.Layout.SCATTERED));
+        Geometry.BLOCK_BYTES, blocks, 21, "cma", HostTransferBench.Layout.SCATTERED)
+        .withCmaCopyThreads(1));
     if (!r.verified()) {
       throw new IOException("the bytes at D differ from P's after one layer's cma write");
     }
@@ -258,7 +262,8 @@ public final class EndToEndSuite {
         layers.add(registry.allocateHost(g.layerRegionBytes()));
       }
       transport = Transports.open("cma", registry, TransportOptions.defaults()
-          .withCmaInlineMaxBytes(Long.getLong("kvferry.e2e.cma-inline", 1 << 20)));
+          .withCmaInlineMaxBytes(Long.getLong("kvferry.e2e.cma-inline", 1 << 20))
+          .withCmaCopyThreads(HostTransferBench.CMA_COPY_THREADS));
       TransferObserver observer = role == Role.DECODE
           ? (outcome, bytes, nanos) -> {
               if (outcome == TransferObserver.Outcome.RECEIVED) {

@@ -65,6 +65,22 @@ class GpuNodeSettingsTest {
   }
 
   @Test
+  void cmaCopyThreadsComeFromTheNodeConfigAndTheIoThreadsGrowToMatch() {
+    NodeSettings defaults = settings(Map.of());
+    assertEquals(2, defaults.transportOptions().cmaCopyThreads());
+    assertEquals(2, defaults.transportOptions().ioThreads());
+    NodeSettings s = settings(Map.of("kvferry.node.cma.copy-threads", 3));
+    assertEquals(3, s.transportOptions().cmaCopyThreads());
+    assertEquals(3, s.transportOptions().ioThreads());
+    assertEquals(1, settings(Map.of("kvferry.node.cma.copy-threads", 1))
+        .transportOptions().cmaCopyThreads());
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> settings(Map.of("kvferry.node.cma.copy-threads", 0)));
+    assertTrue(e.getMessage().contains("kvferry.node.cma.copy-threads must be in [1, 16], got 0"),
+        e.getMessage());
+  }
+
+  @Test
   void gpuWithTheCudaTransportIsAccepted() {
     NodeSettings s = settings(Map.of("kvferry.node.gpu", 1, "kvferry.node.transport", "cuda"));
     assertTrue(s.onGpu());

@@ -40,7 +40,16 @@ public final class CmaTransport implements Transport {
   /** Largest single iovec we hand over; the kernel caps a call's total near 2 GiB anyway. */
   private static final long MAX_IOV_BYTES = 1L << 30;
 
+  /**
+   * A mapped copy at least this large is shared among {@link #copyThreads} I/O threads (see
+   * {@link SharedCopy}); below it one thread's wake-up would cost more than it saves.
+   */
+  static final long SHARE_MIN_BYTES = 4 * SharedCopy.CHUNK_BYTES;
+
   private final long inlineMaxBytes;
+  private final int copyThreads;
+  private final java.util.concurrent.atomic.AtomicLong sharedCopies =
+      new java.util.concurrent.atomic.AtomicLong();
   private final boolean mapPeerPages;
   private final PeerMappings mappings = new PeerMappings();
   private final TransferExecutor executor;
@@ -55,6 +64,7 @@ public final class CmaTransport implements Transport {
     this.inlineMaxBytes = options.cmaInlineMaxBytes();
     this.mapPeerPages = options.cmaMapPeerPages();
     this.executor = new TransferExecutor("cma", options.ioThreads());
+    this.copyThreads = Math.min(options.ioThreads(), options.cmaCopyThreads());
   }
 
   @Override
@@ -113,6 +123,11 @@ public final class CmaTransport implements Transport {
     return mappings.openedTotal();
   }
 
+  /** Copies shared among I/O threads since this transport started (tests, the bench's notes). */
+  public long sharedCopies() {
+    return sharedCopies.get();
+  }
+
   /** Why copies with {@code remote} use the system calls, or null when they map its pages. */
   public @Nullable String unmappedReason(RegionDescriptor remote) {
     return mapPeerPages ? mappings.refusal(remote) : "mapping peer pages is turned off";
@@ -144,6 +159,11 @@ public final class CmaTransport implements Transport {
         return status;
       }
       TransferStatus status = TransferStatus.pending();
+      if (copyThreads > 1 && total >= SHARE_MIN_BYTES
+          && startShared(local, remote, batch, toRemote, total, status)) {
+        handedOff = true; // the first copying thread owns our pin of local now
+        return status;
+      }
       handedOff = true;
       CopyStamps.handedOff();
       executor.submit(
@@ -189,15 +209,7 @@ public final class CmaTransport implements Transport {
     CopyStamps.started();
     PeerMappings.Mapping mapped = mapPeerPages ? mappings.acquire(remote) : null;
     if (mapped != null) {
-      try {
-        // Our mapping outlives the peer; copying into a dead process fails as the calls would.
-        LibC.kill((int) remote.pid(), 0);
-      } catch (LastErrorException e) {
-        mapped.unpin();
-        if (e.getErrorCode() == LibC.ESRCH) {
-          mappings.release(remote.pid(), remote.owner());
-        }
-        status.fail(explain(e.getErrorCode(), toRemote, remote, 0, total));
+      if (!peerAlive(mapped, remote, toRemote, total, status)) {
         return;
       }
       try {
@@ -275,6 +287,25 @@ public final class CmaTransport implements Transport {
    * The batch as memmoves through our mapping of the peer's region: entries in {@link
    * Scratch#load}'s order, runs that continue on both sides joined into one call.
    */
+  /**
+   * Our mapping outlives the peer; copying into a dead process fails as the calls would. When the
+   * peer is gone: fails {@code status}, drops our pin of {@code mapped} and returns false.
+   */
+  private boolean peerAlive(PeerMappings.Mapping mapped, RegionDescriptor remote,
+      boolean toRemote, long total, TransferStatus status) {
+    try {
+      LibC.kill((int) remote.pid(), 0);
+      return true;
+    } catch (LastErrorException e) {
+      mapped.unpin();
+      if (e.getErrorCode() == LibC.ESRCH) {
+        mappings.release(remote.pid(), remote.owner());
+      }
+      status.fail(explain(e.getErrorCode(), toRemote, remote, 0, total));
+      return false;
+    }
+  }
+
   private void copyMapped(
       MemoryRegion local,
       PeerMappings.Mapping peer,
@@ -283,26 +314,63 @@ public final class CmaTransport implements Transport {
       long total,
       TransferStatus status) {
     Scratch s = scratch.get();
-    int entries = s.load(batch, local.address(), peer.address, toRemote);
-    long runLocal = 0;
-    long runRemote = 0;
-    long runLength = 0;
-    for (int i = 0; i < entries; i++) {
-      long l = s.entryLocal[i];
-      long r = s.entryRemote[i];
-      long n = s.entryLength[i];
-      if (runLength > 0 && l == runLocal + runLength && r == runRemote + runLength) {
-        runLength += n;
-        continue;
-      }
-      move(runLocal, runRemote, runLength, toRemote);
-      runLocal = l;
-      runRemote = r;
-      runLength = n;
+    int runs = s.joinRuns(s.load(batch, local.address(), peer.address, toRemote));
+    for (int i = 0; i < runs; i++) {
+      move(s.localAddr[i], s.remoteAddr[i], s.localLen[i], toRemote);
     }
-    move(runLocal, runRemote, runLength, toRemote);
     CopyStamps.copied();
     status.succeed(total);
+  }
+
+  /**
+   * Starts a large copy through the peer's mapping on {@link #copyThreads} I/O threads at once
+   * ({@link SharedCopy}). All are woken here, together: a helper woken by the first copying
+   * thread measured too late to take any chunk of an 8 MiB layer on this project's VMs. Returns
+   * false, having started nothing, where the copy cannot be shared (no mapping, or destinations
+   * that overlap, where batch order decides); the caller then copies as usual. When this returns
+   * true the caller's pin of {@code local} has passed to the first copying thread, or was
+   * released with {@code status} failed (the peer is gone).
+   */
+  private boolean startShared(MemoryRegion local, RegionDescriptor remote, TransferBatch batch,
+      boolean toRemote, long total, TransferStatus status) {
+    PeerMappings.Mapping peer = mapPeerPages ? mappings.acquire(remote) : null;
+    if (peer == null) {
+      return false;
+    }
+    if (!peerAlive(peer, remote, toRemote, total, status)) {
+      local.unpin();
+      return true;
+    }
+    Scratch s = scratch.get();
+    int entries = s.load(batch, local.address(), peer.address, toRemote);
+    if (s.destinationsOverlap(entries, toRemote)) {
+      peer.unpin();
+      return false;
+    }
+    SharedCopy shared = new SharedCopy(s.localAddr, s.remoteAddr, s.localLen, s.joinRuns(entries),
+        toRemote, total, status);
+    sharedCopies.incrementAndGet();
+    CopyStamps.handedOff();
+    // The first thread runs on our pins, and fails the transfer if the executor drops it unrun.
+    executor.submit(status, shared::work, () -> {
+      peer.unpin();
+      local.unpin();
+    });
+    for (int h = 1; h < copyThreads; h++) {
+      if (!local.tryPin()) {
+        break;
+      }
+      if (!peer.tryPin()) {
+        local.unpin();
+        break;
+      }
+      // Its own status: a helper dropped at close must not fail the transfer the others finish.
+      executor.submit(TransferStatus.pending(), shared::work, () -> {
+        peer.unpin();
+        local.unpin();
+      });
+    }
+    return true;
   }
 
   private static void move(long local, long remote, long length, boolean toRemote) {
@@ -438,6 +506,46 @@ public final class CmaTransport implements Transport {
         overlap = overlaps(checkAddr, checkLen, n);
       }
       return overlap ? fill(batch, localBase, remoteBase) : n;
+    }
+
+    /**
+     * Joins the first {@code n} loaded entries where they continue on both sides, in place:
+     * run i's local address in localAddr[i], remote in remoteAddr[i], length in localLen[i].
+     * Returns the number of runs.
+     */
+    int joinRuns(int n) {
+      int runs = 0;
+      for (int i = 0; i < n; i++) {
+        long l = entryLocal[i];
+        long r = entryRemote[i];
+        long len = entryLength[i];
+        if (runs > 0 && l == localAddr[runs - 1] + localLen[runs - 1]
+            && r == remoteAddr[runs - 1] + localLen[runs - 1]) {
+          localLen[runs - 1] += len;
+          continue;
+        }
+        localAddr[runs] = l;
+        remoteAddr[runs] = r;
+        localLen[runs] = len;
+        runs++;
+      }
+      return runs;
+    }
+
+    /** Whether two of the first {@code n} loaded entries write a byte in common. */
+    boolean destinationsOverlap(int n, boolean toRemote) {
+      long[] destination = toRemote ? entryRemote : entryLocal;
+      boolean ascending = true;
+      for (int i = 1; i < n && ascending; i++) {
+        ascending = Long.compareUnsigned(destination[i - 1], destination[i]) <= 0;
+      }
+      if (ascending) {
+        return overlaps(destination, entryLength, n);
+      }
+      System.arraycopy(destination, 0, checkAddr, 0, n);
+      System.arraycopy(entryLength, 0, checkLen, 0, n);
+      heapSort(checkAddr, checkLen, null, n);
+      return overlaps(checkAddr, checkLen, n);
     }
 
     private int fill(TransferBatch batch, long localBase, long remoteBase) {

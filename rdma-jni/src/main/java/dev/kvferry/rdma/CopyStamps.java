@@ -73,6 +73,13 @@ public final class CopyStamps {
     }
   }
 
+  /** A thread joining a shared copy after its start: its CPU time counts from here. */
+  static void joined() {
+    if (on) {
+      cpuAtStart.get()[0] = threadCpuNanos();
+    }
+  }
+
   static void copied() {
     if (on) {
       copiedNanos = System.nanoTime();

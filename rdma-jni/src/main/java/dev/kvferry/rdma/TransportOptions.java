@@ -24,6 +24,7 @@ public final class TransportOptions {
   private final String ucxTransports;
   private final int tcpStreams;
   private final boolean cmaMapPeerPages;
+  private final int cmaCopyThreads;
 
   /** The most connections one tcp batch may be striped over. */
   public static final int MAX_TCP_STREAMS = 16;
@@ -47,7 +48,8 @@ public final class TransportOptions {
       int tcpStagingBufferBytes,
       String ucxTransports,
       int tcpStreams,
-      boolean cmaMapPeerPages) {
+      boolean cmaMapPeerPages,
+      int cmaCopyThreads) {
     if (tcpPort < 0 || tcpPort > 65535) {
       throw new IllegalArgumentException("tcp port must be in [0, 65535], got " + tcpPort);
     }
@@ -84,16 +86,21 @@ public final class TransportOptions {
     }
     this.tcpStreams = tcpStreams;
     this.cmaMapPeerPages = cmaMapPeerPages;
+    if (cmaCopyThreads < 1) {
+      throw new IllegalArgumentException("cma copy threads must be >= 1, got " + cmaCopyThreads);
+    }
+    this.cmaCopyThreads = cmaCopyThreads;
   }
 
   /**
    * Loopback listener on an ephemeral port, kernel-tuned socket buffers, 30 s without progress
    * fails a transfer, 64 connections, 2 I/O threads, CMA batches up to 1 MiB copied inline, GPU
-   * memory staged for tcp through 2 pinned buffers of 4 MiB.
+   * memory staged for tcp through 2 pinned buffers of 4 MiB, mapped CMA copies of 4 MiB and more
+   * shared by 2 of the I/O threads.
    */
   public static TransportOptions defaults() {
     return new TransportOptions(
-        "127.0.0.1", 0, "", true, 0, Duration.ofSeconds(30), 64, 2, 1 << 20, 2, 4 << 20, "", 1, true);
+        "127.0.0.1", 0, "", true, 0, Duration.ofSeconds(30), 64, 2, 1 << 20, 2, 4 << 20, "", 1, true, 2);
   }
 
   /** Where the TCP listener binds; port 0 picks a free port. */
@@ -101,7 +108,7 @@ public final class TransportOptions {
     return new TransportOptions(
         host, port, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout, maxConnections,
         ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams, cmaMapPeerPages);
+        tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /** The host peers should connect to, when it differs from the bind host (0.0.0.0, NAT). */
@@ -109,7 +116,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, host, tcpListen, tcpSocketBufferBytes, ioTimeout, maxConnections,
         ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams, cmaMapPeerPages);
+        tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /** Whether the TCP transport serves its registry's regions (false: client only). */
@@ -117,7 +124,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, listen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams, cmaMapPeerPages);
+        tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /**
@@ -129,7 +136,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, bytes, ioTimeout, maxConnections,
         ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams, cmaMapPeerPages);
+        tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /** A transfer (or a handshake) that makes no progress for this long fails. */
@@ -137,7 +144,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, timeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams, cmaMapPeerPages);
+        tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /** Most connections the TCP listener serves at once; more are closed on accept. */
@@ -145,7 +152,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         connections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams, cmaMapPeerPages);
+        tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /** Threads that run transfers in the background (TCP batches, large CMA batches). */
@@ -153,7 +160,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, threads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams, cmaMapPeerPages);
+        tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /** CMA batches up to this many bytes are copied in the caller's thread; larger ones in the background. */
@@ -161,7 +168,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, bytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams, cmaMapPeerPages);
+        tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /**
@@ -172,7 +179,8 @@ public final class TransportOptions {
   public TransportOptions withTcpStaging(int buffers, int bufferBytes) {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
-        maxConnections, ioThreads, cmaInlineMaxBytes, buffers, bufferBytes, ucxTransports, tcpStreams, cmaMapPeerPages);
+        maxConnections, ioThreads, cmaInlineMaxBytes, buffers, bufferBytes, ucxTransports, tcpStreams,
+        cmaMapPeerPages, cmaCopyThreads);
   }
 
   /**
@@ -184,7 +192,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes,
-        transports, tcpStreams, cmaMapPeerPages);
+        transports, tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /**
@@ -196,7 +204,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes,
-        ucxTransports, streams, cmaMapPeerPages);
+        ucxTransports, streams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   public int tcpStreams() {
@@ -211,7 +219,23 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes,
-        ucxTransports, tcpStreams, map);
+        ucxTransports, tcpStreams, map, cmaCopyThreads);
+  }
+
+  /**
+   * Same options where a mapped cma copy of at least 4 MiB is shared by up to {@code threads} of
+   * the I/O threads (the node raises its I/O threads to match); 1 copies each batch on one thread.
+   */
+  public TransportOptions withCmaCopyThreads(int threads) {
+    return new TransportOptions(
+        tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
+        maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes,
+        ucxTransports, tcpStreams, cmaMapPeerPages, threads);
+  }
+
+  /** Threads a large mapped cma copy is shared by, at most (see {@link #withCmaCopyThreads}). */
+  public int cmaCopyThreads() {
+    return cmaCopyThreads;
   }
 
   /** Whether cma copies through mappings of peers' shared pages where they have them. */
@@ -279,6 +303,7 @@ public final class TransportOptions {
         + tcpStagingBuffers + "x" + tcpStagingBufferBytes
         + (tcpStreams == 1 ? "" : ", tcpStreams=" + tcpStreams)
         + (cmaMapPeerPages ? "" : ", cma without mapped peer pages")
+        + (cmaCopyThreads == 2 ? "" : ", cmaCopyThreads=" + cmaCopyThreads)
         + (ucxTransports.isEmpty() ? "" : ", ucxTransports=" + ucxTransports) + "]";
   }
 }

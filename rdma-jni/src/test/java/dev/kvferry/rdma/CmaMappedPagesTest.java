@@ -118,6 +118,73 @@ class CmaMappedPagesTest {
   }
 
   @Test
+  void aLargeScatteredBatchIsSharedAmongTheIoThreadsAndEveryByteLands() {
+    // 48 KiB blocks (chunks of 1 MiB end inside none of them) plus one 3 MiB run that is cut.
+    int block = 48 << 10;
+    int blocks = 200;
+    int run = 3 << 20;
+    int sourceBytes = blocks * block + run;
+    MemoryRegion src = ours.allocateHost(sourceBytes);
+    MemoryRegion dst = peer.allocateHost(2L * sourceBytes);
+    MemoryRegion back = ours.allocateHost(sourceBytes);
+    Patterns.fill(src, 0, sourceBytes, 33);
+    Patterns.fillConstant(dst, (byte) 0x5A);
+    List<Integer> slots = new ArrayList<>();
+    for (int i = 0; i < 2 * blocks; i++) {
+      slots.add(i);
+    }
+    java.util.Collections.shuffle(slots, new Random(11));
+    long[] lo = new long[blocks + 1];
+    long[] ro = new long[blocks + 1];
+    long[] sz = new long[blocks + 1];
+    for (int i = 0; i < blocks; i++) {
+      lo[i] = (long) i * block;
+      ro[i] = (long) slots.get(i) * block;
+      sz[i] = block;
+    }
+    lo[blocks] = (long) blocks * block;
+    ro[blocks] = 2L * blocks * block; // after every block slot
+    sz[blocks] = run;
+    TransferBatch batch = new TransferBatch(lo, ro, sz);
+    assertTrue(Patterns.await(cma.write(src, dst.descriptor(), batch)).succeeded());
+    assertEquals(1, cma.sharedCopies(), "a 12 MiB mapped copy goes to both I/O threads");
+    boolean[] written = new boolean[2 * blocks];
+    for (int i = 0; i < blocks; i++) {
+      written[slots.get(i)] = true;
+      assertArrayEquals(Patterns.bytes(src, lo[i], block), Patterns.bytes(dst, ro[i], block),
+          "block " + i);
+    }
+    assertEquals(Patterns.crc(src, lo[blocks], run), Patterns.crc(dst, ro[blocks], run));
+    byte[] untouched = new byte[block];
+    java.util.Arrays.fill(untouched, (byte) 0x5A);
+    for (int slot = 0; slot < 2 * blocks; slot++) {
+      if (!written[slot]) {
+        assertArrayEquals(untouched, Patterns.bytes(dst, (long) slot * block, block),
+            "slot " + slot + " is in no entry");
+      }
+    }
+    assertTrue(Patterns.await(cma.read(back, dst.descriptor(), batch)).succeeded());
+    assertEquals(2, cma.sharedCopies(), "the read back is shared too");
+    assertEquals(Patterns.crc(src, 0, sourceBytes), Patterns.crc(back, 0, sourceBytes));
+  }
+
+  @Test
+  void aLargeBatchWithOverlappingDestinationsIsCopiedByOneThreadInBatchOrder() {
+    int length = 8 << 20;
+    MemoryRegion src = ours.allocateHost(length);
+    MemoryRegion dst = peer.allocateHost(length);
+    Patterns.fill(src, 0, length, 5);
+    // The second entry rewrites bytes the first one wrote, in the first one's last chunk.
+    int tail = length - 4096;
+    TransferBatch batch = new TransferBatch(
+        new long[] {0, 0}, new long[] {0, tail}, new long[] {length, 4096});
+    assertTrue(Patterns.await(cma.write(src, dst.descriptor(), batch)).succeeded());
+    assertEquals(0, cma.sharedCopies());
+    assertArrayEquals(Patterns.bytes(src, 0, 4096), Patterns.bytes(dst, tail, 4096));
+    assertEquals(Patterns.crc(src, 0, tail), Patterns.crc(dst, 0, tail));
+  }
+
+  @Test
   void aBatchReachingPastTheRegionMovesNothing() {
     MemoryRegion src = ours.allocateHost(8192);
     MemoryRegion dst = peer.allocateHost(4096);

@@ -56,6 +56,13 @@ public final class HostTransferBench {
   }
 
   /**
+   * Threads a large mapped cma copy is shared by ({@link TransportOptions#withCmaCopyThreads}):
+   * the transport's default, or {@code -Dkvferry.bench.cma-copy-threads=N} for an A/B.
+   */
+  public static final int CMA_COPY_THREADS = Integer.getInteger(
+      "kvferry.bench.cma-copy-threads", TransportOptions.defaults().cmaCopyThreads());
+
+  /**
    * What to measure.
    *
    * @param socketBufferBytes SO_SNDBUF/SO_RCVBUF for tcp, 0 for the kernel's autotuning
@@ -64,27 +71,36 @@ public final class HostTransferBench {
    *     TransportOptions#withTcpStreams})
    * @param cmaMapPeerPages cma copies through a mapping of the peer's pages (the default), else
    *     with process_vm_writev ({@link TransportOptions#withCmaMapPeerPages})
+   * @param cmaCopyThreads threads a large mapped cma copy is shared by ({@link
+   *     TransportOptions#withCmaCopyThreads})
    */
   public record Config(
       long blockBytes, int blockCount, int rounds, String transport, Layout layout,
-      int socketBufferBytes, long cmaInlineMaxBytes, int tcpStreams, boolean cmaMapPeerPages) {
+      int socketBufferBytes, long cmaInlineMaxBytes, int tcpStreams, boolean cmaMapPeerPages,
+      int cmaCopyThreads) {
 
-    /** Default transport options. */
+    /** Default transport options (the copy threads: {@link #CMA_COPY_THREADS}). */
     public Config(long blockBytes, int blockCount, int rounds, String transport, Layout layout) {
       this(blockBytes, blockCount, rounds, transport, layout, 0,
-          TransportOptions.defaults().cmaInlineMaxBytes(), 1, true);
+          TransportOptions.defaults().cmaInlineMaxBytes(), 1, true, CMA_COPY_THREADS);
     }
 
-    /** Default transport options but the tcp streams. */
+    /** The same but the tcp streams. */
     public Config withTcpStreams(int streams) {
       return new Config(blockBytes, blockCount, rounds, transport, layout, socketBufferBytes,
-          cmaInlineMaxBytes, streams, cmaMapPeerPages);
+          cmaInlineMaxBytes, streams, cmaMapPeerPages, cmaCopyThreads);
     }
 
-    /** Default transport options but whether cma maps the peer's pages. */
+    /** The same but whether cma maps the peer's pages. */
     public Config withCmaMapPeerPages(boolean map) {
       return new Config(blockBytes, blockCount, rounds, transport, layout, socketBufferBytes,
-          cmaInlineMaxBytes, tcpStreams, map);
+          cmaInlineMaxBytes, tcpStreams, map, cmaCopyThreads);
+    }
+
+    /** The same but the threads a large mapped cma copy is shared by. */
+    public Config withCmaCopyThreads(int threads) {
+      return new Config(blockBytes, blockCount, rounds, transport, layout, socketBufferBytes,
+          cmaInlineMaxBytes, tcpStreams, cmaMapPeerPages, threads);
     }
 
     public Config {
@@ -164,7 +180,8 @@ public final class HostTransferBench {
     Config config =
         new Config(
             Long.parseLong(args[0]), Integer.parseInt(args[1]), Integer.parseInt(args[2]), args[3],
-            Layout.parse(args[4]), socketBuffer, cmaInlineMax, streams, mapPeerPages);
+            Layout.parse(args[4]), socketBuffer, cmaInlineMax, streams, mapPeerPages,
+            CMA_COPY_THREADS);
     System.out.println(run(config).toJson());
   }
 
@@ -188,7 +205,9 @@ public final class HostTransferBench {
                     .withCmaInlineMaxBytes(config.cmaInlineMaxBytes())
                     .withTcpStreams(config.tcpStreams())
                     .withCmaMapPeerPages(config.cmaMapPeerPages())
-                    .withIoThreads(Math.max(2, config.tcpStreams())))) {
+                    .withCmaCopyThreads(config.cmaCopyThreads())
+                    .withIoThreads(
+                        Math.max(Math.max(2, config.cmaCopyThreads()), config.tcpStreams())))) {
       RegionDescriptor remote = descriptor(peer.awaitLine("DESCRIPTOR ", REPLY));
       MemoryRegion source = registry.allocateHost(config.regionBytes());
       fill(source);
@@ -221,7 +240,9 @@ public final class HostTransferBench {
       boolean verified = verify(peer, source, from, to, config);
       Arrays.sort(gbps);
       String path = transport instanceof CmaTransport cma
-          ? (cma.peerRegionsMappedTotal() > 0 ? "mapped" : "syscalls")
+          ? (cma.peerRegionsMappedTotal() == 0 ? "syscalls"
+              : cma.sharedCopies() > 0 ? "mapped, each batch shared by "
+                  + config.cmaCopyThreads() + " threads" : "mapped, one thread")
           : config.transport();
       return new Result(config, gbps[gbps.length / 2], gbps[0], gbps[gbps.length - 1], verified,
           runs(from), runs(to), path);
