@@ -7,6 +7,7 @@ import dev.kvferry.rdma.cuda.SharedDoneWords;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.List;
+import java.util.concurrent.atomic.AtomicLong;
 import org.jspecify.annotations.Nullable;
 
 /**
@@ -29,6 +30,10 @@ import org.jspecify.annotations.Nullable;
  * call, which measured 0.67-0.92x of a memcpy of the same bytes. The bounds checks are the same
  * either way, and the mapping covers exactly the peer's region.
  *
+ * <p>A mapped copy of {@link #SHARE_MIN_BYTES} or more is shared by {@link
+ * TransportOptions#cmaCopyThreads()} of the I/O threads ({@link SharedCopy}): one thread's memcpy
+ * is bound well below the memory's bandwidth.
+ *
  * <p>The peer must be on this host (same kernel boot id) and ptrace must be allowed (same user,
  * or {@code kernel.yama.ptrace_scope=0}, or CAP_SYS_PTRACE).
  */
@@ -48,8 +53,8 @@ public final class CmaTransport implements Transport {
 
   private final long inlineMaxBytes;
   private final int copyThreads;
-  private final java.util.concurrent.atomic.AtomicLong sharedCopies =
-      new java.util.concurrent.atomic.AtomicLong();
+  private final AtomicLong sharedCopies = new AtomicLong();
+  private final SharedCopy.Pool sharedPieces = new SharedCopy.Pool();
   private final boolean mapPeerPages;
   private final PeerMappings mappings = new PeerMappings();
   private final TransferExecutor executor;
@@ -284,10 +289,6 @@ public final class CmaTransport implements Transport {
   }
 
   /**
-   * The batch as memmoves through our mapping of the peer's region: entries in {@link
-   * Scratch#load}'s order, runs that continue on both sides joined into one call.
-   */
-  /**
    * Our mapping outlives the peer; copying into a dead process fails as the calls would. When the
    * peer is gone: fails {@code status}, drops our pin of {@code mapped} and returns false.
    */
@@ -306,6 +307,10 @@ public final class CmaTransport implements Transport {
     }
   }
 
+  /**
+   * The batch as memmoves through our mapping of the peer's region: entries in {@link
+   * Scratch#load}'s order, runs that continue on both sides joined into one call.
+   */
   private void copyMapped(
       MemoryRegion local,
       PeerMappings.Mapping peer,
@@ -348,7 +353,7 @@ public final class CmaTransport implements Transport {
       return false;
     }
     SharedCopy shared = new SharedCopy(s.localAddr, s.remoteAddr, s.localLen, s.joinRuns(entries),
-        toRemote, total, status);
+        toRemote, total, status, sharedPieces);
     sharedCopies.incrementAndGet();
     CopyStamps.handedOff();
     // The first thread runs on our pins, and fails the transfer if the executor drops it unrun.
