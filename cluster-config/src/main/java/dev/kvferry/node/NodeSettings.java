@@ -24,9 +24,6 @@ public record NodeSettings(
     String engine,
     ConnectorSettings connector) {
 
-  /** Most threads one cma copy may be shared by (more would only contend for memory). */
-  static final int MAX_CMA_COPY_THREADS = 16;
-
   /** Reads and checks {@code kvferry.node} and {@code kvferry.connector}. */
   public static NodeSettings fromConfig(Config root) {
     Config n = root.getConfig("kvferry.node");
@@ -69,9 +66,9 @@ public record NodeSettings(
           + TransportOptions.MAX_TCP_STREAMS + "], got " + streams);
     }
     int copyThreads = n.getInt("cma.copy-threads");
-    if (copyThreads < 1 || copyThreads > MAX_CMA_COPY_THREADS) {
+    if (copyThreads < 1 || copyThreads > TransportOptions.MAX_CMA_COPY_THREADS) {
       throw new IllegalArgumentException("kvferry.node.cma.copy-threads must be in [1, "
-          + MAX_CMA_COPY_THREADS + "], got " + copyThreads);
+          + TransportOptions.MAX_CMA_COPY_THREADS + "], got " + copyThreads);
     }
     options = options.withTcpStreams(streams)
         .withCmaCopyThreads(copyThreads)

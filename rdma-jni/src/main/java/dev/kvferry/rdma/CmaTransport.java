@@ -329,12 +329,12 @@ public final class CmaTransport implements Transport {
 
   /**
    * Starts a large copy through the peer's mapping on {@link #copyThreads} I/O threads at once
-   * ({@link SharedCopy}). All are woken here, together: a helper woken by the first copying
-   * thread measured too late to take any chunk of an 8 MiB layer on this project's VMs. Returns
-   * false, having started nothing, where the copy cannot be shared (no mapping, or destinations
-   * that overlap, where batch order decides); the caller then copies as usual. When this returns
-   * true the caller's pin of {@code local} has passed to the first copying thread, or was
-   * released with {@code status} failed (the peer is gone).
+   * ({@link SharedCopy}; on one where destinations overlap). All are woken here, together: a
+   * helper woken by the first copying thread measured too late to take any chunk of an 8 MiB
+   * layer on this project's VMs. Returns false, having started nothing, where the peer's pages
+   * are not mapped; the caller then copies with the system calls. When this returns true the
+   * caller's pin of {@code local} has passed to the first copying thread, or was released with
+   * {@code status} failed (the peer is gone).
    */
   private boolean startShared(MemoryRegion local, RegionDescriptor remote, TransferBatch batch,
       boolean toRemote, long total, TransferStatus status) {
@@ -348,20 +348,21 @@ public final class CmaTransport implements Transport {
     }
     Scratch s = scratch.get();
     int entries = s.load(batch, local.address(), peer.address, toRemote);
-    if (s.destinationsOverlap(entries, toRemote)) {
-      peer.unpin();
-      return false;
-    }
+    // Where destinations overlap, batch order decides which bytes win: one thread then takes
+    // the chunks in that order (load keeps batch order for such batches).
+    int threads = s.destinationsOverlap(entries, toRemote) ? 1 : copyThreads;
     SharedCopy shared = new SharedCopy(s.localAddr, s.remoteAddr, s.localLen, s.joinRuns(entries),
         toRemote, total, status, sharedPieces);
-    sharedCopies.incrementAndGet();
+    if (threads > 1) {
+      sharedCopies.incrementAndGet();
+    }
     CopyStamps.handedOff();
     // The first thread runs on our pins, and fails the transfer if the executor drops it unrun.
     executor.submit(status, shared::work, () -> {
       peer.unpin();
       local.unpin();
     });
-    for (int h = 1; h < copyThreads; h++) {
+    for (int h = 1; h < threads; h++) {
       if (!local.tryPin()) {
         break;
       }

@@ -29,6 +29,9 @@ public final class TransportOptions {
   /** The most connections one tcp batch may be striped over. */
   public static final int MAX_TCP_STREAMS = 16;
 
+  /** The most threads one cma copy may be shared by (more would only contend for memory). */
+  public static final int MAX_CMA_COPY_THREADS = 16;
+
   /** Bounds of the staging knobs: a few buffers, each a page to 1 GiB (one tcp entry). */
   private static final int MAX_STAGING_BUFFERS = 16;
   private static final int MIN_STAGING_BUFFER_BYTES = 4096;
@@ -86,8 +89,9 @@ public final class TransportOptions {
     }
     this.tcpStreams = tcpStreams;
     this.cmaMapPeerPages = cmaMapPeerPages;
-    if (cmaCopyThreads < 1) {
-      throw new IllegalArgumentException("cma copy threads must be >= 1, got " + cmaCopyThreads);
+    if (cmaCopyThreads < 1 || cmaCopyThreads > MAX_CMA_COPY_THREADS) {
+      throw new IllegalArgumentException(
+          "cma copy threads must be in [1, " + MAX_CMA_COPY_THREADS + "], got " + cmaCopyThreads);
     }
     this.cmaCopyThreads = cmaCopyThreads;
   }
