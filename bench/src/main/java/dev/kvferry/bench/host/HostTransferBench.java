@@ -24,10 +24,10 @@ import java.util.zip.CRC32C;
 /**
  * Host-to-host-process throughput of one transport, the way a KV transfer moves blocks: this JVM
  * holds the source blocks, a child JVM ({@link BenchPeer}) the destination region. Each round
- * writes every block once; the result is the median over rounds, after three warm-up rounds. The
- * peer zeroes its region after the warm-up, and after the timed rounds the destination is verified
- * by checksum (every block where it belongs, every other block still zero), so the figure is of
- * rounds that moved the right bytes. Layouts: {@code contiguous} (blocks in order on both sides,
+ * writes every block once; the result is the median over rounds, after a warm-up of at least three
+ * rounds and {@link #WARMUP_NANOS}. The peer zeroes its region after the warm-up, and after the
+ * timed rounds the destination is verified by checksum (every block where it belongs, every other
+ * block still zero), so the figure is of rounds that moved the right bytes. Layouts: {@code contiguous} (blocks in order on both sides,
  * so runs merge) and {@code scattered} (on each side n distinct random block ids out of a pool of
  * 2n, as an allocator in use hands them out, so sorting by address merges few runs).
  *
@@ -40,6 +40,17 @@ import java.util.zip.CRC32C;
 public final class HostTransferBench {
   private static final Duration REPLY = Duration.ofSeconds(120);
   private static final int WARMUP_ROUNDS = 3;
+
+  /**
+   * The warm-up also lasts at least this long ({@code -Dkvferry.bench.warmup-ms=N} for an A/B).
+   * Three rounds of a 64 MiB batch (512 tokens) took some 15 ms, too few for the JIT to compile
+   * the per-batch Java work, and the timed rounds then measured partly interpreted code: cma
+   * contiguous 512 tok median 11.87 / 12.35 / 12.26 GB/s after three rounds against 13.71 /
+   * 14.79 / 12.47 after 500 ms, the slowest rounds 8.40 / 8.72 / 9.34 against 12.47 / 12.65 /
+   * 10.01 (docs/results/2026-12-02-host-warmup-ab.txt). A node does this work thousands of times;
+   * the C peers have no JIT to warm.
+   */
+  static final long WARMUP_NANOS = Long.getLong("kvferry.bench.warmup-ms", 500) * 1_000_000;
 
   /** How block ids are chosen on both sides. */
   public enum Layout {
@@ -226,7 +237,8 @@ public final class HostTransferBench {
 
       // Warm-up: connections, JIT of both JVMs (whose compiler threads would otherwise share
       // the cores with the measured rounds).
-      for (int w = 0; w < WARMUP_ROUNDS; w++) {
+      long warmStart = System.nanoTime();
+      for (int w = 0; w < WARMUP_ROUNDS || System.nanoTime() - warmStart < WARMUP_NANOS; w++) {
         writeOnce(transport, source, remote, batch);
       }
       // The warm-up's bytes must not count for the timed rounds' check.
