@@ -27,9 +27,10 @@ import java.util.zip.CRC32C;
  * writes every block once; the result is the median over rounds, after a warm-up of at least three
  * rounds and {@link #WARMUP_NANOS}. The peer zeroes its region after the warm-up, and after the
  * timed rounds the destination is verified by checksum (every block where it belongs, every other
- * block still zero), so the figure is of rounds that moved the right bytes. Layouts: {@code contiguous} (blocks in order on both sides,
- * so runs merge) and {@code scattered} (on each side n distinct random block ids out of a pool of
- * 2n, as an allocator in use hands them out, so sorting by address merges few runs).
+ * block still zero), so the figure is of rounds that moved the right bytes. Layouts: {@code
+ * contiguous} (blocks in order on both sides, so runs merge) and {@code scattered} (on each side
+ * n distinct random block ids out of a pool of 2n, as an allocator in use hands them out, so
+ * sorting by address merges few runs).
  *
  * <pre>
  * java -cp ... dev.kvferry.bench.host.HostTransferBench BLOCK_BYTES NUM_BLOCKS ROUNDS cma|tcp
