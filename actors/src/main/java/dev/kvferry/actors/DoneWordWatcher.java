@@ -22,8 +22,11 @@ import org.jspecify.annotations.Nullable;
  * still completes the transfer when the word is not used or not seen (a slot reused under it, P
  * unable to map the words): the word only makes D learn sooner, never the only way.
  *
- * <p>One thread polls the words of the transfers in flight: spinning for a while after news,
- * then in short parks, and asleep when nothing is in flight.
+ * <p>One thread reads the words of the transfers in flight, and sleeps when nothing is in
+ * flight. Where every word is stored by a CPU that rings the file's bell behind it (cma, tcp:
+ * {@link dev.kvferry.rdma.Transport#ringsDoneWordBell}) it sleeps on the bell between looks (a
+ * futex; a long timeout as a safety net) and costs no CPU while it waits. Where a GPU stream
+ * stores the word it polls: spinning for a while after news, then in short parks.
  */
 final class DoneWordWatcher implements AutoCloseable {
   private static final Logger log = LoggerFactory.getLogger(DoneWordWatcher.class);
@@ -32,6 +35,11 @@ final class DoneWordWatcher implements AutoCloseable {
   private static final long SPIN_NS =
       TimeUnit.MICROSECONDS.toNanos(Long.getLong("kvferry.done-words.spin-us", 2000));
   private static final long PARK_NS = TimeUnit.MICROSECONDS.toNanos(20);
+  /**
+   * Longest sleep on the bell: a word stored without a ring (a P that does not ring) is still
+   * seen this soon, and the WriteDone message would end the transfer anyway.
+   */
+  private static final long BELL_WAIT_NS = TimeUnit.MILLISECONDS.toNanos(1);
 
   /**
    * What D puts in its RemoteBlocks so P can store the word: the file's bare name (P opens it
@@ -42,6 +50,8 @@ final class DoneWordWatcher implements AutoCloseable {
   private record Pending(String transferId, int slot, long value) {}
 
   private final SharedDoneWords words;
+  /** Whether the words' stores ring the bell: sleep on it instead of spinning and polling. */
+  private final boolean belled;
   private final Consumer<String> onDone;
   private final Map<String, Pending> pending = new ConcurrentHashMap<>();
   private final Pending[] bySlot = new Pending[SLOTS];
@@ -55,16 +65,24 @@ final class DoneWordWatcher implements AutoCloseable {
   private long sequence;
   private volatile boolean running = true;
 
-  private DoneWordWatcher(SharedDoneWords words, String label, Consumer<String> onDone) {
+  private DoneWordWatcher(
+      SharedDoneWords words, String label, boolean belled, Consumer<String> onDone) {
     this.words = words;
+    this.belled = belled;
     this.onDone = onDone;
     this.thread = new Thread(this::run, "kvferry-done-words-" + label);
     thread.setDaemon(true);
     thread.start();
   }
 
-  /** A watcher with fresh words under /dev/shm, or null where there is none (then: messages). */
-  static @Nullable DoneWordWatcher tryCreate(String label, Consumer<String> onDone) {
+  /**
+   * A watcher with fresh words under /dev/shm, or null where there is none (then: messages).
+   *
+   * @param belled whether every store into the words rings their bell (the transport's {@link
+   *     dev.kvferry.rdma.Transport#ringsDoneWordBell})
+   */
+  static @Nullable DoneWordWatcher tryCreate(
+      String label, boolean belled, Consumer<String> onDone) {
     Path dir = SharedDoneWords.PEER_DIR;
     if (!Files.isDirectory(dir) || !Files.isWritable(dir)) {
       return null;
@@ -73,7 +91,8 @@ final class DoneWordWatcher implements AutoCloseable {
     String name = "kvferry-done-" + label.replaceAll("[^A-Za-z0-9._-]", "_") + "-"
         + ProcessHandle.current().pid() + "-" + Long.toHexString(ThreadLocalRandom.current().nextLong());
     try {
-      return new DoneWordWatcher(SharedDoneWords.create(dir, name, SLOTS), label, onDone);
+      return new DoneWordWatcher(
+          SharedDoneWords.create(dir, name, SLOTS), label, belled, onDone);
     } catch (RuntimeException e) {
       log.info("done words unavailable for {} ({}); D learns of writes from messages only", label,
           e.getMessage());
@@ -161,6 +180,7 @@ final class DoneWordWatcher implements AutoCloseable {
         lastNews = System.nanoTime();
         continue;
       }
+      int bell = words.bell(); // before the look: a ring after it ends the sleep below at once
       boolean news = false;
       for (Pending p : watching) {
         if (words.get(p.slot()) >= p.value() && pending.remove(p.transferId(), p)) {
@@ -177,6 +197,8 @@ final class DoneWordWatcher implements AutoCloseable {
       long now = System.nanoTime();
       if (news) {
         lastNews = now;
+      } else if (belled) {
+        words.awaitBell(bell, BELL_WAIT_NS);
       } else if (now - lastNews < SPIN_NS) {
         Thread.onSpinWait();
       } else {
@@ -189,6 +211,9 @@ final class DoneWordWatcher implements AutoCloseable {
   public void close() {
     running = false;
     LockSupport.unpark(thread);
+    if (belled) {
+      words.ring();
+    }
     try {
       thread.join(1000);
     } catch (InterruptedException e) {

@@ -195,7 +195,8 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     }
     if (doneWords == null && !doneWordsUnavailable) {
       ActorRef<Command> me = getContext().getSelf();
-      doneWords = DoneWordWatcher.tryCreate(self.label(), id -> me.tell(new DoneWordSeen(id)));
+      doneWords = DoneWordWatcher.tryCreate(self.label(), transport.ringsDoneWordBell(),
+          id -> me.tell(new DoneWordSeen(id)));
       doneWordsUnavailable = doneWords == null;
       if (doneWords != null) {
         transport.acceptDoneWords(doneWords.words());

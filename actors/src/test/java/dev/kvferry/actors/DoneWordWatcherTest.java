@@ -5,39 +5,44 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import java.nio.ByteOrder;
-import java.nio.MappedByteBuffer;
-import java.nio.channels.FileChannel;
+import dev.kvferry.rdma.cuda.SharedDoneWords;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.nio.file.StandardOpenOption;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.ValueSource;
 
 /**
- * D's done-word watcher, with this test storing the words as P's copy stream would (a second
- * mapping of the same /dev/shm file, written by the CPU instead of a GPU).
+ * D's done-word watcher, with this test storing the words as P would: through a second mapping of
+ * the same /dev/shm file, as a GPU stream stores (no bell: the watcher polls) or as a CPU of a
+ * host transport stores (then ringing the bell the watcher sleeps on).
  */
 class DoneWordWatcherTest {
   private final LinkedBlockingQueue<String> seen = new LinkedBlockingQueue<>();
   private DoneWordWatcher watcher;
+  /** Whether this test's stores ring the bell (the watcher was made to sleep on it). */
+  private boolean ring;
 
-  @BeforeEach
-  void open() {
-    watcher = DoneWordWatcher.tryCreate("test", seen::add);
+  private void open(boolean belled) {
+    ring = belled;
+    watcher = DoneWordWatcher.tryCreate("test", belled, seen::add);
     assertNotNull(watcher, "/dev/shm is writable here");
   }
 
   @AfterEach
   void close() {
-    watcher.close();
+    if (watcher != null) {
+      watcher.close();
+    }
   }
 
-  @Test
-  void reportsATransferOnceItsWordHoldsItsValueAndNotBefore() throws Exception {
+  @ParameterizedTest(name = "belled {0}")
+  @ValueSource(booleans = {false, true})
+  void reportsATransferOnceItsWordHoldsItsValueAndNotBefore(boolean belled) throws Exception {
+    open(belled);
     DoneWordWatcher.Ticket a = watcher.register("tx-a");
     DoneWordWatcher.Ticket b = watcher.register("tx-b");
     assertTrue(b.value() > a.value());
@@ -50,16 +55,20 @@ class DoneWordWatcherTest {
     assertEquals(null, seen.poll(200, TimeUnit.MILLISECONDS), "each transfer reported once");
   }
 
-  @Test
-  void aForgottenTransferIsNotReported() throws Exception {
+  @ParameterizedTest(name = "belled {0}")
+  @ValueSource(booleans = {false, true})
+  void aForgottenTransferIsNotReported(boolean belled) throws Exception {
+    open(belled);
     DoneWordWatcher.Ticket t = watcher.register("tx-gone");
     watcher.forget("tx-gone");
     store(t, t.value());
     assertEquals(null, seen.poll(300, TimeUnit.MILLISECONDS));
   }
 
-  @Test
-  void aSlotReusedWhileItsTransferIsPendingFallsBackToMessages() throws Exception {
+  @ParameterizedTest(name = "belled {0}")
+  @ValueSource(booleans = {false, true})
+  void aSlotReusedWhileItsTransferIsPendingFallsBackToMessages(boolean belled) throws Exception {
+    open(belled);
     DoneWordWatcher.Ticket first = watcher.register("tx-old");
     DoneWordWatcher.Ticket reuse = null;
     for (int i = 0; i < DoneWordWatcher.SLOTS; i++) {
@@ -77,15 +86,24 @@ class DoneWordWatcherTest {
     assertFalse(seen.contains("tx-old"));
   }
 
-  private static void store(DoneWordWatcher.Ticket t, long value) throws Exception {
-    try (FileChannel ch = FileChannel.open(
-        dev.kvferry.rdma.cuda.SharedDoneWords.PEER_DIR.resolve(t.name()), StandardOpenOption.READ,
-        StandardOpenOption.WRITE)) {
-      MappedByteBuffer b = ch.map(FileChannel.MapMode.READ_WRITE, 0, 8L * t.slots());
-      b.order(ByteOrder.nativeOrder()).putLong(8 * t.slot(), value);
-      b.force();
+  @Test
+  void aWordStoredWithoutARingIsStillSeenBySleepingWatcher() throws Exception {
+    open(true);
+    DoneWordWatcher.Ticket t = watcher.register("tx-quiet");
+    ring = false; // a P that stores and does not ring: the watcher's timed sleep still ends
+    store(t, t.value());
+    assertEquals("tx-quiet", seen.poll(10, TimeUnit.SECONDS));
+  }
+
+  /** Stores as P does: the CPU through its own mapping of D's file, then the bell if rung. */
+  private void store(DoneWordWatcher.Ticket t, long value) throws Exception {
+    try (SharedDoneWords p = SharedDoneWords.openPeerWordsForCpu(t.name(), t.slots())) {
+      p.set(t.slot(), value);
+      if (ring) {
+        p.ring();
+      }
     }
-    assertTrue(Files.exists(dev.kvferry.rdma.cuda.SharedDoneWords.PEER_DIR.resolve(t.name())));
+    assertTrue(Files.exists(SharedDoneWords.PEER_DIR.resolve(t.name())));
   }
 
   @Test

@@ -223,13 +223,18 @@ public final class EndToEndSuite {
     return us;
   }
 
-  private static String describeStages(double[][] perRequest) {
+  /**
+   * @param firedAt each request's last layer event, {@link System#nanoTime} (CLOCK_MONOTONIC on
+   *     Linux: {@code perf record -k CLOCK_MONOTONIC} lines a scheduler trace up with it)
+   */
+  private static String describeStages(double[][] perRequest, long[] firedAt) {
     String dump = System.getProperty("kvferry.e2e.stages-file");
     if (dump != null) {
       try (java.io.PrintWriter w = new java.io.PrintWriter(new java.io.FileWriter(dump, true))) {
-        w.println(String.join(",", STAGE_NAMES));
-        for (double[] r : perRequest) {
-          w.println(java.util.Arrays.toString(r).replaceAll("[\\[\\] ]", ""));
+        w.println("last layer event ns," + String.join(",", STAGE_NAMES));
+        for (int i = 0; i < perRequest.length; i++) {
+          w.println(firedAt[i] + ","
+              + java.util.Arrays.toString(perRequest[i]).replaceAll("[\\[\\] ]", ""));
         }
       } catch (IOException e) {
         throw new java.io.UncheckedIOException(e);
@@ -350,6 +355,7 @@ public final class EndToEndSuite {
       double[] writesUs = new double[requests];
       double[] notifyUs = new double[requests];
       double[][] stageUs = new double[requests][];
+      long[] firedAt = new long[requests];
       Map<Long, Long> before = null;
       if (!jitWarmedUp) {
         long paced = layerComputeNanos;
@@ -397,6 +403,7 @@ public final class EndToEndSuite {
           writesUs[i - warmup] = (writesDoneNanos - lastLayerFiredNanos) / 1e3;
           notifyUs[i - warmup] = (doneReceivingNanos - writesDoneNanos) / 1e3;
           stageUs[i - warmup] = stages();
+          firedAt[i - warmup] = lastLayerFiredNanos;
         }
       }
       Map<Long, Long> after = allocatedByThread();
@@ -416,7 +423,7 @@ public final class EndToEndSuite {
       }
       return new Result(Samples.percentile(latencyUs, 50), Samples.percentile(latencyUs, 99),
           Samples.median(writesUs), Samples.median(notifyUs),
-          kvferry / 1024.0 / requests, all / 1024.0 / requests, describeStages(stageUs));
+          kvferry / 1024.0 / requests, all / 1024.0 / requests, describeStages(stageUs, firedAt));
     }
   }
 

@@ -103,6 +103,21 @@ public final class CmaTransport implements Transport {
   }
 
   /**
+   * Batches above the inline limit: the caller's thread checks, sorts and hands them off (tens
+   * of microseconds); the copy runs on the I/O threads.
+   */
+  @Override
+  public boolean startsWithoutBlocking(TransferBatch batch) {
+    return batch.totalBytes() > inlineMaxBytes;
+  }
+
+  /** The word is stored by a CPU (ours, through the mapping), which rings the bell after it. */
+  @Override
+  public boolean ringsDoneWordBell() {
+    return true;
+  }
+
+  /**
    * D's done-word file mapped here (same host, same user: what cma needs anyway), for CPU stores
    * once the writes have returned: {@code process_vm_writev} is synchronous, so a write whose
    * status succeeded has its bytes in D's memory.
@@ -415,6 +430,7 @@ public final class CmaTransport implements Transport {
           stored.fail("done word not stored: " + words.name() + " was closed (the peer left)");
         } else {
           words.set(slot, value);
+          words.ring();
           CopyStamps.wordStored();
           stored.succeed(Long.BYTES);
         }

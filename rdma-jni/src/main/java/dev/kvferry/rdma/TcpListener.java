@@ -357,6 +357,7 @@ final class TcpListener implements AutoCloseable {
             + words.slots() + " words; nothing was stored");
       }
       words.set(slot, value);
+      words.ring();
       TcpWire.writeFully(channel, TcpWire.ack(ack, null), progress);
     }
 

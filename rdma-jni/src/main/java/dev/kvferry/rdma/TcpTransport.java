@@ -181,6 +181,12 @@ public final class TcpTransport implements Transport {
     return true;
   }
 
+  /** D's listener stores the word and rings the bell after it. */
+  @Override
+  public boolean ringsDoneWordBell() {
+    return true;
+  }
+
   /**
    * D's words as a name only: D may be on another host, so nothing is mapped here. The value goes
    * in band, a DONE_WORD frame behind the data, and D's listener stores it into D's own mapping.

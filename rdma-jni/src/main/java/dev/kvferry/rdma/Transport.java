@@ -42,6 +42,25 @@ public interface Transport extends AutoCloseable {
   }
 
   /**
+   * Whether {@code write} and {@code read} of {@code batch} return without copying in the
+   * caller's thread (the copy goes to the transport's own threads; no call blocks on the peer),
+   * so a caller that must not block, an actor, may call them itself rather than hand the call to
+   * an I/O pool first. False unless a transport knows.
+   */
+  default boolean startsWithoutBlocking(TransferBatch batch) {
+    return false;
+  }
+
+  /**
+   * Whether every done word this transport stores is followed by a ring of the file's bell
+   * ({@link dev.kvferry.rdma.cuda.SharedDoneWords#ring}), so D's watcher may sleep until rung
+   * instead of polling. False where a GPU stream stores the word: no CPU is there to ring.
+   */
+  default boolean ringsDoneWordBell() {
+    return false;
+  }
+
+  /**
    * P: the done words D named in its announcement (the file's bare name and its size in words),
    * ready for stores through this transport. Open once per file; close when that peer leaves.
    * The name comes off the network: a transport that maps the file checks it first.

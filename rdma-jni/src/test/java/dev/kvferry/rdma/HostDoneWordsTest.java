@@ -77,6 +77,47 @@ class HostDoneWordsTest {
     }
   }
 
+  /**
+   * A thread of D asleep on the bell (as the watcher sleeps, with a timeout far beyond the join
+   * below) wakes when P's store rings it, over cma and over tcp; a failed write rings nothing.
+   */
+  @Test
+  void aStoredWordRingsTheBellAndWakesTheSleeperOverCmaAndTcp() throws Exception {
+    assertTrue(Futex.available(), "Linux on x86-64 or aarch64 has futexes");
+    try (CmaTransport cma = new CmaTransport();
+        TcpTransport d = new TcpTransport(peer, TransportOptions.defaults());
+        TcpTransport tcp =
+            new TcpTransport(ours, TransportOptions.defaults().withTcpListener(false))) {
+      d.acceptDoneWords(words);
+      int slot = 0;
+      for (Transport p : List.<Transport>of(cma, tcp)) {
+        assertTrue(p.ringsDoneWordBell(), p.name());
+        RegionDescriptor remote = p == cma ? dst.descriptor() : d.describe(dst);
+        PeerDoneWords theirs = p.openPeerDoneWords(words.name(), SLOTS);
+        int before = words.bell();
+        TransferStatus failed = TransferStatus.failed("a write that failed");
+        Patterns.await(theirs.storeAfter(List.of(failed), src, remote, ++slot, 5));
+        assertEquals(before, words.bell(), p.name() + ": no word, no ring");
+
+        java.util.concurrent.atomic.AtomicLong wokeAt = new java.util.concurrent.atomic.AtomicLong();
+        Thread sleeper = new Thread(() -> {
+          words.awaitBell(before, TimeUnit.SECONDS.toNanos(120));
+          wokeAt.set(System.nanoTime());
+        });
+        sleeper.start();
+        TransferStatus written = p.write(src, remote, whole);
+        TransferStatus stored = theirs.storeAfter(List.of(written), src, remote, slot, 11);
+        assertTrue(Patterns.await(stored).succeeded(), stored::toString);
+        assertEquals(11, words.get(slot));
+        assertTrue(words.bell() > before, p.name() + " stored the word and rang nothing");
+        sleeper.join(TimeUnit.SECONDS.toMillis(60));
+        assertFalse(sleeper.isAlive(), p.name() + ": the ring did not wake the sleeping thread");
+        assertTrue(wokeAt.get() > 0);
+        theirs.close();
+      }
+    }
+  }
+
   @Test
   void cmaStoresNothingWhileAWriteIsPendingAndNothingWhenOneFailed() {
     try (CmaTransport cma = new CmaTransport()) {

@@ -2,6 +2,7 @@ package dev.kvferry.rdma.cuda;
 
 import com.sun.jna.Native;
 import com.sun.jna.Pointer;
+import dev.kvferry.rdma.Futex;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.lang.invoke.MethodHandles;
@@ -24,12 +25,16 @@ import java.nio.file.StandardOpenOption;
  *
  * <p>Host transports store the word with the CPU instead ({@link #set}, a release store): a cma
  * writer maps D's file itself ({@link #openPeerWordsForCpu}); over tcp D's listener stores into
- * D's own mapping when the word's frame arrives behind the data.
+ * D's own mapping when the word's frame arrives behind the data. A CPU store then {@link #ring}s
+ * the file's bell, a 32-bit counter after the words, and wakes the reader sleeping on it ({@link
+ * #awaitBell}, a futex): the reader needs neither to spin nor to poll for words stored that way.
  */
 public final class SharedDoneWords implements AutoCloseable {
 
   private static final VarHandle LONGS =
       MethodHandles.byteBufferViewVarHandle(long[].class, ByteOrder.nativeOrder());
+  private static final VarHandle INTS =
+      MethodHandles.byteBufferViewVarHandle(int[].class, ByteOrder.nativeOrder());
   private static final int PAGE_BYTES = 4096;
 
   /** Where D keeps its done words; a peer's words are opened nowhere else. */
@@ -51,7 +56,7 @@ public final class SharedDoneWords implements AutoCloseable {
     this.path = path;
     this.owner = owner;
     this.slots = slots;
-    long bytes = roundToPage(8L * slots);
+    long bytes = fileBytes(slots);
     try (FileChannel ch = owner
         ? FileChannel.open(path, StandardOpenOption.CREATE_NEW, StandardOpenOption.READ,
             StandardOpenOption.WRITE)
@@ -60,9 +65,9 @@ public final class SharedDoneWords implements AutoCloseable {
       if (owner) {
         ch.truncate(bytes);
         ch.write(java.nio.ByteBuffer.allocate(1), bytes - 1); // size the file, zero-filled
-      } else if (ch.size() < 8L * slots) {
+      } else if (ch.size() < fileBytes(slots)) {
         throw new IllegalArgumentException(
-            path + " holds " + ch.size() / 8 + " done words, not " + slots);
+            path + " holds " + ch.size() + " bytes, too few for " + slots + " done words");
       }
       buffer = ch.map(FileChannel.MapMode.READ_WRITE, 0, bytes);
     } catch (IOException e) {
@@ -134,7 +139,7 @@ public final class SharedDoneWords implements AutoCloseable {
       throw new IllegalArgumentException(
           "done words " + path + " is not a regular file (a link?); refused");
     }
-    long want = roundToPage(8L * slots);
+    long want = fileBytes(slots);
     if (a.size() != want) {
       throw new IllegalArgumentException(
           "done words " + path + " has " + a.size() + " bytes; " + slots + " words take " + want
@@ -193,6 +198,32 @@ public final class SharedDoneWords implements AutoCloseable {
     LONGS.setRelease(buffer, index(slot), value);
   }
 
+  /**
+   * Rings the bell after a CPU {@link #set}: bumps the counter and wakes the reader if it sleeps
+   * in {@link #awaitBell}. A system call, once per transfer.
+   */
+  public void ring() {
+    INTS.getAndAdd(buffer, bellIndex(), 1);
+    Futex.wake(hostAddress + bellIndex());
+  }
+
+  /** The bell's count now; read it before looking at the words, then {@link #awaitBell} it. */
+  public int bell() {
+    return (int) INTS.getAcquire(buffer, bellIndex());
+  }
+
+  /**
+   * Sleeps until the bell is rung past {@code seen} (at once if it already was), at most {@code
+   * timeoutNanos}; may return early. Where futexes are missing it parks for the timeout.
+   */
+  public void awaitBell(int seen, long timeoutNanos) {
+    if (Futex.available()) {
+      Futex.await(hostAddress + bellIndex(), seen, timeoutNanos);
+    } else {
+      java.util.concurrent.locks.LockSupport.parkNanos(timeoutNanos);
+    }
+  }
+
   /** Spins until the word reaches {@code value} or {@code timeoutNs} passes; the time seen, or -1. */
   public long awaitAtLeast(int slot, long value, long timeoutNs) {
     long start = System.nanoTime();
@@ -221,6 +252,16 @@ public final class SharedDoneWords implements AutoCloseable {
       throw new IndexOutOfBoundsException("done word " + slot + " of " + slots);
     }
     return slot * 8;
+  }
+
+  /** The bell: the 32-bit word right after the done words. */
+  private int bellIndex() {
+    return slots * 8;
+  }
+
+  /** The file: the words and the bell, in whole pages. */
+  private static long fileBytes(int slots) {
+    return roundToPage(8L * slots + Long.BYTES);
   }
 
   private static long roundToPage(long bytes) {
