@@ -85,39 +85,53 @@ public final class HostTransferBench {
    *     with process_vm_writev ({@link TransportOptions#withCmaMapPeerPages})
    * @param cmaCopyThreads threads a large mapped cma copy is shared by ({@link
    *     TransportOptions#withCmaCopyThreads})
+   * @param destinationSlots copies of D's pool side by side; round r writes into slot r mod
+   *     slots, so with enough slots (together larger than the last-level cache) no round finds
+   *     its destination in cache, as a transfer meets D's memory; 1: every round writes the same
+   *     destination blocks
    */
   public record Config(
       long blockBytes, int blockCount, int rounds, String transport, Layout layout,
       int socketBufferBytes, long cmaInlineMaxBytes, int tcpStreams, boolean cmaMapPeerPages,
-      int cmaCopyThreads) {
+      int cmaCopyThreads, int destinationSlots) {
 
     /** Default transport options (the copy threads: {@link #CMA_COPY_THREADS}). */
     public Config(long blockBytes, int blockCount, int rounds, String transport, Layout layout) {
       this(blockBytes, blockCount, rounds, transport, layout, 0,
-          TransportOptions.defaults().cmaInlineMaxBytes(), 1, true, CMA_COPY_THREADS);
+          TransportOptions.defaults().cmaInlineMaxBytes(), 1, true, CMA_COPY_THREADS, 1);
     }
 
     /** The same but the tcp streams. */
     public Config withTcpStreams(int streams) {
       return new Config(blockBytes, blockCount, rounds, transport, layout, socketBufferBytes,
-          cmaInlineMaxBytes, streams, cmaMapPeerPages, cmaCopyThreads);
+          cmaInlineMaxBytes, streams, cmaMapPeerPages, cmaCopyThreads, destinationSlots);
     }
 
     /** The same but whether cma maps the peer's pages. */
     public Config withCmaMapPeerPages(boolean map) {
       return new Config(blockBytes, blockCount, rounds, transport, layout, socketBufferBytes,
-          cmaInlineMaxBytes, tcpStreams, map, cmaCopyThreads);
+          cmaInlineMaxBytes, tcpStreams, map, cmaCopyThreads, destinationSlots);
     }
 
     /** The same but the threads a large mapped cma copy is shared by. */
     public Config withCmaCopyThreads(int threads) {
       return new Config(blockBytes, blockCount, rounds, transport, layout, socketBufferBytes,
-          cmaInlineMaxBytes, tcpStreams, cmaMapPeerPages, threads);
+          cmaInlineMaxBytes, tcpStreams, cmaMapPeerPages, threads, destinationSlots);
+    }
+
+    /** The same but writing round r into destination slot r mod {@code slots}. */
+    public Config withDestinationSlots(int slots) {
+      return new Config(blockBytes, blockCount, rounds, transport, layout, socketBufferBytes,
+          cmaInlineMaxBytes, tcpStreams, cmaMapPeerPages, cmaCopyThreads, slots);
     }
 
     public Config {
       if (blockBytes <= 0 || blockCount <= 0 || rounds <= 0) {
         throw new IllegalArgumentException("block bytes, block count and rounds must be positive");
+      }
+      if (destinationSlots < 1 || destinationSlots > rounds) {
+        throw new IllegalArgumentException("destination slots must be 1.." + rounds
+            + " (every slot written in the timed rounds), got " + destinationSlots);
       }
       if (!transport.equals("cma") && !transport.equals("tcp")) {
         throw new IllegalArgumentException("transport must be cma or tcp, got '" + transport + "'");
@@ -193,7 +207,7 @@ public final class HostTransferBench {
         new Config(
             Long.parseLong(args[0]), Integer.parseInt(args[1]), Integer.parseInt(args[2]), args[3],
             Layout.parse(args[4]), socketBuffer, cmaInlineMax, streams, mapPeerPages,
-            CMA_COPY_THREADS);
+            CMA_COPY_THREADS, 1);
     System.out.println(run(config).toJson());
   }
 
@@ -204,7 +218,8 @@ public final class HostTransferBench {
             ChildJvm.start(
                 BenchPeer.class.getName(),
                 List.of("-Xmx256m"),
-                List.of(String.valueOf(config.regionBytes()), config.transport(),
+                List.of(String.valueOf(config.regionBytes() * config.destinationSlots()),
+                    config.transport(),
                     String.valueOf(config.socketBufferBytes())));
         RegionRegistry registry = new RegionRegistry("bench");
         Transport transport =
@@ -234,18 +249,26 @@ public final class HostTransferBench {
         ro[i] = to[i] * config.blockBytes();
         sz[i] = config.blockBytes();
       }
-      TransferBatch batch = new TransferBatch(lo, ro, sz);
+      TransferBatch[] batches = new TransferBatch[config.destinationSlots()];
+      for (int slot = 0; slot < batches.length; slot++) {
+        long[] shifted = new long[n];
+        for (int i = 0; i < n; i++) {
+          shifted[i] = ro[i] + slot * config.regionBytes();
+        }
+        batches[slot] = new TransferBatch(lo, shifted, sz);
+      }
 
       // Warm-up: connections, JIT of both JVMs (whose compiler threads would otherwise share
       // the cores with the measured rounds).
       long warmStart = System.nanoTime();
       for (int w = 0; w < WARMUP_ROUNDS || System.nanoTime() - warmStart < WARMUP_NANOS; w++) {
-        writeOnce(transport, source, remote, batch);
+        writeOnce(transport, source, remote, batches[w % batches.length]);
       }
       // The warm-up's bytes must not count for the timed rounds' check.
       peer.request("ZERO", "ZEROED", REPLY);
       double[] gbps = new double[config.rounds()];
       for (int r = 0; r < config.rounds(); r++) {
+        TransferBatch batch = batches[r % batches.length];
         long t0 = System.nanoTime();
         writeOnce(transport, source, remote, batch);
         gbps[r] = total / (double) (System.nanoTime() - t0); // bytes per ns = GB/s
@@ -284,19 +307,22 @@ public final class HostTransferBench {
     }
     CRC32C expected = new CRC32C();
     ByteBuffer zeros = ByteBuffer.allocateDirect((int) Math.min(1 << 20, c.blockBytes()));
-    for (int d = 0; d < sourceOf.length; d++) {
-      for (long done = 0; done < c.blockBytes(); ) {
-        int len = (int) Math.min(sourceOf[d] < 0 ? zeros.capacity() : 1 << 30,
-            c.blockBytes() - done);
-        if (sourceOf[d] < 0) {
-          expected.update(zeros.duplicate().limit(len));
-        } else {
-          expected.update(source.buffer(sourceOf[d] * c.blockBytes() + done, len));
+    // Every slot was written by the timed rounds (slots <= rounds): each holds the same blocks.
+    for (int slot = 0; slot < c.destinationSlots(); slot++) {
+      for (int d = 0; d < sourceOf.length; d++) {
+        for (long done = 0; done < c.blockBytes(); ) {
+          int len = (int) Math.min(sourceOf[d] < 0 ? zeros.capacity() : 1 << 30,
+              c.blockBytes() - done);
+          if (sourceOf[d] < 0) {
+            expected.update(zeros.duplicate().limit(len));
+          } else {
+            expected.update(source.buffer(sourceOf[d] * c.blockBytes() + done, len));
+          }
+          done += len;
         }
-        done += len;
       }
     }
-    String crc = peer.request("CRC 0 " + c.regionBytes(), "CRC ", REPLY);
+    String crc = peer.request("CRC 0 " + c.regionBytes() * c.destinationSlots(), "CRC ", REPLY);
     return crc.equals(String.valueOf(expected.getValue()));
   }
 
