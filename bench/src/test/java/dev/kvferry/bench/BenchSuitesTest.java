@@ -3,6 +3,7 @@ package dev.kvferry.bench;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
@@ -136,6 +137,17 @@ class BenchSuitesTest {
     // n ids out of 2n leave about n/2 runs on each side; an exact shuffle of n would leave 1.
     assertTrue(scattered.destinationRuns() > blocks / 4, scattered.toJson());
     assertTrue(scattered.sourceRuns() > blocks / 4, scattered.toJson());
+  }
+
+  @Test
+  void roundsRotatingOverDestinationSlotsFillEverySlotAndVerify() throws Exception {
+    HostTransferBench.Config c = new HostTransferBench.Config(4096, 64, 3, "cma",
+        Layout.SCATTERED).withDestinationSlots(3);
+    // The peer's check covers all three slots: each must hold the blocks, the rest zero.
+    assertTrue(HostTransferBench.run(c).verified());
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> c.withDestinationSlots(4));
+    assertTrue(e.getMessage().contains("every slot written in the timed rounds"), e.getMessage());
   }
 
   private interface Probe {
