@@ -429,9 +429,9 @@ public final class CmaTransport implements Transport {
         } else if (closed) {
           stored.fail("done word not stored: " + words.name() + " was closed (the peer left)");
         } else {
+          CopyStamps.wordStored();
           words.set(slot, value);
           words.ring();
-          CopyStamps.wordStored();
           stored.succeed(Long.BYTES);
         }
       });

@@ -34,7 +34,8 @@ import java.util.zip.CRC32C;
  *
  * <pre>
  * java -cp ... dev.kvferry.bench.host.HostTransferBench BLOCK_BYTES NUM_BLOCKS ROUNDS cma|tcp
- *     contiguous|scattered [--socket-buffer=BYTES] [--cma-inline-max=BYTES]
+ *     contiguous|scattered [--socket-buffer=BYTES] [--cma-inline-max=BYTES] [--tcp-streams=N]
+ *     [--cma-syscalls] [--destination-slots=N] [--rewrite-source]
  * </pre>
  * prints one JSON line.
  */
@@ -89,40 +90,53 @@ public final class HostTransferBench {
    *     slots, so with enough slots (together larger than the last-level cache) no round finds
    *     its destination in cache, as a transfer meets D's memory; 1: every round writes the same
    *     destination blocks
+   * @param rewriteSource before each round another thread writes the source again (the same
+   *     bytes, untimed), as an engine has just computed the layer it hands over: the round then
+   *     copies lines that are dirty, some in another core's cache
    */
   public record Config(
       long blockBytes, int blockCount, int rounds, String transport, Layout layout,
       int socketBufferBytes, long cmaInlineMaxBytes, int tcpStreams, boolean cmaMapPeerPages,
-      int cmaCopyThreads, int destinationSlots) {
+      int cmaCopyThreads, int destinationSlots, boolean rewriteSource) {
 
     /** Default transport options (the copy threads: {@link #CMA_COPY_THREADS}). */
     public Config(long blockBytes, int blockCount, int rounds, String transport, Layout layout) {
       this(blockBytes, blockCount, rounds, transport, layout, 0,
-          TransportOptions.defaults().cmaInlineMaxBytes(), 1, true, CMA_COPY_THREADS, 1);
+          TransportOptions.defaults().cmaInlineMaxBytes(), 1, true, CMA_COPY_THREADS, 1, false);
     }
 
     /** The same but the tcp streams. */
     public Config withTcpStreams(int streams) {
       return new Config(blockBytes, blockCount, rounds, transport, layout, socketBufferBytes,
-          cmaInlineMaxBytes, streams, cmaMapPeerPages, cmaCopyThreads, destinationSlots);
+          cmaInlineMaxBytes, streams, cmaMapPeerPages, cmaCopyThreads, destinationSlots,
+          rewriteSource);
     }
 
     /** The same but whether cma maps the peer's pages. */
     public Config withCmaMapPeerPages(boolean map) {
       return new Config(blockBytes, blockCount, rounds, transport, layout, socketBufferBytes,
-          cmaInlineMaxBytes, tcpStreams, map, cmaCopyThreads, destinationSlots);
+          cmaInlineMaxBytes, tcpStreams, map, cmaCopyThreads, destinationSlots,
+          rewriteSource);
     }
 
     /** The same but the threads a large mapped cma copy is shared by. */
     public Config withCmaCopyThreads(int threads) {
       return new Config(blockBytes, blockCount, rounds, transport, layout, socketBufferBytes,
-          cmaInlineMaxBytes, tcpStreams, cmaMapPeerPages, threads, destinationSlots);
+          cmaInlineMaxBytes, tcpStreams, cmaMapPeerPages, threads, destinationSlots,
+          rewriteSource);
     }
 
     /** The same but writing round r into destination slot r mod {@code slots}. */
     public Config withDestinationSlots(int slots) {
       return new Config(blockBytes, blockCount, rounds, transport, layout, socketBufferBytes,
-          cmaInlineMaxBytes, tcpStreams, cmaMapPeerPages, cmaCopyThreads, slots);
+          cmaInlineMaxBytes, tcpStreams, cmaMapPeerPages, cmaCopyThreads, slots, rewriteSource);
+    }
+
+    /** The same but with the source written again by another thread before each round. */
+    public Config withRewrittenSource(boolean rewrite) {
+      return new Config(blockBytes, blockCount, rounds, transport, layout, socketBufferBytes,
+          cmaInlineMaxBytes, tcpStreams, cmaMapPeerPages, cmaCopyThreads, destinationSlots,
+          rewrite);
     }
 
     public Config {
@@ -183,13 +197,15 @@ public final class HostTransferBench {
       System.err.println(
           "usage: HostTransferBench BLOCK_BYTES NUM_BLOCKS ROUNDS cma|tcp contiguous|scattered "
               + "[--socket-buffer=BYTES] [--cma-inline-max=BYTES] [--tcp-streams=N] "
-              + "[--cma-syscalls]");
+              + "[--cma-syscalls] [--destination-slots=N] [--rewrite-source]");
       System.exit(2);
     }
     int socketBuffer = 0;
     long cmaInlineMax = TransportOptions.defaults().cmaInlineMaxBytes();
     int streams = 1;
     boolean mapPeerPages = true;
+    int slots = 1;
+    boolean rewrite = false;
     for (int i = 5; i < args.length; i++) {
       if (args[i].startsWith("--socket-buffer=")) {
         socketBuffer = Integer.parseInt(args[i].substring("--socket-buffer=".length()));
@@ -199,6 +215,10 @@ public final class HostTransferBench {
         streams = Integer.parseInt(args[i].substring("--tcp-streams=".length()));
       } else if (args[i].equals("--cma-syscalls")) {
         mapPeerPages = false;
+      } else if (args[i].equals("--rewrite-source")) {
+        rewrite = true;
+      } else if (args[i].startsWith("--destination-slots=")) {
+        slots = Integer.parseInt(args[i].substring("--destination-slots=".length()));
       } else {
         throw new IllegalArgumentException("unknown option " + args[i]);
       }
@@ -207,7 +227,7 @@ public final class HostTransferBench {
         new Config(
             Long.parseLong(args[0]), Integer.parseInt(args[1]), Integer.parseInt(args[2]), args[3],
             Layout.parse(args[4]), socketBuffer, cmaInlineMax, streams, mapPeerPages,
-            CMA_COPY_THREADS, 1);
+            CMA_COPY_THREADS, slots, rewrite);
     System.out.println(run(config).toJson());
   }
 
@@ -269,6 +289,9 @@ public final class HostTransferBench {
       double[] gbps = new double[config.rounds()];
       for (int r = 0; r < config.rounds(); r++) {
         TransferBatch batch = batches[r % batches.length];
+        if (config.rewriteSource()) {
+          rewrite(source);
+        }
         long t0 = System.nanoTime();
         writeOnce(transport, source, remote, batch);
         gbps[r] = total / (double) (System.nanoTime() - t0); // bytes per ns = GB/s
@@ -337,6 +360,17 @@ public final class HostTransferBench {
       }
     }
     return runs;
+  }
+
+  private static void rewrite(MemoryRegion source) {
+    Thread t = new Thread(() -> fill(source), "bench-source-writer");
+    t.start();
+    try {
+      t.join();
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IllegalStateException("interrupted while rewriting the source", e);
+    }
   }
 
   private static void fill(MemoryRegion region) {
