@@ -68,7 +68,8 @@ final class DoneWordWatcher implements AutoCloseable {
   private DoneWordWatcher(
       SharedDoneWords words, String label, boolean belled, Consumer<String> onDone) {
     this.words = words;
-    this.belled = belled;
+    // Without futexes the bell could only be polled at its timeout: poll the words instead.
+    this.belled = belled && dev.kvferry.rdma.Futex.available();
     this.onDone = onDone;
     this.thread = new Thread(this::run, "kvferry-done-words-" + label);
     thread.setDaemon(true);

@@ -175,7 +175,7 @@ public final class EndToEndSuite {
    * thread (the engine computed it; its lines are dirty, some in another core's cache) and its
    * destination blocks are not in cache (the rounds rotate over {@link #BUDGET_DESTINATION_SLOTS}
    * copies of D's pool). The first budget wrote a clean source to the same blocks every round, a
-   * copy from cache to cache that no transfer gets; a clean source alone copied 1.3-2.1x faster
+   * copy from cache to cache that no transfer gets; a clean source alone copied 1.3-1.9x faster
    * than a just-written one (docs/results/2026-12-02-rewrite-source-ab.txt). Sets {@link
    * #budgetNote} to every figure.
    */

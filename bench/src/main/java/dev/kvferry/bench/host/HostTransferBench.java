@@ -90,9 +90,9 @@ public final class HostTransferBench {
    *     slots, so with enough slots (together larger than the last-level cache) no round finds
    *     its destination in cache, as a transfer meets D's memory; 1: every round writes the same
    *     destination blocks
-   * @param rewriteSource before each round another thread writes the source again (the same
-   *     bytes, untimed), as an engine has just computed the layer it hands over: the round then
-   *     copies lines that are dirty, some in another core's cache
+   * @param rewriteSource before each round another thread writes the blocks the round copies
+   *     again (the same bytes, untimed), as an engine has just computed the layer it hands over:
+   *     the round then copies lines that are dirty, some in another core's cache
    */
   public record Config(
       long blockBytes, int blockCount, int rounds, String transport, Layout layout,
@@ -290,7 +290,7 @@ public final class HostTransferBench {
       for (int r = 0; r < config.rounds(); r++) {
         TransferBatch batch = batches[r % batches.length];
         if (config.rewriteSource()) {
-          rewrite(source);
+          rewrite(source, from, config.blockBytes());
         }
         long t0 = System.nanoTime();
         writeOnce(transport, source, remote, batch);
@@ -362,8 +362,13 @@ public final class HostTransferBench {
     return runs;
   }
 
-  private static void rewrite(MemoryRegion source) {
-    Thread t = new Thread(() -> fill(source), "bench-source-writer");
+  /** Writes the blocks the batch copies again, the same bytes, on another thread. */
+  private static void rewrite(MemoryRegion source, int[] blocks, long blockBytes) {
+    Thread t = new Thread(() -> {
+      for (int b : blocks) {
+        fill(source, b * blockBytes, blockBytes);
+      }
+    }, "bench-source-writer");
     t.start();
     try {
       t.join();
@@ -374,11 +379,17 @@ public final class HostTransferBench {
   }
 
   private static void fill(MemoryRegion region) {
-    for (long done = 0; done < region.lengthBytes(); ) {
-      int len = (int) Math.min(1 << 30, region.lengthBytes() - done);
-      ByteBuffer b = region.buffer(done, len);
+    fill(region, 0, region.lengthBytes());
+  }
+
+  /** The pattern of {@link #fill(MemoryRegion)} over {@code length} bytes from {@code offset}. */
+  private static void fill(MemoryRegion region, long offset, long length) {
+    for (long done = 0; done < length; ) {
+      int len = (int) Math.min(1 << 30, length - done);
+      ByteBuffer b = region.buffer(offset + done, len);
+      long at = offset + done;
       for (int i = 0; i + 8 <= len; i += 8) {
-        b.putLong(i, (done + i) * 0x9E3779B97F4A7C15L);
+        b.putLong(i, (at + i) * 0x9E3779B97F4A7C15L);
       }
       done += len;
     }
