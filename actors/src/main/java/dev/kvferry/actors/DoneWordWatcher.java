@@ -181,7 +181,8 @@ final class DoneWordWatcher implements AutoCloseable {
         lastNews = System.nanoTime();
         continue;
       }
-      int bell = words.bell(); // before the look: a ring after it ends the sleep below at once
+      // Read before the look: a ring after it ends the sleep below at once.
+      int bell = belled ? words.bell() : 0;
       boolean news = false;
       for (Pending p : watching) {
         if (words.get(p.slot()) >= p.value() && pending.remove(p.transferId(), p)) {

@@ -132,35 +132,32 @@ final class LayerWriter {
       AtomicBoolean cancelled) {
     MemoryRegion local = layerRegions.get(layer);
     RegionDescriptor remote = peer.layers().get(layer);
-    EventOrderedTransport ordered = eventOrdered;
     WriteStamps.mark(WriteStamps.Stage.ISSUED);
     if (after == null && transport.startsWithoutBlocking(plan)) {
       // The transport hands the copy to its own threads at once: a hop through the I/O pool
       // first would only add a thread wake-up (about 60-100 us) before the copy starts.
-      WriteStamps.mark(WriteStamps.Stage.IO_STARTED);
       try {
-        TransferStatus status = cancelled.get()
-            ? TransferStatus.failed("transfer abandoned before this layer was written")
-            : transport.write(local, remote, plan);
-        WriteStamps.mark(WriteStamps.Stage.SUBMIT_RETURNED);
-        return CompletableFuture.completedFuture(status);
+        return CompletableFuture.completedFuture(start(local, remote, plan, null, cancelled));
       } catch (RuntimeException e) {
         return CompletableFuture.failedFuture(e); // as the I/O pool's future would carry it
       }
     }
-    return CompletableFuture.supplyAsync(
-        () -> {
-          WriteStamps.mark(WriteStamps.Stage.IO_STARTED);
-          if (cancelled.get()) {
-            return TransferStatus.failed("transfer abandoned before this layer was written");
-          }
-          TransferStatus status = after != null && ordered != null
-              ? ordered.writeAfter(after, local, remote, plan)
-              : transport.write(local, remote, plan);
-          WriteStamps.mark(WriteStamps.Stage.SUBMIT_RETURNED);
-          return status;
-        },
-        io);
+    return CompletableFuture.supplyAsync(() -> start(local, remote, plan, after, cancelled), io);
+  }
+
+  /** Hands one layer's copies to the transport, behind {@code after} where the GPU orders them. */
+  private TransferStatus start(MemoryRegion local, RegionDescriptor remote, TransferBatch plan,
+      @Nullable CudaEvent after, AtomicBoolean cancelled) {
+    WriteStamps.mark(WriteStamps.Stage.IO_STARTED);
+    if (cancelled.get()) {
+      return TransferStatus.failed("transfer abandoned before this layer was written");
+    }
+    EventOrderedTransport ordered = eventOrdered;
+    TransferStatus status = after != null && ordered != null
+        ? ordered.writeAfter(after, local, remote, plan)
+        : transport.write(local, remote, plan);
+    WriteStamps.mark(WriteStamps.Stage.SUBMIT_RETURNED);
+    return status;
   }
 
   /**

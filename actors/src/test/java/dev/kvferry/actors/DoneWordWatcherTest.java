@@ -98,9 +98,10 @@ class DoneWordWatcherTest {
   /** Stores as P does: the CPU through its own mapping of D's file, then the bell if rung. */
   private void store(DoneWordWatcher.Ticket t, long value) throws Exception {
     try (SharedDoneWords p = SharedDoneWords.openPeerWordsForCpu(t.name(), t.slots())) {
-      p.set(t.slot(), value);
       if (ring) {
-        p.ring();
+        p.store(t.slot(), value);
+      } else {
+        p.set(t.slot(), value); // as a GPU stream stores: no ring
       }
     }
     assertTrue(Files.exists(SharedDoneWords.PEER_DIR.resolve(t.name())));

@@ -91,7 +91,8 @@ public final class EndToEndSuite {
    */
   static final int BUDGET_DESTINATION_SLOTS = 8;
 
-  private String budgetNote = "";
+  /** The budget in microseconds, and every figure measured for it, for the row's note. */
+  private record Budget(double micros, String figures) {}
 
   private final int promptTokens;
   private boolean jitWarmedUp;
@@ -121,7 +122,9 @@ public final class EndToEndSuite {
     String layerNote = "";
     try {
       progress.printf("  one layer's cma write at %s (the budget)%n", size);
-      layerUs = oneLayerMicros();
+      Budget budget = budget();
+      layerUs = budget.micros();
+      layerNote = budget.figures();
     } catch (IOException | RuntimeException e) {
       layerNote = "one layer's cma write failed: " + e.getMessage();
     }
@@ -143,12 +146,11 @@ public final class EndToEndSuite {
     }
     String what = "layers as fast as the fill goes; peer column: one layer's cma write ("
         + Geometry.layerBytes(promptTokens) / 1024
-        + " KiB) in this run, " + budgetNote
+        + " KiB) in this run, " + layerNote
         + "; goal: added latency after the last layer <= one layer's transfer"
         + String.format(java.util.Locale.ROOT,
             "; split at p50: %.0f us until P's writes are done, %.0f us from there to D done",
-            r.writesDoneP50Us, r.notifyP50Us)
-        + (layerNote.isEmpty() ? "" : "; " + layerNote);
+            r.writesDoneP50Us, r.notifyP50Us);
     return List.of(
         BenchRow.lowerIsBetter("e2e last layer -> D done p50 " + size, "us", r.p50Us, layerUs,
             GOAL, what),
@@ -176,10 +178,10 @@ public final class EndToEndSuite {
    * destination blocks are not in cache (the rounds rotate over {@link #BUDGET_DESTINATION_SLOTS}
    * copies of D's pool). The first budget wrote a clean source to the same blocks every round, a
    * copy from cache to cache that no transfer gets; a clean source alone copied 1.3-1.9x faster
-   * than a just-written one (docs/results/2026-12-02-rewrite-source-ab.txt). Sets {@link
-   * #budgetNote} to every figure.
+   * than a just-written one (docs/results/2026-12-02-rewrite-source-ab.txt). The other figures
+   * go in the note.
    */
-  private double oneLayerMicros() throws IOException {
+  private Budget budget() throws IOException {
     int blocks = 2 * Geometry.blocksPerLayer(promptTokens);
     int nodes = HostTransferBench.CMA_COPY_THREADS;
     HostTransferBench.Config layer = new HostTransferBench.Config(Geometry.BLOCK_BYTES, blocks,
@@ -191,12 +193,11 @@ public final class EndToEndSuite {
     HostTransferBench.Config fresh = clean.withRewrittenSource(true);
     double freshOne = layerMicros(fresh.withCmaCopyThreads(1));
     double freshNodes = layerMicros(fresh.withCmaCopyThreads(nodes));
-    budgetNote = String.format(java.util.Locale.ROOT, "one layer's write just after another"
-        + " thread wrote it, to blocks not in cache: %.0f us on one thread, %.0f us on %d (the"
-        + " budget: the faster); from a clean source: %.0f / %.0f us; to the same blocks every"
-        + " round, in cache (the first budget): %.0f us", freshOne, freshNodes, nodes, cleanOne,
-        cleanNodes, inCache);
-    return Math.min(freshOne, freshNodes);
+    return new Budget(Math.min(freshOne, freshNodes), String.format(java.util.Locale.ROOT,
+        "one layer's write just after another thread wrote it, to blocks not in cache: %.0f us"
+            + " on one thread, %.0f us on %d (the budget: the faster); from a clean source:"
+            + " %.0f / %.0f us; to the same blocks every round, in cache (the first budget):"
+            + " %.0f us", freshOne, freshNodes, nodes, cleanOne, cleanNodes, inCache));
   }
 
   private double layerMicros(HostTransferBench.Config c) throws IOException {

@@ -430,8 +430,7 @@ public final class CmaTransport implements Transport {
           stored.fail("done word not stored: " + words.name() + " was closed (the peer left)");
         } else {
           CopyStamps.wordStored();
-          words.set(slot, value);
-          words.ring();
+          words.store(slot, value);
           stored.succeed(Long.BYTES);
         }
       });

@@ -356,8 +356,7 @@ final class TcpListener implements AutoCloseable {
         throw new Refusal("done word " + slot + " refused: " + name + " of " + owner() + " holds "
             + words.slots() + " words; nothing was stored");
       }
-      words.set(slot, value);
-      words.ring();
+      words.store(slot, value);
       TcpWire.writeFully(channel, TcpWire.ack(ack, null), progress);
     }
 

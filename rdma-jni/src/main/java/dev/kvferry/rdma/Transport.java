@@ -53,7 +53,7 @@ public interface Transport extends AutoCloseable {
 
   /**
    * Whether every done word this transport stores is followed by a ring of the file's bell
-   * ({@link dev.kvferry.rdma.cuda.SharedDoneWords#ring}), so D's watcher may sleep until rung
+   * ({@link dev.kvferry.rdma.cuda.SharedDoneWords#store}), so D's watcher may sleep until rung
    * instead of polling. False where a GPU stream stores the word: no CPU is there to ring.
    */
   default boolean ringsDoneWordBell() {

@@ -23,11 +23,11 @@ import java.nio.file.StandardOpenOption;
  * #deviceAddress} after its copies (the store flushes their writes first). Values only grow: a
  * reader waits for {@code get(slot) >= sequence}, so a word is reused without resetting it.
  *
- * <p>Host transports store the word with the CPU instead ({@link #set}, a release store): a cma
- * writer maps D's file itself ({@link #openPeerWordsForCpu}); over tcp D's listener stores into
- * D's own mapping when the word's frame arrives behind the data. A CPU store then {@link #ring}s
- * the file's bell, a 32-bit counter after the words, and wakes the reader sleeping on it ({@link
- * #awaitBell}, a futex): the reader needs neither to spin nor to poll for words stored that way.
+ * <p>Host transports store the word with the CPU instead ({@link #store}: a release store, then a
+ * ring of the file's bell, a 32-bit counter after the words, which wakes the reader sleeping on it
+ * in {@link #awaitBell}, a futex; the reader needs neither to spin nor to poll for words stored
+ * that way): a cma writer maps D's file itself ({@link #openPeerWordsForCpu}); over tcp D's
+ * listener stores into D's own mapping when the word's frame arrives behind the data.
  */
 public final class SharedDoneWords implements AutoCloseable {
 
@@ -199,8 +199,17 @@ public final class SharedDoneWords implements AutoCloseable {
   }
 
   /**
-   * Rings the bell after a CPU {@link #set}: bumps the counter and wakes the reader if it sleeps
-   * in {@link #awaitBell}. A system call, once per transfer.
+   * A host transport's store: {@link #set} then {@link #ring}, so a reader asleep on the bell
+   * wakes. Every CPU store a transport makes for its peer goes through here.
+   */
+  public void store(int slot, long value) {
+    set(slot, value);
+    ring();
+  }
+
+  /**
+   * Bumps the bell's counter and wakes the reader if it sleeps in {@link #awaitBell}. A system
+   * call, once per transfer.
    */
   public void ring() {
     INTS.getAndAdd(buffer, bellIndex(), 1);
@@ -214,14 +223,10 @@ public final class SharedDoneWords implements AutoCloseable {
 
   /**
    * Sleeps until the bell is rung past {@code seen} (at once if it already was), at most {@code
-   * timeoutNanos}; may return early. Where futexes are missing it parks for the timeout.
+   * timeoutNanos}; may return early. Needs {@link Futex#available()}: without it a reader polls.
    */
   public void awaitBell(int seen, long timeoutNanos) {
-    if (Futex.available()) {
-      Futex.await(hostAddress + bellIndex(), seen, timeoutNanos);
-    } else {
-      java.util.concurrent.locks.LockSupport.parkNanos(timeoutNanos);
-    }
+    Futex.await(hostAddress + bellIndex(), seen, timeoutNanos);
   }
 
   /** Spins until the word reaches {@code value} or {@code timeoutNs} passes; the time seen, or -1. */
