@@ -263,6 +263,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   }
 
   private Behavior<Command> onRemoteBlocks(PeerProtocol.RemoteBlocks m) {
+    WriteStamps.mark(WriteStamps.Stage.BLOCKS_ARRIVED);
     writer.tell(new WriterActor.RemoteBlocksArrived(m));
     return this;
   }

@@ -42,6 +42,13 @@ final class LayerWriter {
   /** Whether the transport stores D's done words behind its writes, resolved once. */
   private final boolean storesDoneWords;
   private final Executor io;
+  /**
+   * Submissions queued behind CUDA events, one at a time in issue order: the copy stream runs
+   * what it is given in order, so a layer queued ahead of an earlier one would hold that one (and
+   * everything after it) until its own, later, event; on the pool's threads in parallel they
+   * landed on the stream in any order.
+   */
+  private final Executor gpuOrdered;
   /** D's done-word files as the transport reaches them (mapped, where it maps), by file name. */
   private final Map<String, PeerDoneWords> doneWords = new HashMap<>();
   /** Which decode engine each mapped done-word file belongs to, to unmap it when it leaves. */
@@ -54,6 +61,7 @@ final class LayerWriter {
     this.eventOrdered = transport instanceof EventOrderedTransport e ? e : null;
     this.storesDoneWords = transport.storesDoneWords();
     this.io = io;
+    this.gpuOrdered = new SerialExecutor(io);
   }
 
   int layers() {
@@ -142,7 +150,8 @@ final class LayerWriter {
         return CompletableFuture.failedFuture(e); // as the I/O pool's future would carry it
       }
     }
-    return CompletableFuture.supplyAsync(() -> start(local, remote, plan, after, cancelled), io);
+    return CompletableFuture.supplyAsync(() -> start(local, remote, plan, after, cancelled),
+        after != null && eventOrdered != null ? gpuOrdered : io);
   }
 
   /** Hands one layer's copies to the transport, behind {@code after} where the GPU orders them. */
@@ -190,10 +199,11 @@ final class LayerWriter {
       }
       return words.storeAfter(writes, local, remote, word.slot(), word.value()).completion();
     };
-    // cuda queues the store on its copy stream, a driver call: kept off the writer's thread. The
-    // host transports only hang the store on the writes' completions, so no hop: through the
-    // I/O pool it ran after the last copy had ended in 10% or more of the e2e bench's requests.
-    (eventOrdered != null ? allSubmitted.thenComposeAsync(store, io)
+    // cuda queues the store on its copy stream, a driver call: kept off the writer's thread, on
+    // the strand of the layers' submissions. The host transports only hang the store on the
+    // writes' completions, so no hop: through the I/O pool it ran after the last copy had ended
+    // in 10% or more of the e2e bench's requests.
+    (eventOrdered != null ? allSubmitted.thenComposeAsync(store, gpuOrdered)
         : allSubmitted.thenCompose(store))
         .whenComplete((stored, error) -> {
           String why = error != null ? error.toString()

@@ -179,6 +179,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     }
     in.mayWrite = due;
     in.blocks = blocks;
+    WriteStamps.mark(WriteStamps.Stage.BLOCKS_TOLD);
     for (int source : sources) {
       outbox.send(r.remoteEngineId(), source, blocks);
     }

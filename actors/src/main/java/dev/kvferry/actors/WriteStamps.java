@@ -13,6 +13,12 @@ public final class WriteStamps {
 
   /** In the order a layer's write passes them. */
   public enum Stage {
+    /** D's receiver sent its blocks to P (RemoteBlocks, WRITE). */
+    BLOCKS_TOLD,
+    /** P's engine actor took D's blocks (RemoteBlocks) from its mailbox. */
+    BLOCKS_ARRIVED,
+    /** P's writer took D's blocks (RemoteBlocks) from its mailbox. */
+    BLOCKS_SEEN,
     /** P's writer took the layer's SaveLayer from its mailbox. */
     SAVE_SEEN,
     /** P's writer took the layer's fired event from its mailbox. */

@@ -182,6 +182,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   }
 
   private Behavior<Command> onRemoteBlocks(RemoteBlocksArrived m) {
+    WriteStamps.mark(WriteStamps.Stage.BLOCKS_SEEN);
     PeerProtocol.RemoteBlocks b = m.blocks();
     if (jobs.ended(b.transferId())) {
       getContext().getLog().debug("late remote blocks for finished transfer {}", b.transferId());

@@ -274,20 +274,7 @@ public final class EndToEndSuite {
         throw new java.io.UncheckedIOException(e);
       }
     }
-    StringBuilder out = new StringBuilder();
-    double[] column = new double[perRequest.length];
-    for (int s = 0; s < STAGE_NAMES.length; s++) {
-      int n = 0;
-      for (double[] r : perRequest) {
-        if (!Double.isNaN(r[s])) {
-          column[n++] = r[s];
-        }
-      }
-      out.append(s == 0 ? "" : ", ").append(STAGE_NAMES[s]).append(' ');
-      out.append(n == 0 ? "-" : String.format(java.util.Locale.ROOT, "%.0f",
-          Samples.median(java.util.Arrays.copyOf(column, n))));
-    }
-    return out.toString();
+    return StageMedians.describe(STAGE_NAMES, perRequest);
   }
 
   private final class Node implements AutoCloseable {

@@ -16,13 +16,18 @@ import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.rdma.CudaTransport;
+import dev.kvferry.rdma.RegionDescriptor;
 import dev.kvferry.rdma.RegionRegistry;
+import dev.kvferry.rdma.TransferBatch;
+import dev.kvferry.rdma.TransferStatus;
 import dev.kvferry.rdma.cuda.Cuda;
 import dev.kvferry.rdma.cuda.CudaEvent;
 import dev.kvferry.rdma.cuda.CudaEventPoller;
 import dev.kvferry.sim.SimKernels;
 import dev.kvferry.rdma.cuda.CudaStream;
 import dev.kvferry.actors.EngineActor;
+import dev.kvferry.actors.WriteStamps;
+import dev.kvferry.bench.StageMedians;
 import java.time.Clock;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -53,7 +58,8 @@ import org.apache.pekko.cluster.typed.Join;
  * the request; then every word of the request's blocks is checked on D's GPU by a kernel.
  *
  * <p>Usage: {@code GpuConnectorRun --p-gpu 0 --d-gpu 1 [--layers 32] [--blocks 2048] [--capacity
- * 4096] [--requests 9] [--spin-us 300] [--fill-ctas SMs]}. One JVM, so the IPC path is not taken: CUDA IPC is
+ * 4096] [--requests 9] [--warmup 100] [--spin-us 300] [--fill-ctas SMs]}. One JVM, so the IPC
+ * path is not taken: CUDA IPC is
  * exercised by {@link GpuTransferBench}'s two processes. Loopback cluster config lives here, not in
  * a config file, because this is a self-contained run, not a node.
  */
@@ -77,6 +83,9 @@ public final class GpuConnectorRun {
     int blocks = Integer.parseInt(o.getOrDefault("blocks", "2048"));
     int capacity = Integer.parseInt(o.getOrDefault("capacity", "4096"));
     int requests = Integer.parseInt(o.getOrDefault("requests", "9"));
+    // Untimed requests first, so the timed ones run the nodes' per-request code compiled, as a
+    // serving node does (20 cold requests ran it interpreted: 1.3 ms to issue 32 layers).
+    int warmup = Integer.parseInt(o.getOrDefault("warmup", "100"));
     long spinNs = Long.parseLong(o.getOrDefault("spin-us", "300")) * 1000;
     // CTAs of the stand-in compute kernel (default: one per SM, i.e. every SM busy all layer).
     int fillCtas = Integer.parseInt(o.getOrDefault("fill-ctas", "0"));
@@ -84,7 +93,7 @@ public final class GpuConnectorRun {
       System.err.println("CUDA not available: " + Cuda.unavailableReason());
       System.exit(2);
     }
-    System.exit(run(pGpu, dGpu, layers, blocks, capacity, requests, spinNs, fillCtas) ? 0 : 1);
+    System.exit(run(pGpu, dGpu, layers, blocks, capacity, requests, warmup, spinNs, fillCtas) ? 0 : 1);
   }
 
   private static Config clusterConfig(String role) {
@@ -103,10 +112,11 @@ public final class GpuConnectorRun {
   }
 
   private static boolean run(int pGpu, int dGpu, int layers, int blocks, int capacity,
-      int requests, long spinNs, int fillCtas) throws Exception {
+      int requests, int warmup, long spinNs, int fillCtas) throws Exception {
     KvCacheGeometry geometry =
         KvCacheGeometry.standard(capacity, BLOCK_TOKENS, KV_HEADS, HEAD_DIM, ELEMENT_BYTES);
     long blockBytes = geometry.blockBytes();
+    WriteStamps.enable(); // a nanoTime per stage: the tail's breakdown (issue 19)
     ActorSystem<Void> pSystem =
         ActorSystem.create(Behaviors.empty(), "kvferry", clusterConfig(Role.PREFILL.clusterRole()));
     ActorSystem<Void> dSystem =
@@ -178,9 +188,10 @@ public final class GpuConnectorRun {
       }
       List<Double> tails = new ArrayList<>();
       List<Double> totals = new ArrayList<>();
+      List<double[]> stages = new ArrayList<>();
       int prompt = blocks * BLOCK_TOKENS;
       try (CudaStream compute = CudaStream.create(pGpu)) {
-        for (int r = 0; r < requests; r++) {
+        for (int r = -warmup; r < requests; r++) {
           String id = "req-" + r;
           int seed = 5000 + r;
           dKv.clear();
@@ -188,6 +199,8 @@ public final class GpuConnectorRun {
               new ConnectorRequest(id, prompt, KvTransferParams.forDecode("tx-" + r, "prefill-0", 0));
           ConnectorRequest pReq =
               new ConnectorRequest(id, prompt, KvTransferParams.forPrefill("tx-" + r, "decode-0", 0));
+          WriteStamps.reset();
+          long announced = System.nanoTime();
           dSched.numNewMatchedTokens(dReq, 0);
           dSched.updateStateAfterAlloc(dReq, dIds, prompt);
           pSched.updateStateAfterAlloc(pReq, pIds, 0);
@@ -201,7 +214,9 @@ public final class GpuConnectorRun {
             events.get(l).record(compute);
             pWorker.saveKvLayer(meta, l, new CudaLayerEvent(events.get(l)));
           }
+          long lastSaveReturned = System.nanoTime();
           pWorker.waitForSave();
+          long waitedForSave = System.nanoTime();
           CudaEventPoller.common().watch(events.get(layers - 1),
               () -> lastLayerSeen.set(System.nanoTime()), e -> { });
           pReq.setStatus(ConnectorRequest.Status.FINISHED_LENGTH_CAPPED);
@@ -214,16 +229,23 @@ public final class GpuConnectorRun {
           double totalMs = (dDone - t0) / 1e6;
           long bad = GpuTransferBench.verify(dKv, dIds, seed);
           awaitSent(pWorker, id, 60_000_000_000L);
-          tails.add(tailUs);
-          totals.add(totalMs);
-          System.out.printf(Locale.ROOT,
-              "request %s: last layer's event -> D's getFinished %.1f us; "
-                  + "first layer -> D done %.2f ms; mismatched words %d%n",
-              id, tailUs, totalMs, bad);
           if (bad != 0) {
             ok = false;
             System.out.println("VERIFY FAILED: " + bad + " words differ at D for " + id);
           }
+          if (r < 0) {
+            continue; // warm-up: not timed
+          }
+          tails.add(tailUs);
+          totals.add(totalMs);
+          double[] st = stages(lastLayerSeen.get(), announced, lastSaveReturned, waitedForSave, dDone);
+          stages.add(st);
+          System.out.printf(Locale.ROOT,
+              "request %s: last layer's event -> D's getFinished %.1f us; "
+                  + "first layer -> D done %.2f ms; mismatched words %d; stages (us after the"
+                  + " poller saw the last event) %s%n",
+              id, tailUs, totalMs, bad,
+              StageMedians.describe(STAGE_NAMES, new double[][] {st}));
         }
       } finally {
         for (CudaEvent e : events) {
@@ -240,6 +262,20 @@ public final class GpuConnectorRun {
           pGpu, dGpu, requests, 2.0 * layers * blocks * blockBytes / (1L << 30),
           tails.get(tails.size() / 2), tails.get(0), tails.get(tails.size() - 1),
           totals.get(totals.size() / 2), ok ? "every byte verified" : "VERIFY FAILED");
+      double layerUs = oneLayersWrite(pTransport, dTransport, pKv, dKv, pIds, dIds);
+      double tailP50 = tails.get(tails.size() / 2);
+      System.out.printf(Locale.ROOT,
+          "ACTORS budget: one layer's write through the same CudaTransport, the same blocks,"
+              + " submit -> done seen, p50 %.1f us; last layer's event -> D done p50 %.1f us:"
+              + " %.2fx one layer (goal <= 1.0x), %.1f us more%n",
+          layerUs, tailP50, tailP50 / layerUs, tailP50 - layerUs);
+      // Without a warm-up the first request runs cold (JIT, serializers, handshake): left out.
+      int from = warmup > 0 ? 0 : Math.min(1, stages.size() - 1);
+      System.out.printf(Locale.ROOT,
+          "ACTORS stages, median us after the poller saw the last layer's event (timed requests"
+              + " %d to %d, after %d untimed): %s%n", from + 1, stages.size(), warmup,
+          StageMedians.describe(STAGE_NAMES,
+              stages.subList(from, stages.size()).toArray(double[][]::new)));
       pWorker.shutdown();
       dWorker.shutdown();
     } catch (RuntimeException e) {
@@ -257,6 +293,76 @@ public final class GpuConnectorRun {
       dKv.close();
     }
     return ok;
+  }
+
+  /**
+   * One layer's write of the request's blocks (P's layer 0 to D's), submitted and spun on until
+   * its status is done: the goal's "one layer's transfer", timed in this run. Median of 50 after
+   * 10 untimed.
+   */
+  private static double oneLayersWrite(CudaTransport p, CudaTransport d, GpuKvLayers pKv,
+      GpuKvLayers dKv, int[] pIds, int[] dIds) {
+    long[] sizes = new long[2 * pIds.length];
+    java.util.Arrays.fill(sizes, pKv.blockBytes);
+    TransferBatch batch = new TransferBatch(pKv.slotOffsets(pIds), dKv.slotOffsets(dIds), sizes);
+    RegionDescriptor remote = d.describe(dKv.regions.get(0));
+    List<Double> us = new ArrayList<>();
+    for (int i = 0; i < 60; i++) {
+      long start = System.nanoTime();
+      TransferStatus s = p.write(pKv.regions.get(0), remote, batch);
+      while (!s.isDone()) {
+        Thread.onSpinWait();
+      }
+      long end = System.nanoTime();
+      if (!s.succeeded()) {
+        throw new IllegalStateException("one layer's write failed: " + s.failureMessage());
+      }
+      if (i >= 10) {
+        us.add((end - start) / 1e3);
+      }
+    }
+    Collections.sort(us);
+    return us.get(us.size() / 2);
+  }
+
+  /**
+   * Where the last layer's write spent its time ({@link WriteStamps}: the latest mark of each
+   * stage; every layer is saved at once, so per-layer stages are the last layer the writer or
+   * its I/O pool reached). Negative: before the poller saw the event (the CPU runs ahead of the
+   * GPU).
+   */
+  private static final String[] STAGE_NAMES = {
+      "D's blocks announced", "D told its blocks", "P's engine actor took them",
+      "P's writer took them", "last save returned", "waitForSave returned",
+      "save seen", "io started", "write returned", "done word queued", "done word task",
+      "done word queued on the stream", "last layer written seen", "WriteDone sent",
+      "D word seen", "D writer done seen", "D done"};
+
+  private static double[] stages(
+      long lastEventSeen, long announced, long lastSaveReturned, long waitedForSave, long dDone) {
+    long[] at = {
+        announced,
+        WriteStamps.nanos(WriteStamps.Stage.BLOCKS_TOLD),
+        WriteStamps.nanos(WriteStamps.Stage.BLOCKS_ARRIVED),
+        WriteStamps.nanos(WriteStamps.Stage.BLOCKS_SEEN),
+        lastSaveReturned,
+        waitedForSave,
+        WriteStamps.nanos(WriteStamps.Stage.SAVE_SEEN),
+        WriteStamps.nanos(WriteStamps.Stage.IO_STARTED),
+        WriteStamps.nanos(WriteStamps.Stage.SUBMIT_RETURNED),
+        WriteStamps.nanos(WriteStamps.Stage.DONE_WORD_QUEUED),
+        WriteStamps.nanos(WriteStamps.Stage.DONE_WORD_TASK),
+        WriteStamps.nanos(WriteStamps.Stage.DONE_WORD_STORED),
+        WriteStamps.nanos(WriteStamps.Stage.WRITTEN_SEEN),
+        WriteStamps.nanos(WriteStamps.Stage.WRITE_DONE_SENT),
+        WriteStamps.nanos(WriteStamps.Stage.DONE_WORD_SEEN),
+        WriteStamps.nanos(WriteStamps.Stage.WRITER_DONE_SEEN),
+        dDone};
+    double[] us = new double[at.length];
+    for (int i = 0; i < at.length; i++) {
+      us[i] = at[i] == 0 ? Double.NaN : (at[i] - lastEventSeen) / 1e3;
+    }
+    return us;
   }
 
   /** Waits until {@code system}'s receptionist lists an engine of {@code role} (gossip). */
