@@ -204,6 +204,7 @@ public final class HostTransferSuite {
       for (int r = 0; r < repeats; r++) {
         progress.printf("  iperf3 -P %d on loopback, run %d of %d%n", parallel, r + 1, repeats);
         runs.add(iperf3Gbps(iperf3, parallel));
+        progress.printf(java.util.Locale.ROOT, "    iperf3: %.3f GB/s%n", runs.get(runs.size() - 1));
       }
       return new IperfFigure(Samples.median(runs), "");
     } catch (PeerTools.MissingPeerException e) {
@@ -237,6 +238,9 @@ public final class HostTransferSuite {
         } else {
           gbps.add(r.medianGbps());
           copyPaths.add(r.copyPath());
+          // Each run's figure in the progress, so a row's spread is on record beside its median.
+          progress.printf(java.util.Locale.ROOT, "    kvferry %s %s: %.3f GB/s%n", transport,
+              config.layout().name().toLowerCase(java.util.Locale.ROOT), r.medianGbps());
         }
       } catch (IOException | RuntimeException e) {
         failure = "kvferry " + transport + " failed: " + e.getMessage();
