@@ -60,9 +60,11 @@ import org.apache.pekko.cluster.typed.Join;
  *
  * <p>Usage: {@code GpuConnectorRun --p-gpu 0 --d-gpu 1 [--layers 32] [--blocks 2048] [--capacity
  * 4096] [--requests 9] [--warmup 100] [--spin-us 300] [--fill-ctas SMs]}. One JVM, so the IPC
- * path is not taken: CUDA IPC is
- * exercised by {@link GpuTransferBench}'s two processes. Loopback cluster config lives here, not in
- * a config file, because this is a self-contained run, not a node.
+ * path is not taken: CUDA IPC is exercised by {@link GpuTransferBench}'s two processes. Loopback
+ * cluster config lives here, not in a config file, because this is a self-contained run, not a
+ * node. Each timed request prints where its last layer's write spent its time ({@link
+ * WriteStamps}); the summary adds one layer's write of the same blocks timed in the same run, the
+ * goal's budget, and the tail's p50 and p99 against it.
  */
 public final class GpuConnectorRun {
 
