@@ -80,6 +80,8 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
   /** Whether P's transport can store a done word behind its writes (resolved once). */
   private final boolean peersCanStoreDoneWords;
   /** Done words P's transport stores into (null until first needed). */
+  /** Where the watcher reports a receive done from its word, ahead of our own message. */
+  private final FinishedSink sink;
   private @Nullable DoneWordWatcher doneWords;
   private boolean doneWordsUnavailable;
   private final int engineUid;
@@ -112,6 +114,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       }
     });
     this.endedEarly = new TerminalIds(setup.settings().terminalIdCapacity());
+    this.sink = setup.sink();
     this.transport = setup.transport();
     // The same transport kind on both sides: ours tells what P's can do.
     this.peersCanStoreDoneWords = transport.storesDoneWords();
@@ -151,7 +154,8 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       return;
     }
     int[] sources = PeerPlanning.sourcesFor(self, prefillTp, mla);
-    PeerProtocol.DoneWord word = sources.length == 1 ? doneWordFor(r.transferId()) : null;
+    PeerProtocol.DoneWord word =
+        sources.length == 1 ? doneWordFor(r.transferId(), r.requestId()) : null;
     PeerProtocol.RemoteBlocks blocks =
         new PeerProtocol.RemoteBlocks(
             r.transferId(), r.requestId(), r.localBlockIds(), self.engineId(), self.dpRank(),
@@ -190,14 +194,19 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
    * null. The first one creates the watcher and hands its words to our transport (tcp: the
    * listener stores into them).
    */
-  private PeerProtocol.@Nullable DoneWord doneWordFor(String transferId) {
+  private PeerProtocol.@Nullable DoneWord doneWordFor(String transferId, String requestId) {
     if (!peersCanStoreDoneWords) {
       return null;
     }
     if (doneWords == null && !doneWordsUnavailable) {
       ActorRef<Command> me = getContext().getSelf();
-      doneWords = DoneWordWatcher.tryCreate(self.label(), transport.ringsDoneWordBell(),
-          id -> me.tell(new DoneWordSeen(id)));
+      FinishedSink reports = sink;
+      // The word lands behind P's last copy: the watcher reports the request done itself (two
+      // mailbox hops sooner), then tells us, so we forget the transfer as on a WriteDone.
+      doneWords = DoneWordWatcher.tryCreate(self.label(), transport.ringsDoneWordBell(), id -> {
+        reports.wordLanded(id);
+        me.tell(new DoneWordSeen(id));
+      });
       doneWordsUnavailable = doneWords == null;
       if (doneWords != null) {
         transport.acceptDoneWords(doneWords.words());
@@ -207,6 +216,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     if (watcher == null) {
       return null;
     }
+    sink.expectWord(transferId, requestId); // before the word can land
     DoneWordWatcher.Ticket t = watcher.register(transferId);
     return new PeerProtocol.DoneWord(t.name(), t.slots(), t.slot(), t.value());
   }

@@ -197,25 +197,38 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onReceiveSucceeded(ReceiveSucceeded m) {
+    boolean reportedByWord = sink.settleReceive(m.transferId());
     TrackedTransfer t = take(m.transferId(), "succeeded");
     if (t != null) {
       sink.layerLoads().ended(t.transferId);
       sink.addBytes(m.bytes());
-      sink.doneReceiving(t.requestId);
-      observe(TransferObserver.Outcome.RECEIVED, m.bytes(), t);
+      if (!reportedByWord) { // else the watcher reported and observed it
+        sink.doneReceiving(t.requestId);
+        observe(TransferObserver.Outcome.RECEIVED, m.bytes(), t);
+      }
     }
     return this;
   }
 
   private Behavior<Command> onTransferFailed(TransferFailed m) {
+    // D's watcher may have reported the receive done from its word (every copy landed): the
+    // engine has its answer, so an ending decided after it (a timeout, an abort) reports nothing.
+    boolean reportedByWord = sink.settleReceive(m.transferId());
     if (!active.containsKey(m.transferId()) && !terminal.contains(m.transferId())) {
-      earlyFailures.put(m.transferId(), m.reason());
+      if (!reportedByWord) {
+        earlyFailures.put(m.transferId(), m.reason());
+      }
       return this;
     }
     TrackedTransfer t = take(m.transferId(), "failed");
     if (t != null) {
       if (t.state == TrackedTransfer.State.RECEIVING) {
         sink.layerLoads().ended(t.transferId);
+        if (reportedByWord) {
+          getContext().getLog().debug("transfer {} ended ({}) after its done word reported it"
+              + " done; reported as done", t.transferId, m.reason());
+          return this;
+        }
         // In the same report as the failure: the engine recomputes these blocks.
         sink.failedLoad(t.requestId, m.reason(), t.localBlockIds);
       } else {

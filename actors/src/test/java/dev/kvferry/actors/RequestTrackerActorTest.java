@@ -1,6 +1,7 @@
 package dev.kvferry.actors;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvferry.actors.connector.Finished;
@@ -17,7 +18,10 @@ import org.junit.jupiter.api.Test;
 class RequestTrackerActorTest {
 
   private final ActorTestKit kit = ActorTestKit.create();
-  private final FinishedSink sink = new FinishedSink();
+  private final java.util.List<TransferObserver.Outcome> observed =
+      java.util.Collections.synchronizedList(new java.util.ArrayList<>());
+  private final FinishedSink sink =
+      new FinishedSink((outcome, bytes, nanos) -> observed.add(outcome));
   private final TestProbe<EngineActor.Command> owner = kit.createTestProbe();
 
   @AfterEach
@@ -97,5 +101,43 @@ class RequestTrackerActorTest {
     Finished f = awaitExactly(x -> x.failed().containsKey("r1"));
     assertTrue(f.failed().get("r1").contains("prefill-7"), f.toString());
     assertEquals(Set.of(4, 5), f.blockIdsWithLoadErrors(), "load errors in the same report");
+  }
+
+  @Test
+  void aDoneWordReportsTheReceiveAtOnceAndTheTrackerReportsNothingMoreWhateverEndsItAfter() {
+    ActorRef<RequestTrackerActor.Command> t = tracker(ConnectorSettings.DEFAULTS);
+    t.tell(new RequestTrackerActor.ExpectReceive("r1", "tx1", "prefill-0", new int[] {1}));
+    t.tell(new RequestTrackerActor.ExpectReceive("r2", "tx2", "prefill-0", new int[] {2}));
+    sink.expectWord("tx1", "r1");
+    sink.expectWord("tx2", "r2");
+    // The watcher's thread, no actor in between: the engine's next drain has it.
+    assertTrue(sink.wordLanded("tx1"));
+    assertFalse(sink.wordLanded("tx1"), "a word seen twice reported twice");
+    assertEquals(Set.of("r1"), sink.drain().doneReceiving());
+    // Then the receiver's own ending arrives: the success is not reported again, and a failure
+    // decided after the word (a timeout, an abort racing it) is not reported at all.
+    t.tell(new RequestTrackerActor.ReceiveSucceeded("tx1", 0));
+    assertTrue(sink.wordLanded("tx2"));
+    t.tell(new RequestTrackerActor.TransferFailed("tx2", "overdue"));
+    kit.createTestProbe().expectNoMessage(Duration.ofMillis(300));
+    Finished f = sink.drain();
+    assertEquals(Set.of("r2"), f.doneReceiving(), f.toString());
+    assertTrue(f.failed().isEmpty() && f.blockIdsWithLoadErrors().isEmpty(), f.toString());
+    assertEquals(0, sink.openWordClaims(), "claims left behind");
+    assertEquals(java.util.List.of(TransferObserver.Outcome.RECEIVED,
+        TransferObserver.Outcome.RECEIVED), observed, "each receive observed once, as received");
+  }
+
+  @Test
+  void aReceiveTheTrackerEndedFirstIsNotReportedDoneByALateWord() {
+    ActorRef<RequestTrackerActor.Command> t = tracker(ConnectorSettings.DEFAULTS);
+    t.tell(new RequestTrackerActor.ExpectReceive("r1", "tx1", "prefill-0", new int[] {4}));
+    sink.expectWord("tx1", "r1");
+    t.tell(new RequestTrackerActor.TransferFailed("tx1", "engine prefill-7 left"));
+    Finished f = awaitExactly(x -> x.failed().containsKey("r1"));
+    assertEquals(Set.of(4), f.blockIdsWithLoadErrors());
+    assertFalse(sink.wordLanded("tx1"), "the word reported a receive the tracker had ended");
+    assertTrue(sink.drain().isEmpty());
+    assertEquals(0, sink.openWordClaims());
   }
 }
