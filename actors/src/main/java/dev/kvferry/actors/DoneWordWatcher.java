@@ -188,12 +188,14 @@ final class DoneWordWatcher implements AutoCloseable {
         if (words.get(p.slot()) >= p.value() && pending.remove(p.transferId(), p)) {
           WriteStamps.mark(WriteStamps.Stage.DONE_WORD_SEEN);
           news = true;
-          rebuildWatching();
           try {
             onDone.accept(p.transferId());
           } catch (RuntimeException e) {
             log.warn("done word of transfer {}: {}", p.transferId(), e.toString());
           }
+          // After the callback, which reports the request: until then the array still holds p,
+          // but p is out of pending, so a second look cannot fire it again.
+          rebuildWatching();
         }
       }
       long now = System.nanoTime();

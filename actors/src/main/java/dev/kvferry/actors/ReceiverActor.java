@@ -204,8 +204,11 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       // The word lands behind P's last copy: the watcher reports the request done itself (two
       // mailbox hops sooner), then tells us, so we forget the transfer as on a WriteDone.
       doneWords = DoneWordWatcher.tryCreate(self.label(), transport.ringsDoneWordBell(), id -> {
-        reports.wordLanded(id);
-        me.tell(new DoneWordSeen(id));
+        try {
+          reports.wordLanded(id);
+        } finally {
+          me.tell(new DoneWordSeen(id)); // even if an observer threw: we must forget it
+        }
       });
       doneWordsUnavailable = doneWords == null;
       if (doneWords != null) {
