@@ -96,8 +96,9 @@ public final class FinishedSink {
 
   /**
    * D's watcher saw the done word of {@code transferId}: reports its request done, and tells the
-   * observer (the duration from when the word was handed out), unless the tracker settled the
-   * receive first. Returns whether it did.
+   * observer, unless the tracker settled the receive first. Returns whether it did. The duration
+   * observed runs from when the word was handed out (with D's blocks), a little after the
+   * tracker's start for other endings.
    */
   boolean wordLanded(String transferId) {
     WordClaim c = wordClaims.get(transferId);
@@ -120,8 +121,14 @@ public final class FinishedSink {
     return c != null && !c.state.compareAndSet(WordClaim.OPEN, WordClaim.SETTLED);
   }
 
-  /** Receives whose word may still report them (for tests: none is left behind). */
-  int openWordClaims() {
+  /** Whether the word of {@code transferId} reported it done and the tracker has not settled it. */
+  boolean doneByWord(String transferId) {
+    WordClaim c = wordClaims.get(transferId);
+    return c != null && c.state.get() == WordClaim.DONE_BY_WORD;
+  }
+
+  /** Claims the tracker has not settled yet, reported by their word or not (tests: no leak). */
+  int unsettledWordClaims() {
     return wordClaims.size();
   }
 

@@ -79,9 +79,9 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
   private final Transport transport;
   /** Whether P's transport can store a done word behind its writes (resolved once). */
   private final boolean peersCanStoreDoneWords;
-  /** Done words P's transport stores into (null until first needed). */
   /** Where the watcher reports a receive done from its word, ahead of our own message. */
   private final FinishedSink sink;
+  /** Done words P's transport stores into (null until first needed). */
   private @Nullable DoneWordWatcher doneWords;
   private boolean doneWordsUnavailable;
   private final int engineUid;
@@ -230,6 +230,19 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     }
   }
 
+  /**
+   * If the watcher already reported this receive done from its word (the engine may have acted
+   * on it), ends it here as the word says before anything else is decided for it: its own
+   * DoneWordSeen may still be queued behind the message at hand. Nothing may be sent to P for
+   * it any more (the blocks are the engine's), and an abort the engine sends after that done is
+   * then reported as for any ended receive, so the engine gets the report it waits for.
+   */
+  private void settleIfDoneByWord(String transferId) {
+    if (sink.doneByWord(transferId)) {
+      onDoneWordSeen(new DoneWordSeen(transferId));
+    }
+  }
+
   private Behavior<Command> onDoneWordSeen(DoneWordSeen m) {
     // Words are handed out only for one writer, so its rank is the one still due; nothing is due
     // once its WriteDone overtook the word.
@@ -273,6 +286,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
 
   private Behavior<Command> onPeerFailed(ReceiveEnding.PeerFailed m) {
     PeerProtocol.TransferFailed f = m.failed();
+    settleIfDoneByWord(f.transferId());
     String reason = "engine " + f.engineId() + ": " + f.reason();
     forgetDoneWord(f.transferId());
     Incoming in = incoming.get(f.transferId());
@@ -292,11 +306,13 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
   }
 
   private Behavior<Command> onOverdue(ReceiveEnding.Overdue m) {
+    settleIfDoneByWord(m.transferId());
     endTransfer(m.transferId(), m.reason()); // a request to end it, not a licence to free
     return this;
   }
 
   private Behavior<Command> onAborted(ReceiveEnding.Aborted m) {
+    settleIfDoneByWord(m.transferId());
     boolean receiving =
         incoming.containsKey(m.transferId()) || outbox.holdsWorkFor(m.transferId());
     if (!ReceiveEnding.reportedAtOnce(m, receiving, tracker)) {
@@ -380,7 +396,8 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       PeerProtocol.RemoteBlocks blocks = in.blocks;
       IntHashSet due = in.mayWrite;
       String p = in.request.remoteEngineId();
-      if (blocks == null || due == null || in.failure != null || !now.contains(p)) {
+      if (blocks == null || due == null || in.failure != null || !now.contains(p)
+          || sink.doneByWord(blocks.transferId())) { // done: the blocks are the engine's now
         continue;
       }
       List<Integer> gone = new ArrayList<>();

@@ -21,9 +21,10 @@ import org.jspecify.annotations.Nullable;
 /**
  * Per-request transfer state of one worker, on both sides: on P the sends that wait for a release
  * (READ) or for their writes (WRITE); on D the receives in flight, each with a deadline. Every
- * ending lands in the {@link FinishedSink} exactly once; late messages for ended transfers are
- * recognised by a bounded set of terminal transfer ids and ignored. Replaces the seed's
- * done_req_ids lists, _reqs_to_send and _recving_transfers.
+ * ending lands in the {@link FinishedSink} exactly once (a receive its done word completed is
+ * reported there by D's watcher, through the sink's claim, and not again here); late messages for
+ * ended transfers are recognised by a bounded set of terminal transfer ids and ignored. Replaces
+ * the seed's done_req_ids lists, _reqs_to_send and _recving_transfers.
  */
 public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerActor.Command> {
 
@@ -212,7 +213,9 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
 
   private Behavior<Command> onTransferFailed(TransferFailed m) {
     // D's watcher may have reported the receive done from its word (every copy landed): the
-    // engine has its answer, so an ending decided after it (a timeout, an abort) reports nothing.
+    // engine has its answer, so an ending decided after it (a timeout, P's failure) reports
+    // nothing. An abort after that done reaches us as ReportAborted (the receiver settles the
+    // receive first) and is reported there.
     boolean reportedByWord = sink.settleReceive(m.transferId());
     if (!active.containsKey(m.transferId()) && !terminal.contains(m.transferId())) {
       if (!reportedByWord) {

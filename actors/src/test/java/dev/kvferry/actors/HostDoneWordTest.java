@@ -143,6 +143,27 @@ class HostDoneWordTest {
   }
 
   @Test
+  void anAbortAfterTheWordReportedTheReceiveDoneStillGetsItsOwnReport() throws Exception {
+    // The engine holds an aborted request's blocks until the workers report it again (its free
+    // is delayed). Here the engine aborts after the watcher reported the receive done and before
+    // the receiver heard of the word: played by reporting as the watcher does, with no
+    // DoneWordSeen after it. Without the receiver settling first, the abort waited for P.
+    Pair t = transports("cma");
+    ConnectorWorker d = decodeAnnouncing(t.d(), "r3");
+    assertNotNull(fishPeer(PeerProtocol.RemoteBlocks.class).doneWord());
+    for (TransferStatus w : writeEveryLayer(t.d(), t.p())) {
+      assertTrue(w.completion().get(10, TimeUnit.SECONDS).succeeded(), w::toString);
+    }
+    assertTrue(d.sink().wordLanded("tx-r3"), "the receiver handed out no claim with its word");
+    assertEquals(Set.of("r3"), d.getFinished().doneReceiving());
+    d.engineRef().tell(new EngineActor.AbortReceive("r3", "tx-r3", "aborted after its done"));
+    Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r3"));
+    assertTrue(f.doneReceiving().isEmpty(), "reported done twice: " + f);
+    assertTrue(f.failed().get("r3").contains("aborted after its done"), f.toString());
+    assertEquals(0, d.sink().unsettledWordClaims(), "a claim left behind");
+  }
+
+  @Test
   void writeDoneStillCompletesAReceiveWhoseWordIsNeverStored() throws Exception {
     Pair t = transports("cma");
     ConnectorWorker d = decodeAnnouncing(t.d(), "r2");

@@ -123,7 +123,7 @@ class RequestTrackerActorTest {
     Finished f = sink.drain();
     assertEquals(Set.of("r2"), f.doneReceiving(), f.toString());
     assertTrue(f.failed().isEmpty() && f.blockIdsWithLoadErrors().isEmpty(), f.toString());
-    assertEquals(0, sink.openWordClaims(), "claims left behind");
+    assertEquals(0, sink.unsettledWordClaims(), "claims left behind");
     assertEquals(java.util.List.of(TransferObserver.Outcome.RECEIVED,
         TransferObserver.Outcome.RECEIVED), observed, "each receive observed once, as received");
   }
@@ -138,6 +138,6 @@ class RequestTrackerActorTest {
     assertEquals(Set.of(4), f.blockIdsWithLoadErrors());
     assertFalse(sink.wordLanded("tx1"), "the word reported a receive the tracker had ended");
     assertTrue(sink.drain().isEmpty());
-    assertEquals(0, sink.openWordClaims());
+    assertEquals(0, sink.unsettledWordClaims());
   }
 }
