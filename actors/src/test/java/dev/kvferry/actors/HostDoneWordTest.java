@@ -142,18 +142,24 @@ class HostDoneWordTest {
     decodeCompletesFromTheWordAlone("tcp");
   }
 
+  /** D announces a receive with a done word over cma; the test as P writes every layer, no word. */
+  private ConnectorWorker writtenOverCmaWithoutItsWord(String requestId) throws Exception {
+    Pair t = transports("cma");
+    ConnectorWorker d = decodeAnnouncing(t.d(), requestId);
+    assertNotNull(fishPeer(PeerProtocol.RemoteBlocks.class).doneWord());
+    for (TransferStatus w : writeEveryLayer(t.d(), t.p())) {
+      assertTrue(w.completion().get(10, TimeUnit.SECONDS).succeeded(), w::toString);
+    }
+    return d;
+  }
+
   @Test
   void anAbortAfterTheWordReportedTheReceiveDoneStillGetsItsOwnReport() throws Exception {
     // The engine holds an aborted request's blocks until the workers report it again (its free
     // is delayed). Here the engine aborts after the watcher reported the receive done and before
     // the receiver heard of the word: played by reporting as the watcher does, with no
     // DoneWordSeen after it. Without the receiver settling first, the abort waited for P.
-    Pair t = transports("cma");
-    ConnectorWorker d = decodeAnnouncing(t.d(), "r3");
-    assertNotNull(fishPeer(PeerProtocol.RemoteBlocks.class).doneWord());
-    for (TransferStatus w : writeEveryLayer(t.d(), t.p())) {
-      assertTrue(w.completion().get(10, TimeUnit.SECONDS).succeeded(), w::toString);
-    }
+    ConnectorWorker d = writtenOverCmaWithoutItsWord("r3");
     assertTrue(d.sink().wordLanded("tx-r3"), "the receiver handed out no claim with its word");
     assertEquals(Set.of("r3"), d.getFinished().doneReceiving());
     d.engineRef().tell(new EngineActor.AbortReceive("r3", "tx-r3", "aborted after its done"));
@@ -165,12 +171,7 @@ class HostDoneWordTest {
 
   @Test
   void writeDoneStillCompletesAReceiveWhoseWordIsNeverStored() throws Exception {
-    Pair t = transports("cma");
-    ConnectorWorker d = decodeAnnouncing(t.d(), "r2");
-    assertNotNull(fishPeer(PeerProtocol.RemoteBlocks.class).doneWord());
-    for (TransferStatus w : writeEveryLayer(t.d(), t.p())) {
-      assertTrue(w.completion().get(10, TimeUnit.SECONDS).succeeded(), w::toString);
-    }
+    ConnectorWorker d = writtenOverCmaWithoutItsWord("r2");
     // Written, but P could not map the words (or the slot was reused): no word, only WriteDone.
     fx.kit.createTestProbe().expectNoMessage(Duration.ofMillis(300));
     assertTrue(d.getFinished().isEmpty(), "done before any word or WriteDone");
