@@ -111,6 +111,8 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
    */
   private final TerminalIds abortedEarly;
   private EngineDirectory directory = EngineDirectory.EMPTY;
+  /** Engine ids any directory listed (bounded): one not listed now has left, not yet joined. */
+  private final TerminalIds everListed;
 
   /**
    * @param owner told when a transfer's deadline passes ({@link EngineActor.ReceiveOverdue}, {@link
@@ -144,6 +146,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     this.earlyReleases = new TerminalIds(settings.terminalIdCapacity());
     this.earlyFailures = new BoundedMap<>(settings.terminalIdCapacity());
     this.abortedEarly = new TerminalIds(settings.terminalIdCapacity());
+    this.everListed = new TerminalIds(settings.terminalIdCapacity());
   }
 
   @Override
@@ -263,6 +266,17 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     if (refuseDuplicate(m.requestId(), m.transferId(), true)) {
       return this;
     }
+    String reader = m.consumerEngineId();
+    if (!reader.isEmpty() && everListed.contains(reader) && !directory.contains(reader)) {
+      // D was a member and has left (its worker died or detached): nobody reads these blocks,
+      // and no directory change will end the wait now. Free them instead of at the deadline.
+      getContext().getLog().info("request {} is to be read by {}, which has left the cluster;"
+          + " freeing its blocks", m.requestId(), reader);
+      terminal.add(m.transferId());
+      sink.doneSending(m.requestId());
+      sink.observer().transferEnded(TransferObserver.Outcome.EXPIRED, 0, -1);
+      return this;
+    }
     active.put(m.transferId(), TrackedTransfer.awaitingRelease(m));
     long delayMs = Math.max(0, m.deadlineEpochMs() - System.currentTimeMillis());
     timers.startSingleTimer(
@@ -337,6 +351,11 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     EngineDirectory before = directory;
     EngineDirectory dir = m.directory();
     directory = dir;
+    for (String id : dir.engineIds()) {
+      if (!everListed.contains(id)) {
+        everListed.add(id);
+      }
+    }
     // Receives end through the owner, which first waits for its own reads to stop.
     List<TrackedTransfer> lost =
         active.values().stream().filter(t -> t.readerLeft(before, dir)).toList();

@@ -140,4 +140,25 @@ class RequestTrackerActorTest {
     assertTrue(sink.drain().isEmpty());
     assertEquals(0, sink.unsettledWordClaims());
   }
+
+  @Test
+  void aReadWhoseDecodeEngineHasAlreadyLeftFreesItsBlocksAtOnceNotAtTheDeadline() {
+    ActorRef<RequestTrackerActor.Command> t = tracker(ConnectorSettings.DEFAULTS);
+    dev.kvferry.actors.engine.EngineIdentity d = new dev.kvferry.actors.engine.EngineIdentity(
+        dev.kvferry.actors.connector.Role.DECODE, "decode-0", 0, 1, 0, 1,
+        dev.kvferry.actors.connector.TransferMode.READ);
+    ActorRef<EngineActor.Command> dWorker =
+        kit.spawn(org.apache.pekko.actor.typed.javadsl.Behaviors.empty(), d.toActorName());
+    t.tell(new RequestTrackerActor.DirectoryChanged(
+        dev.kvferry.actors.engine.EngineDirectory.of(java.util.List.of(dWorker))));
+    t.tell(new RequestTrackerActor.DirectoryChanged(dev.kvferry.actors.engine.EngineDirectory.EMPTY));
+    long deadline = System.currentTimeMillis() + 120_000; // the read-abort timeout
+    // D died before P finished the request: no later directory change would end the wait.
+    t.tell(new RequestTrackerActor.ExpectRelease("r1", "tx1", deadline, "decode-0"));
+    assertEquals(Set.of("r1"), awaitExactly(f -> f.doneSending().contains("r1")).doneSending());
+    // An engine never listed may still be joining: its read is waited for, to the deadline.
+    t.tell(new RequestTrackerActor.ExpectRelease("r2", "tx2", deadline, "decode-9"));
+    kit.createTestProbe().expectNoMessage(Duration.ofMillis(300));
+    assertTrue(sink.drain().isEmpty(), "freed blocks of a decode engine that may still join");
+  }
 }

@@ -147,6 +147,11 @@ public final class EngineDirectory {
     return listedIds.contains(engineId);
   }
 
+  /** Every engine id {@link #contains} is true for. */
+  public Set<String> engineIds() {
+    return java.util.Collections.unmodifiableSet(listedIds);
+  }
+
   @Override
   public String toString() {
     return "EngineDirectory" + byEngine.keySet();
