@@ -5,7 +5,6 @@ import dev.kvferry.actors.engine.EngineDirectory;
 import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.actors.engine.TerminalIds;
 import dev.kvferry.actors.plan.KvCacheGeometry;
-import dev.kvferry.rdma.Transport;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -76,14 +75,8 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
   private final Map<String, Incoming> incoming = new HashMap<>();
   /** Transfers a P worker ended before this worker began them; they never begin. */
   private final TerminalIds endedEarly;
-  private final Transport transport;
-  /** Whether P's transport can store a done word behind its writes (resolved once). */
-  private final boolean peersCanStoreDoneWords;
-  /** Where the watcher reports a receive done from its word, ahead of our own message. */
-  private final FinishedSink sink;
-  /** Done words P's transport stores into (null until first needed). */
-  private @Nullable DoneWordWatcher doneWords;
-  private boolean doneWordsUnavailable;
+  /** Done words P stores behind its last copy, reported to the engine on sight. */
+  private final ReceiveDoneWords doneWords;
   private final int engineUid;
 
   /**
@@ -114,10 +107,10 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       }
     });
     this.endedEarly = new TerminalIds(setup.settings().terminalIdCapacity());
-    this.sink = setup.sink();
-    this.transport = setup.transport();
+    ActorRef<Command> me = ctx.getSelf();
     // The same transport kind on both sides: ours tells what P's can do.
-    this.peersCanStoreDoneWords = transport.storesDoneWords();
+    this.doneWords = new ReceiveDoneWords(self.label(), setup.transport(), setup.sink(),
+        id -> me.tell(new DoneWordSeen(id)));
   }
 
   @Override
@@ -155,7 +148,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     }
     int[] sources = PeerPlanning.sourcesFor(self, prefillTp, mla);
     PeerProtocol.DoneWord word =
-        sources.length == 1 ? doneWordFor(r.transferId(), r.requestId()) : null;
+        sources.length == 1 ? doneWords.handOut(r.transferId(), r.requestId()) : null;
     PeerProtocol.RemoteBlocks blocks =
         new PeerProtocol.RemoteBlocks(
             r.transferId(), r.requestId(), r.localBlockIds(), self.engineId(), self.dpRank(),
@@ -189,45 +182,8 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     }
   }
 
-  /**
-   * A done word for a transfer written by one P worker over a transport that stores words; else
-   * null. The first one creates the watcher and hands its words to our transport (tcp: the
-   * listener stores into them).
-   */
-  private PeerProtocol.@Nullable DoneWord doneWordFor(String transferId, String requestId) {
-    if (!peersCanStoreDoneWords) {
-      return null;
-    }
-    if (doneWords == null && !doneWordsUnavailable) {
-      ActorRef<Command> me = getContext().getSelf();
-      FinishedSink reports = sink;
-      // The word lands behind P's last copy: the watcher reports the request done itself (two
-      // mailbox hops sooner), then tells us, so we forget the transfer as on a WriteDone.
-      doneWords = DoneWordWatcher.tryCreate(self.label(), transport.ringsDoneWordBell(), id -> {
-        try {
-          reports.wordLanded(id);
-        } finally {
-          me.tell(new DoneWordSeen(id)); // even if an observer threw: we must forget it
-        }
-      });
-      doneWordsUnavailable = doneWords == null;
-      if (doneWords != null) {
-        transport.acceptDoneWords(doneWords.words());
-      }
-    }
-    DoneWordWatcher watcher = doneWords;
-    if (watcher == null) {
-      return null;
-    }
-    sink.expectWord(transferId, requestId); // before the word can land
-    DoneWordWatcher.Ticket t = watcher.register(transferId);
-    return new PeerProtocol.DoneWord(t.name(), t.slots(), t.slot(), t.value());
-  }
-
   private void forgetDoneWord(String transferId) {
-    if (doneWords != null) {
-      doneWords.forget(transferId);
-    }
+    doneWords.forget(transferId);
   }
 
   /**
@@ -238,7 +194,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
    * then reported as for any ended receive, so the engine gets the report it waits for.
    */
   private void settleIfDoneByWord(String transferId) {
-    if (sink.doneByWord(transferId)) {
+    if (doneWords.reportedDone(transferId)) {
       onDoneWordSeen(new DoneWordSeen(transferId));
     }
   }
@@ -397,7 +353,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       IntHashSet due = in.mayWrite;
       String p = in.request.remoteEngineId();
       if (blocks == null || due == null || in.failure != null || !now.contains(p)
-          || sink.doneByWord(blocks.transferId())) { // done: the blocks are the engine's now
+          || doneWords.reportedDone(blocks.transferId())) { // the blocks are the engine's now
         continue;
       }
       List<Integer> gone = new ArrayList<>();
@@ -417,10 +373,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
   }
 
   private Behavior<Command> onPostStop(PostStop signal) {
-    if (doneWords != null) {
-      transport.withdrawDoneWords(doneWords.words());
-      doneWords.close();
-    }
+    doneWords.close();
     return this;
   }
 }

@@ -263,7 +263,7 @@ public final class GpuConnectorRun {
               + " ConnectorWorker/WriterActor/CudaTransport; last layer's event -> D done p50 %.1f us"
               + " (min %.1f, max %.1f); request p50 %.2f ms; %s%n",
           pGpu, dGpu, requests, 2.0 * layers * blocks * blockBytes / (1L << 30),
-          tails.get(tails.size() / 2), tails.get(0), tails.get(tails.size() - 1),
+          Samples.median(tails), tails.get(0), tails.get(tails.size() - 1),
           totals.get(totals.size() / 2), ok ? "every byte verified" : "VERIFY FAILED");
       double layerUs = oneLayersWrite(pTransport, dTransport, pKv, dKv, pIds, dIds);
       double[] tailUs = tails.stream().mapToDouble(Double::doubleValue).toArray();
@@ -326,8 +326,7 @@ public final class GpuConnectorRun {
         us.add((end - start) / 1e3);
       }
     }
-    Collections.sort(us);
-    return us.get(us.size() / 2);
+    return Samples.median(us);
   }
 
   /**

@@ -1,0 +1,84 @@
+package dev.kvferry.actors;
+
+import dev.kvferry.rdma.Transport;
+import java.util.function.Consumer;
+import org.jspecify.annotations.Nullable;
+
+/**
+ * D's done words for one {@link ReceiverActor}: hands a word out with a receive's blocks (one P
+ * worker writing over a transport that stores words), watches for it, and on sight reports the
+ * receive done in the engine's {@link FinishedSink} at once (two mailbox hops before the
+ * receiver's own message arrives); then tells the receiver, which forgets the transfer as on a
+ * WriteDone. Used from the receiver's thread only; the watcher runs on its own.
+ */
+final class ReceiveDoneWords implements AutoCloseable {
+  private final String label;
+  private final Transport transport;
+  private final FinishedSink sink;
+  private final Consumer<String> tellReceiver;
+  /** Whether P's transport can store a done word behind its writes (the same kind as ours). */
+  private final boolean peersCanStore;
+  /** Null until first needed, and when it could not be made. */
+  private @Nullable DoneWordWatcher watcher;
+  private boolean unavailable;
+
+  ReceiveDoneWords(
+      String label, Transport transport, FinishedSink sink, Consumer<String> tellReceiver) {
+    this.label = label;
+    this.transport = transport;
+    this.sink = sink;
+    this.tellReceiver = tellReceiver;
+    this.peersCanStore = transport.storesDoneWords();
+  }
+
+  /**
+   * A done word for receive {@code transferId} of {@code requestId}, or null where words cannot
+   * be used. The first one creates the watcher and hands its words to our transport (tcp: the
+   * listener stores into them).
+   */
+  PeerProtocol.@Nullable DoneWord handOut(String transferId, String requestId) {
+    if (!peersCanStore) {
+      return null;
+    }
+    if (watcher == null && !unavailable) {
+      watcher = DoneWordWatcher.tryCreate(label, transport.ringsDoneWordBell(), id -> {
+        try {
+          sink.wordLanded(id);
+        } finally {
+          tellReceiver.accept(id); // even if an observer threw: the receiver must forget it
+        }
+      });
+      unavailable = watcher == null;
+      if (watcher != null) {
+        transport.acceptDoneWords(watcher.words());
+      }
+    }
+    DoneWordWatcher w = watcher;
+    if (w == null) {
+      return null;
+    }
+    sink.expectWord(transferId, requestId); // before the word can land
+    DoneWordWatcher.Ticket t = w.register(transferId);
+    return new PeerProtocol.DoneWord(t.name(), t.slots(), t.slot(), t.value());
+  }
+
+  /** The transfer ended otherwise: its word, if it comes, completes nothing. */
+  void forget(String transferId) {
+    if (watcher != null) {
+      watcher.forget(transferId);
+    }
+  }
+
+  /** Whether the word of {@code transferId} reported it done to the engine already. */
+  boolean reportedDone(String transferId) {
+    return sink.doneByWord(transferId);
+  }
+
+  @Override
+  public void close() {
+    if (watcher != null) {
+      transport.withdrawDoneWords(watcher.words());
+      watcher.close();
+    }
+  }
+}
