@@ -193,8 +193,14 @@ public final class GpuConnectorRun {
       List<Double> totals = new ArrayList<>();
       List<double[]> stages = new ArrayList<>();
       int prompt = blocks * BLOCK_TOKENS;
+      long watcherCpu0 = 0;
+      long timed0 = 0;
       try (CudaStream compute = CudaStream.create(pGpu)) {
         for (int r = -warmup; r < requests; r++) {
+          if (r == 0) {
+            watcherCpu0 = watcherCpuNanos();
+            timed0 = System.nanoTime();
+          }
           String id = "req-" + r;
           int seed = 5000 + r;
           dKv.clear();
@@ -256,6 +262,8 @@ public final class GpuConnectorRun {
         }
         Cuda.free(pOffsets);
       }
+      double watcherCpuMs = (watcherCpuNanos() - watcherCpu0) / 1e6;
+      double timedMs = (System.nanoTime() - timed0) / 1e6;
       Collections.sort(tails);
       Collections.sort(totals);
       System.out.printf(Locale.ROOT,
@@ -274,6 +282,9 @@ public final class GpuConnectorRun {
               + " submit -> done seen, p50 %.1f us; last layer's event -> D done p50 %.1f us:"
               + " %.2fx one layer (goal <= 1.0x), %.1f us more; p99 %.1f us: %.2fx one layer%n",
           layerUs, tailP50, tailP50 / layerUs, tailP50 - layerUs, tailP99, tailP99 / layerUs);
+      System.out.printf(Locale.ROOT,
+          "ACTORS D's done-word watcher: %.1f ms of CPU in the %.1f ms of timed requests (%.0f%%"
+              + " of one core)%n", watcherCpuMs, timedMs, 100 * watcherCpuMs / timedMs);
       // Without a warm-up the first request runs cold (JIT, serializers, handshake): left out.
       int from = warmup > 0 ? 0 : Math.min(1, stages.size() - 1);
       System.out.printf(Locale.ROOT,
@@ -367,6 +378,18 @@ public final class GpuConnectorRun {
       us[i] = at[i] == 0 ? Double.NaN : (at[i] - lastEventSeen) / 1e3;
     }
     return us;
+  }
+
+  /** CPU time so far of the done-word watchers' threads (D's, here; P has none). */
+  private static long watcherCpuNanos() {
+    java.lang.management.ThreadMXBean mx = java.lang.management.ManagementFactory.getThreadMXBean();
+    long sum = 0;
+    for (java.lang.management.ThreadInfo t : mx.getThreadInfo(mx.getAllThreadIds())) {
+      if (t != null && t.getThreadName().startsWith("kvferry-done-words-")) {
+        sum += Math.max(0, mx.getThreadCpuTime(t.getThreadId()));
+      }
+    }
+    return sum;
   }
 
   /** Waits until {@code system}'s receptionist lists an engine of {@code role} (gossip). */
