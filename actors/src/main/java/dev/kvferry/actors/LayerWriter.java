@@ -4,6 +4,7 @@ import dev.kvferry.actors.engine.AgentMetadata;
 import dev.kvferry.rdma.EventOrderedTransport;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.PeerDoneWords;
+import dev.kvferry.rdma.cuda.SharedDoneWords;
 import dev.kvferry.rdma.RegionDescriptor;
 import dev.kvferry.rdma.TransferBatch;
 import dev.kvferry.rdma.TransferStatus;
@@ -55,6 +56,12 @@ final class LayerWriter {
   private final Map<String, String> doneWordsOwner = new HashMap<>();
   private final Set<String> unusableDoneWords = new HashSet<>();
 
+  /**
+   * D's watcher spins once a hint says this many layers or fewer are still to land: the
+   * second-to-last layer's copy has landed and the last one's is queued behind its compute.
+   */
+  static final int NEAR_LAYERS = 2;
+
   LayerWriter(List<MemoryRegion> layerRegions, Transport transport, Executor io) {
     this.layerRegions = List.copyOf(layerRegions);
     this.transport = transport;
@@ -85,12 +92,43 @@ final class LayerWriter {
    */
   CompletableFuture<TransferStatus> write(
       WriteJob j, WriteJob.Target t, AgentMetadata peer, TransferBatch plan, int layer) {
-    CompletableFuture<TransferStatus> submission =
-        submit(layer, peer, plan, j.gpuEvents.get(layer), j.cancelled);
+    CudaEvent after = j.gpuEvents.get(layer);
+    CompletableFuture<TransferStatus> submission = submit(layer, peer, plan, after, j.cancelled);
     if (t.doneWord != null) {
       t.submitted.add(submission); // the done word is stored behind every layer's copies
+      if (after != null && eventOrdered != null) {
+        hintAfterQueued(j, t.doneWord, peer, layer);
+      }
     }
     return submission.thenCompose(TransferStatus::completion);
+  }
+
+  /**
+   * GPU-ordered writes: behind layer {@code layer}'s copies, on the strand that queued them, a
+   * hint in D's done word of how many layers are still to come, so D's watcher, which polls
+   * GPU-stored words in parks of some 20 us, spins through the last layer's copy instead
+   * (layer L-2's hint is {@link #NEAR_LAYERS} behind). The last layer gets none: its word is the
+   * done value, stored once the job is sealed; a hint there would only delay it. A later chunk's
+   * layers hint again, from further behind; a hint is never a completion.
+   */
+  private void hintAfterQueued(WriteJob j, PeerProtocol.DoneWord word, AgentMetadata peer, int layer) {
+    int behind = layerRegions.size() - layer;
+    PeerDoneWords words;
+    if (behind < 2 || peer.layers().isEmpty() || (words = doneWordsOf(word, j.decodeEngineId)) == null) {
+      return;
+    }
+    MemoryRegion local = layerRegions.get(0);
+    RegionDescriptor remote = peer.layers().get(0);
+    long value = SharedDoneWords.progressValue(word.value(), behind);
+    try {
+      gpuOrdered.execute(() -> {
+        if (!j.cancelled.get()) {
+          words.hintAfterQueued(local, remote, word.slot(), value);
+        }
+      });
+    } catch (java.util.concurrent.RejectedExecutionException e) {
+      // the I/O pool is shutting down: no more copies, so no hint is wanted
+    }
   }
 
   /**

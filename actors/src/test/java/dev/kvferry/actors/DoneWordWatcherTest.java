@@ -57,6 +57,26 @@ class DoneWordWatcherTest {
 
   @ParameterizedTest(name = "belled {0}")
   @ValueSource(booleans = {false, true})
+  void hintsOfATransfersLastLayersReportNothingAndItsDoneValueStillDoes(boolean belled)
+      throws Exception {
+    open(belled);
+    DoneWordWatcher.Ticket t = watcher.register("tx-hinted");
+    store(t, SharedDoneWords.progressValue(t.value(), 8)); // layer 0 of 8 landed: far
+    assertEquals(null, seen.poll(200, TimeUnit.MILLISECONDS));
+    assertEquals(0, watcher.nearHints(), "8 layers behind is not near the end");
+    store(t, SharedDoneWords.progressValue(t.value(), LayerWriter.NEAR_LAYERS));
+    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+    while (watcher.nearHints() == 0 && System.nanoTime() < deadline) {
+      Thread.sleep(1);
+    }
+    assertEquals(1, watcher.nearHints(), "the second-to-last layer's hint is seen as near");
+    assertEquals(null, seen.poll(200, TimeUnit.MILLISECONDS), "a hint completes nothing");
+    store(t, t.value());
+    assertEquals("tx-hinted", seen.poll(10, TimeUnit.SECONDS));
+  }
+
+  @ParameterizedTest(name = "belled {0}")
+  @ValueSource(booleans = {false, true})
   void aForgottenTransferIsNotReported(boolean belled) throws Exception {
     open(belled);
     DoneWordWatcher.Ticket t = watcher.register("tx-gone");

@@ -311,6 +311,12 @@ public final class CudaTransport implements EventOrderedTransport {
       }
 
       @Override
+      public void hintAfterQueued(
+          MemoryRegion local, RegionDescriptor remote, int slot, long value) {
+        signalWhenCopied(local, remote, words.deviceAddress(slot), value);
+      }
+
+      @Override
       public void close() {
         words.close();
       }

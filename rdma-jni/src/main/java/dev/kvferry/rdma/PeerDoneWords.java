@@ -26,6 +26,16 @@ public interface PeerDoneWords extends AutoCloseable {
       List<TransferStatus> writes, MemoryRegion local, RegionDescriptor remote, int slot,
       long value);
 
+  /**
+   * Queues a hint, not a completion: {@code value} ({@link
+   * dev.kvferry.rdma.cuda.SharedDoneWords#progressValue}) into word {@code slot} behind the copies
+   * to the owner of {@code remote} queued so far, where the transport stores words in the copies'
+   * order (cuda: on the copy stream), so D's watcher, which polls GPU-stored words, knows the
+   * transfer's end is near and stops parking between looks. Elsewhere it does nothing: host
+   * transports ring a bell instead.
+   */
+  default void hintAfterQueued(MemoryRegion local, RegionDescriptor remote, int slot, long value) {}
+
   /** Releases what the transport keeps for these words (a mapping); a later store fails. */
   @Override
   void close();

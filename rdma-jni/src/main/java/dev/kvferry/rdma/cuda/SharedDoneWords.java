@@ -178,6 +178,29 @@ public final class SharedDoneWords implements AutoCloseable {
     return path.getFileName().toString();
   }
 
+  /**
+   * The value P stores, as a hint, once a transfer's layer has landed with {@code layersBehind}
+   * (1 for the layer it writes last) still to come: below the done value, so it completes
+   * nothing, and above what the slot held before (a transfer has far fewer layers than a file
+   * has slots). Where the GPU stores the words D polls them; a hint tells it when to look hard.
+   */
+  public static long progressValue(long doneValue, int layersBehind) {
+    if (layersBehind < 1) {
+      throw new IllegalArgumentException("a hint is for a layer before the last: " + layersBehind);
+    }
+    return doneValue - layersBehind;
+  }
+
+  /**
+   * Whether {@code word}, read from the slot of a transfer whose done value is {@code doneValue},
+   * is a hint that at most {@code withinLayers} of its layers are still to land. Not done ({@code
+   * word >= doneValue}) and not a previous transfer's word (at least a file's worth of values
+   * lower) nor a fresh file's zero.
+   */
+  public static boolean nearlyDone(long word, long doneValue, int withinLayers) {
+    return word > 0 && word < doneValue && doneValue - word <= withinLayers;
+  }
+
   /** How many words the file holds. */
   public int slots() {
     return slots;

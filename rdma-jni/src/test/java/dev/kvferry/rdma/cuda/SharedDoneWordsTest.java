@@ -34,6 +34,21 @@ class SharedDoneWordsTest {
     assertFalse(Files.exists(dir.resolve("done")));
   }
 
+  @Test
+  void aHintSitsBelowTheDoneValueAndAbovePreviousTransfersOfItsSlot() {
+    long done = 3 * 4096 + 17; // the slot's third transfer in a file of 4096 words
+    long previous = done - 4096;
+    for (int behind = 1; behind < 100; behind++) {
+      long hint = SharedDoneWords.progressValue(done, behind);
+      assertTrue(hint < done && hint > previous, "behind " + behind);
+      assertEquals(behind <= 2, SharedDoneWords.nearlyDone(hint, done, 2), "behind " + behind);
+    }
+    assertFalse(SharedDoneWords.nearlyDone(done, done, 2), "done is not a hint");
+    assertFalse(SharedDoneWords.nearlyDone(previous, done, 2), "the previous transfer's done word");
+    assertFalse(SharedDoneWords.nearlyDone(0, 1, 2), "a fresh file's zero");
+    assertThrows(IllegalArgumentException.class, () -> SharedDoneWords.progressValue(done, 0));
+  }
+
   private String refusal(String name, int slots) {
     return assertThrows(IllegalArgumentException.class,
         () -> SharedDoneWords.checkedPeerFile(dir, name, slots)).getMessage();
