@@ -95,8 +95,12 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
   private final TransferPlanner planner = new TransferPlanner(); // not thread-safe: one per actor
   private final Map<String, ReadJob> reads = new HashMap<>();
   private final Map<PeerKey, List<ReqMeta>> readsAwaitingPeer = new HashMap<>();
-  /** D: transfers a P worker ended before this worker began them; they never begin. */
-  private final TerminalIds endedEarly;
+  /**
+   * D: transfers that ended here, or that a P worker ended before this worker began them: an
+   * announce of one reads nothing (the tracker refuses the id as a duplicate), so nothing is read
+   * into blocks the engine was told are not being received, from blocks P may have freed.
+   */
+  private final TerminalIds ended;
   /**
    * D: transfers aborted before their load reached this worker. Through the engine port the
    * scheduler (which aborts) and the worker (which starts loads) are two connections, so a
@@ -131,7 +135,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     this.handshake = handshake;
     this.tracker = tracker;
     this.outbox = new PeerOutbox(ctx.getLog(), setup.settings());
-    this.endedEarly = new TerminalIds(setup.settings().terminalIdCapacity());
+    this.ended = new TerminalIds(setup.settings().terminalIdCapacity());
     this.abortedBeforeBegun = new TerminalIds(setup.settings().terminalIdCapacity());
     this.handshakeAdapter = ctx.messageAdapter(HandshakeActor.Result.class, PeerReady::new);
   }
@@ -164,7 +168,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
         continue;
       }
       // The worker told the tracker to expect it.
-      if (endedEarly.contains(r.transferId()) || reads.containsKey(r.transferId())
+      if (ended.contains(r.transferId()) || reads.containsKey(r.transferId())
           || outbox.holdsWorkFor(r.transferId())) {
         continue; // P gave up already, or a duplicate id: the tracker reports it; nothing is read
       }
@@ -275,7 +279,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       setup.sink().layerLoads().layerLanded(m.transferId(), m.layer()); // waitForLayerLoad
     }
     if (--job.remaining == 0) {
-      reads.remove(m.transferId());
+      endJob(m.transferId());
       tracker.tell(new RequestTrackerActor.ReceiveSucceeded(m.transferId(), job.bytes));
       for (int source : job.sources) {
         outbox.send(job.request.remoteEngineId(), source, job.request.remoteWorkerUid(source),
@@ -301,7 +305,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       return;
     }
     ReqMeta r = job.request;
-    reads.remove(r.transferId());
+    endJob(r.transferId());
     tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(), failure));
     // P keeps the blocks for us until released: let them go now rather than at its deadline.
     for (int source : job.sources) {
@@ -315,9 +319,18 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     if (job != null) {
       endRead(job, reason);
     } else {
+      if (outbox.holdsWorkFor(transferId)) {
+        ended.add(transferId); // it waited for P's listing: it never begins now
+      }
       outbox.drop(transferId, rank -> {});
       tracker.tell(new RequestTrackerActor.TransferFailed(transferId, reason));
     }
+  }
+
+  /** A read ends here: its id reads nothing again. */
+  private void endJob(String transferId) {
+    reads.remove(transferId);
+    ended.add(transferId);
   }
 
   private Behavior<Command> onPeerFailed(ReceiveEnding.PeerFailed m) {
@@ -327,7 +340,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       endTransfer(f.transferId(), reason); // P wants its blocks back: stop reading, then release
     } else {
       // Not begun here (or over): it never begins, and P, if it waits for a release, gets one.
-      endedEarly.add(f.transferId());
+      ended.add(f.transferId());
       tracker.tell(new RequestTrackerActor.TransferFailed(f.transferId(), reason));
       outbox.send(f.engineId(), f.senderTpRank(), release(f.transferId()));
     }

@@ -73,8 +73,12 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
   private final ClusterMessageLimit messageLimit;
   private final PeerOutbox outbox;
   private final Map<String, Incoming> incoming = new HashMap<>();
-  /** Transfers a P worker ended before this worker began them; they never begin. */
-  private final TerminalIds endedEarly;
+  /**
+   * Transfers that ended here, or that a P worker ended before this worker began them: an
+   * announce of one begins nothing (the tracker refuses the id as a duplicate), so no P worker is
+   * told blocks the engine was told are not being received.
+   */
+  private final TerminalIds ended;
   /** Done words P stores behind its last copy, reported to the engine on sight. */
   private final ReceiveDoneWords doneWords;
   private final int engineUid;
@@ -106,7 +110,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
         }
       }
     });
-    this.endedEarly = new TerminalIds(setup.settings().terminalIdCapacity());
+    this.ended = new TerminalIds(setup.settings().terminalIdCapacity());
     ActorRef<Command> me = ctx.getSelf();
     // The same transport kind on both sides: ours tells what P's can do.
     this.doneWords = new ReceiveDoneWords(self.label(), setup.transport(), setup.sink(),
@@ -129,9 +133,9 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
 
   private Behavior<Command> onAnnounce(Announce m) {
     ReqMeta r = m.request(); // the worker told the tracker to expect it
-    if (endedEarly.contains(r.transferId()) || incoming.containsKey(r.transferId())) {
-      // P gave up already (the tracker fails it at once), or the id is a duplicate (refused):
-      // nobody is told these blocks.
+    if (ended.contains(r.transferId()) || incoming.containsKey(r.transferId())) {
+      // P gave up already (the tracker fails it at once), or the id is a duplicate of one in
+      // flight or over (the tracker refuses it): nobody is told these blocks.
       return this;
     }
     Incoming in = new Incoming(r);
@@ -161,7 +165,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       forgetDoneWord(r.transferId());
       // Artery would drop it and P would wait for its defer timeout: fail both sides now (P never
       // had our blocks, so nothing can land in them).
-      incoming.remove(r.transferId());
+      endIncoming(r.transferId());
       tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(), tooBig.get()));
       for (int source : sources) {
         outbox.send(r.remoteEngineId(), source,
@@ -180,6 +184,12 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     for (int source : sources) {
       outbox.send(r.remoteEngineId(), source, blocks);
     }
+  }
+
+  /** A receive ends here: its id begins nothing again. */
+  private void endIncoming(String transferId) {
+    incoming.remove(transferId);
+    ended.add(transferId);
   }
 
   private void forgetDoneWord(String transferId) {
@@ -229,7 +239,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       }
     }
     WriteStamps.mark(WriteStamps.Stage.WRITER_DONE_SEEN);
-    incoming.remove(transferId);
+    endIncoming(transferId);
     outbox.drop(transferId, rank -> {});
     String failure = in.failure;
     if (failure != null) {
@@ -255,7 +265,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       endTransfer(f.transferId(), reason);
     } else {
       // Not begun here (or over): it never begins.
-      endedEarly.add(f.transferId());
+      ended.add(f.transferId());
       tracker.tell(new RequestTrackerActor.TransferFailed(f.transferId(), reason));
     }
     return this;
@@ -307,7 +317,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       }
     }
     if (in.nobodyMayWrite()) {
-      incoming.remove(transferId);
+      endIncoming(transferId);
       tracker.tell(new RequestTrackerActor.TransferFailed(transferId, failure));
     }
   }

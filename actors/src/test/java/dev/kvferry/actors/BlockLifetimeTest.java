@@ -458,4 +458,48 @@ class BlockLifetimeTest {
         "the oldest held load was kept beyond the bound");
     assertEquals(2 * PeerFixture.LAYERS, gated.submitted());
   }
+
+  @Test
+  void aTransferIdUsedAgainAfterItsReadEndedReadsNothingIntoTheNewRequestsBlocks() {
+    GatedTransport gated = new GatedTransport(fx.transport);
+    gated.open(); // copies land at once
+    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.READ));
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0",
+        ConnectorSettings.DEFAULTS, gated, fx.localLayers);
+    d.startLoadKv(new ConnectorMetadata(List.of(),
+        List.of(new ReqMeta("r20", "tx20", new int[] {1, 2}, new int[] {3, 4}, "prefill-0", 0)),
+        List.of()));
+    assertEquals("tx20", fishPeer(PeerProtocol.Release.class).transferId());
+    fx.awaitFinished(d, x -> x.doneReceiving().contains("r20"));
+    int reads = gated.submitted();
+
+    // The engine hands the same transfer id over again, for other blocks: refused, and nothing
+    // is read into them (P freed its blocks on the release; the engine frees these on the error).
+    d.startLoadKv(new ConnectorMetadata(List.of(),
+        List.of(new ReqMeta("r21", "tx20", new int[] {5, 6}, new int[] {3, 4}, "prefill-0", 0)),
+        List.of()));
+    Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r21"));
+    assertTrue(f.failed().get("r21").contains("duplicate transfer id tx20"), f.toString());
+    fx.peerInbox.expectNoMessage(QUIET);
+    assertEquals(reads, gated.submitted(), "a read into blocks the engine was told failed");
+  }
+
+  @Test
+  void aTransferIdUsedAgainAfterItsReceiveEndedTellsNoPrefillWorkerTheNewRequestsBlocks() {
+    listedPrefillPeer(prefill);
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0",
+        ConnectorSettings.DEFAULTS);
+    d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
+        new ReqMeta("r22", "tx22", new int[] {1, 2}, null, "prefill-0", 0)));
+    assertEquals("tx22", fishPeer(PeerProtocol.RemoteBlocks.class).transferId());
+    d.engineRef().tell(new PeerProtocol.WriteDone("tx22", "prefill-0", 0));
+    fx.awaitFinished(d, x -> x.doneReceiving().contains("r22"));
+
+    d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
+        new ReqMeta("r23", "tx22", new int[] {5, 6}, null, "prefill-0", 0)));
+    Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r23"));
+    assertTrue(f.failed().get("r23").contains("duplicate transfer id tx22"), f.toString());
+    // Told to P, blocks 5 and 6 could be written after the engine freed them on the error.
+    fx.peerInbox.expectNoMessage(QUIET);
+  }
 }
