@@ -1,7 +1,6 @@
 package dev.kvferry.rdma;
 
 import com.sun.jna.Memory;
-import com.sun.jna.Native;
 import com.sun.jna.Platform;
 import com.sun.jna.Pointer;
 
@@ -28,15 +27,7 @@ public final class Futex {
   private Futex() {}
 
   private static boolean register() {
-    if (!Platform.isLinux() || SYS_FUTEX < 0) {
-      return false;
-    }
-    try {
-      Native.register(Futex.class, Platform.C_LIBRARY_NAME);
-      return true;
-    } catch (UnsatisfiedLinkError e) {
-      return false;
-    }
+    return SYS_FUTEX >= 0 && LinuxCalls.register(Futex.class);
   }
 
   // syscall(2) is variadic; on the Linux ABIs above its integer arguments travel as fixed ones.

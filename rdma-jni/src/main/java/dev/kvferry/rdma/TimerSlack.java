@@ -1,8 +1,5 @@
 package dev.kvferry.rdma;
 
-import com.sun.jna.Native;
-import com.sun.jna.Platform;
-
 /**
  * The calling thread's timer slack (Linux {@code prctl(PR_SET_TIMERSLACK)}): how late the kernel
  * may end a timed sleep so it can batch wake-ups. The default, 50 us, stretches a 20 us park to
@@ -12,21 +9,9 @@ import com.sun.jna.Platform;
 public final class TimerSlack {
   private static final int PR_SET_TIMERSLACK = 29;
   private static final int PR_GET_TIMERSLACK = 30;
-  private static final boolean AVAILABLE = register();
+  private static final boolean AVAILABLE = LinuxCalls.register(TimerSlack.class);
 
   private TimerSlack() {}
-
-  private static boolean register() {
-    if (!Platform.isLinux()) {
-      return false;
-    }
-    try {
-      Native.register(TimerSlack.class, Platform.C_LIBRARY_NAME);
-      return true;
-    } catch (UnsatisfiedLinkError e) {
-      return false;
-    }
-  }
 
   // prctl(2) is variadic; on the Linux ABIs its integer arguments travel as fixed ones.
   private static native int prctl(int option, long arg2, long arg3, long arg4, long arg5);
