@@ -52,8 +52,8 @@ final class DoneWordWatcher implements AutoCloseable {
    */
   private static final long SLACK_NS = Long.getLong("kvferry.done-words.timer-slack-ns", 1000);
   /**
-   * Longest spin on a hint that a transfer is near its end: a P that died there, or a last layer
-   * whose compute is slow, costs parks again after this.
+   * Longest spin on one transfer's hint that it is near its end: a P that died there, or a last
+   * layer whose compute is slow, costs parks again after this.
    */
   private static final long NEAR_SPIN_NS = TimeUnit.MILLISECONDS.toNanos(20);
   /**
@@ -68,7 +68,19 @@ final class DoneWordWatcher implements AutoCloseable {
    */
   record Ticket(String name, int slots, int slot, long value) {}
 
-  private record Pending(String transferId, int slot, long value) {}
+  /** A watched transfer; {@code nearSince} is the watcher thread's own (0: no near hint yet). */
+  private static final class Pending {
+    final String transferId;
+    final int slot;
+    final long value;
+    long nearSince;
+
+    Pending(String transferId, int slot, long value) {
+      this.transferId = transferId;
+      this.slot = slot;
+      this.value = value;
+    }
+  }
 
   private final SharedDoneWords words;
   /** Whether the words' stores ring the bell: sleep on it instead of spinning and polling. */
@@ -86,7 +98,7 @@ final class DoneWordWatcher implements AutoCloseable {
   /** The last value handed out; from a file's worth up, so every hint below a value is positive. */
   private long sequence = SLOTS;
   private volatile boolean running = true;
-  /** How often a hint put the watcher near a transfer's end (tests). */
+  /** How many transfers a hint showed near their end (tests). */
   private volatile long nearHints;
 
   private DoneWordWatcher(
@@ -170,7 +182,7 @@ final class DoneWordWatcher implements AutoCloseable {
       // it goes back to waiting for its WriteDone message instead.
       Pending stale = bySlot[slot];
       if (stale != null) {
-        pending.remove(stale.transferId(), stale);
+        pending.remove(stale.transferId, stale);
       }
       p = new Pending(transferId, slot, value);
       bySlot[slot] = p;
@@ -178,10 +190,10 @@ final class DoneWordWatcher implements AutoCloseable {
       rebuildWatching();
     }
     LockSupport.unpark(thread);
-    return new Ticket(words.path().getFileName().toString(), SLOTS, p.slot(), p.value());
+    return new Ticket(words.path().getFileName().toString(), SLOTS, p.slot, p.value);
   }
 
-  /** How often a hint that a transfer's last layers are on their way was seen (tests). */
+  /** How many transfers a hint showed near their end (tests). */
   long nearHints() {
     return nearHints;
   }
@@ -203,7 +215,6 @@ final class DoneWordWatcher implements AutoCloseable {
   }
 
   private void run() {
-    long nearSince = 0;
     if (!belled && SLACK_NS > 0 && !dev.kvferry.rdma.TimerSlack.set(SLACK_NS)) {
       log.debug("done-word watcher {}: timer slack not set, parks keep the kernel's", thread.getName());
     }
@@ -217,37 +228,40 @@ final class DoneWordWatcher implements AutoCloseable {
       // Read before the look: a ring after it ends the sleep below at once.
       int bell = belled ? words.bell() : 0;
       boolean news = false;
-      boolean near = false;
+      boolean spinNear = false;
+      long now = System.nanoTime();
       for (Pending p : watching) {
-        long word = words.get(p.slot());
-        if (word < p.value()) {
-          near |= SharedDoneWords.nearlyDone(word, p.value(), LayerWriter.NEAR_LAYERS);
-        } else if (pending.remove(p.transferId(), p)) {
+        long word = words.get(p.slot);
+        if (word < p.value) {
+          if (SharedDoneWords.nearlyDone(word, p.value, LayerWriter.NEAR_LAYERS)) {
+            if (p.nearSince == 0) {
+              p.nearSince = now;
+              nearHints++;
+            }
+            // Each transfer spins for itself: one whose P died after its hint stops costing
+            // spins after its own 20 ms, and takes none from the others.
+            spinNear |= now - p.nearSince < NEAR_SPIN_NS;
+          }
+        } else if (pending.remove(p.transferId, p)) {
           WriteStamps.mark(WriteStamps.Stage.DONE_WORD_SEEN);
           news = true;
           try {
-            onDone.accept(p.transferId());
+            onDone.accept(p.transferId);
           } catch (RuntimeException e) {
-            log.warn("done word of transfer {}: {}", p.transferId(), e.toString());
+            log.warn("done word of transfer {}: {}", p.transferId, e.toString());
           }
           // After the callback, which reports the request: until then the array still holds p,
           // but p is out of pending, so a second look cannot fire it again.
           rebuildWatching();
         }
       }
-      long now = System.nanoTime();
-      if (!near) {
-        nearSince = 0;
-      } else if (nearSince == 0) {
-        nearSince = now;
-        nearHints++;
-      }
+      now = System.nanoTime();
       if (news) {
         lastNews = now;
       } else if (belled) {
         words.awaitBell(bell, BELL_WAIT_NS);
-      } else if (now - lastNews < SPIN_NS || (near && now - nearSince < NEAR_SPIN_NS)) {
-        // Spin after news (more may follow) and through a transfer's last layer (P's hint):
+      } else if (now - lastNews < SPIN_NS || spinNear) {
+        // Spin after news (where configured) and through a transfer's last layer (P's hint):
         // a park there costs the word's landing up to a park's length.
         Thread.onSpinWait();
       } else {

@@ -55,6 +55,8 @@ final class LayerWriter {
   /** Which decode engine each mapped done-word file belongs to, to unmap it when it leaves. */
   private final Map<String, String> doneWordsOwner = new HashMap<>();
   private final Set<String> unusableDoneWords = new HashSet<>();
+  /** Done-word files a hint failed on (the strand adds, the writer's thread reads). */
+  private final Set<String> unhintable = java.util.concurrent.ConcurrentHashMap.newKeySet();
 
   /**
    * D's watcher spins once a hint says this many layers or fewer are still to land: the
@@ -96,34 +98,48 @@ final class LayerWriter {
     CompletableFuture<TransferStatus> submission = submit(layer, peer, plan, after, j.cancelled);
     if (t.doneWord != null) {
       t.submitted.add(submission); // the done word is stored behind every layer's copies
-      if (after != null && eventOrdered != null) {
-        hintAfterQueued(j, t.doneWord, peer, layer);
+      if (after != null && eventOrdered != null && !t.doneWordQueued
+          && layerRegions.size() - layer == NEAR_LAYERS) {
+        hintAfterQueued(j, t.doneWord, peer, submission);
       }
     }
     return submission.thenCompose(TransferStatus::completion);
   }
 
   /**
-   * GPU-ordered writes: behind layer {@code layer}'s copies, on the strand that queued them, a
-   * hint in D's done word of how many layers are still to come, so D's watcher, which polls
-   * GPU-stored words in parks of some 20 us, spins through the last layer's copy instead
-   * (layer L-2's hint is {@link #NEAR_LAYERS} behind). The last layer gets none: its word is the
-   * done value, stored once the job is sealed; a hint there would only delay it. A later chunk's
-   * layers hint again, from further behind; a hint is never a completion.
+   * GPU-ordered writes: behind the second-to-last layer's copies, on the strand that queued them,
+   * a hint in D's done word that {@link #NEAR_LAYERS} layers are still to land, so D's watcher,
+   * which polls GPU-stored words in parks of some 20 us, spins through the last layer's copy
+   * instead. Only that layer hints (D acts on no other), and the last gets none: its word is the
+   * done value, stored once the job is sealed; a hint there would only delay it. A hint is never a
+   * completion; one that fails is dropped, and that file gets no more.
    */
-  private void hintAfterQueued(WriteJob j, PeerProtocol.DoneWord word, AgentMetadata peer, int layer) {
-    int behind = layerRegions.size() - layer;
+  private void hintAfterQueued(
+      WriteJob j, PeerProtocol.DoneWord word, AgentMetadata peer,
+      CompletableFuture<TransferStatus> submission) {
     PeerDoneWords words;
-    if (behind < 2 || peer.layers().isEmpty() || (words = doneWordsOf(word, j.decodeEngineId)) == null) {
+    if (peer.layers().isEmpty() || unhintable.contains(word.file())
+        || (words = doneWordsOf(word, j.decodeEngineId)) == null) {
       return;
     }
     MemoryRegion local = layerRegions.get(0);
     RegionDescriptor remote = peer.layers().get(0);
-    long value = SharedDoneWords.progressValue(word.value(), behind);
+    long value = SharedDoneWords.progressValue(word.value(), NEAR_LAYERS);
     try {
       gpuOrdered.execute(() -> {
-        if (!j.cancelled.get()) {
+        // The strand ran the layer's submission first: hint only behind copies that were queued.
+        TransferStatus queued =
+            submission.isDone() && !submission.isCompletedExceptionally() ? submission.join() : null;
+        if (j.cancelled.get() || queued == null || queued.state() == TransferStatus.State.FAILED) {
+          return;
+        }
+        try {
           words.hintAfterQueued(local, remote, word.slot(), value);
+        } catch (RuntimeException e) {
+          if (unhintable.add(word.file())) {
+            log.info("no more hints into done words {} ({}); D polls them as before", word.file(),
+                e.toString());
+          }
         }
       });
     } catch (java.util.concurrent.RejectedExecutionException e) {
@@ -302,8 +318,10 @@ final class LayerWriter {
       });
     }
     // Blocking native calls (a copy stream waits for its queued copies): off the actor thread,
-    // and in this order: streams drained, then the words their stores target unmapped.
-    io.execute(() -> {
+    // and in this order: streams drained, then the words their stores target unmapped. On the
+    // strand that queues GPU-ordered copies, hints and done words, so none of those is queued
+    // between the drain and the unmapping (a GPU store into memory no longer registered).
+    gpuOrdered.execute(() -> {
       try {
         transport.peerGone(any);
       } catch (RuntimeException e) {

@@ -168,9 +168,12 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
         continue;
       }
       // The worker told the tracker to expect it.
-      if (ended.contains(r.transferId()) || reads.containsKey(r.transferId())
-          || outbox.holdsWorkFor(r.transferId())) {
-        continue; // P gave up already, or a duplicate id: the tracker reports it; nothing is read
+      if (ended.contains(r.transferId())) {
+        ReceiverActor.endedBefore(tracker, r); // P gave up already, or the id was used before
+        continue; // nothing is read
+      }
+      if (reads.containsKey(r.transferId()) || outbox.holdsWorkFor(r.transferId())) {
+        continue; // a duplicate of one in flight: the tracker refuses it, the first goes on
       }
       ReadStamps.mark(r.transferId(), ReadStamps.Stage.READER);
       outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> {

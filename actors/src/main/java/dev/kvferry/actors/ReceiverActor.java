@@ -133,10 +133,14 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
 
   private Behavior<Command> onAnnounce(Announce m) {
     ReqMeta r = m.request(); // the worker told the tracker to expect it
-    if (ended.contains(r.transferId()) || incoming.containsKey(r.transferId())) {
-      // P gave up already (the tracker fails it at once), or the id is a duplicate of one in
-      // flight or over (the tracker refuses it): nobody is told these blocks.
+    if (ended.contains(r.transferId())) {
+      // P gave up already, or the id is used again after its receive ended: nobody is told
+      // these blocks, and the tracker fails the request (it ignores this if it did already).
+      endedBefore(tracker, r);
       return this;
+    }
+    if (incoming.containsKey(r.transferId())) {
+      return this; // a duplicate of one in flight: the tracker refuses it, the first goes on
     }
     Incoming in = new Incoming(r);
     incoming.put(r.transferId(), in);
@@ -184,6 +188,17 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     for (int source : sources) {
       outbox.send(r.remoteEngineId(), source, blocks);
     }
+  }
+
+  /**
+   * The engine announced a transfer id that ended here: the tracker fails the request, unless it
+   * did so itself (it keeps ended ids in a bounded set of its own, which may have let this one go
+   * already). Never for an id in flight: the tracker would end that transfer.
+   */
+  static void endedBefore(ActorRef<RequestTrackerActor.Command> tracker, ReqMeta r) {
+    tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(),
+        "transfer id " + r.transferId() + " of request " + r.requestId()
+            + " was used before on this worker: refused"));
   }
 
   /** A receive ends here: its id begins nothing again. */

@@ -310,10 +310,25 @@ public final class CudaTransport implements EventOrderedTransport {
         return TransferStatus.succeeded(Long.BYTES);
       }
 
+      /**
+       * Only onto a copy lane to that peer that exists: with none there are no copies to follow,
+       * and a lane made for a hint (the peer gone, its lanes closed) would live until we close.
+       */
       @Override
       public void hintAfterQueued(
           MemoryRegion local, RegionDescriptor remote, int slot, long value) {
-        signalWhenCopied(local, remote, words.deviceAddress(slot), value);
+        int device = local.device();
+        Lane lane = lanes.get(laneKey(device, remote));
+        if (lane == null) {
+          return;
+        }
+        long address = words.deviceAddress(slot);
+        Cuda.setDevice(device);
+        synchronized (lane) {
+          if (!lane.closed) {
+            Cuda.streamWriteValue64(lane.stream, address, value);
+          }
+        }
       }
 
       @Override

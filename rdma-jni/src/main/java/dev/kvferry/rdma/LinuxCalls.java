@@ -19,7 +19,7 @@ final class LinuxCalls {
     try {
       Native.register(calls, Platform.C_LIBRARY_NAME);
       return true;
-    } catch (UnsatisfiedLinkError e) {
+    } catch (LinkageError e) { // the library lacks a call, or JNA itself did not load
       return false;
     }
   }
