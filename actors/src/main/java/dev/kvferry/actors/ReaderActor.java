@@ -169,7 +169,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       }
       // The worker told the tracker to expect it.
       if (ended.contains(r.transferId())) {
-        ReceiverActor.endedBefore(tracker, r); // P gave up already, or the id was used before
+        ReceiveEnding.endedBefore(tracker, r); // P gave up already, or the id was used before
         continue; // nothing is read
       }
       if (reads.containsKey(r.transferId()) || outbox.holdsWorkFor(r.transferId())) {

@@ -1,5 +1,6 @@
 package dev.kvferry.actors;
 
+import dev.kvferry.actors.connector.ReqMeta;
 import org.apache.pekko.actor.typed.ActorRef;
 
 /**
@@ -17,6 +18,17 @@ sealed interface ReceiveEnding extends ReaderActor.Command, ReceiverActor.Comman
 
   /** A P worker ended the transfer (it writes no more, or wants its blocks back). */
   record PeerFailed(PeerProtocol.TransferFailed failed) implements ReceiveEnding {}
+
+  /**
+   * The engine announced a transfer id that ended here: the tracker fails the request, unless it
+   * did so itself (it keeps ended ids in a bounded set of its own, which may have let this one go
+   * already). Never for an id in flight: the tracker would end that transfer.
+   */
+  static void endedBefore(ActorRef<RequestTrackerActor.Command> tracker, ReqMeta r) {
+    tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(),
+        "transfer id " + r.transferId() + " of request " + r.requestId()
+            + " was used before on this worker: refused"));
+  }
 
   /**
    * An abort of a transfer that nothing here works on (it ended, or never began) is reported to

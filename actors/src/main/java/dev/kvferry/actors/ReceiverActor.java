@@ -136,7 +136,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     if (ended.contains(r.transferId())) {
       // P gave up already, or the id is used again after its receive ended: nobody is told
       // these blocks, and the tracker fails the request (it ignores this if it did already).
-      endedBefore(tracker, r);
+      ReceiveEnding.endedBefore(tracker, r);
       return this;
     }
     if (incoming.containsKey(r.transferId())) {
@@ -188,17 +188,6 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     for (int source : sources) {
       outbox.send(r.remoteEngineId(), source, blocks);
     }
-  }
-
-  /**
-   * The engine announced a transfer id that ended here: the tracker fails the request, unless it
-   * did so itself (it keeps ended ids in a bounded set of its own, which may have let this one go
-   * already). Never for an id in flight: the tracker would end that transfer.
-   */
-  static void endedBefore(ActorRef<RequestTrackerActor.Command> tracker, ReqMeta r) {
-    tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(),
-        "transfer id " + r.transferId() + " of request " + r.requestId()
-            + " was used before on this worker: refused"));
   }
 
   /** A receive ends here: its id begins nothing again. */
