@@ -331,8 +331,22 @@ public final class CudaTransport implements EventOrderedTransport {
         }
       }
 
+      /**
+       * A store into these words may still be queued on a copy stream (a writer stopped with a
+       * transfer in flight): the streams finish their queued work before the words' memory is
+       * unregistered, or the GPU would write into memory no longer mapped for it.
+       */
       @Override
       public void close() {
+        if (!closed) {
+          for (Lane lane : lanes.values()) {
+            try {
+              lane.drain();
+            } catch (RuntimeException e) {
+              // a failed context runs nothing more: unregistering is safe then
+            }
+          }
+        }
         words.close();
       }
     };
@@ -620,6 +634,14 @@ public final class CudaTransport implements EventOrderedTransport {
       this.stream = Cuda.streamCreate();
     }
 
+    /** Waits for the lane's queued work (no-op once closed: closing waited already). */
+    synchronized void drain() {
+      if (!closed) {
+        Cuda.setDevice(device);
+        Cuda.streamSynchronize(stream);
+      }
+    }
+
     synchronized void close() {
       if (closed) {
         return;
@@ -737,6 +759,14 @@ public final class CudaTransport implements EventOrderedTransport {
 
     synchronized void returnEvent(long event) {
       events.add(event);
+    }
+
+    /** Waits for the lane's queued work (no-op once closed: closing waited already). */
+    synchronized void drain() {
+      if (!closed) {
+        Cuda.setDevice(device);
+        Cuda.streamSynchronize(stream);
+      }
     }
 
     synchronized void close() {
