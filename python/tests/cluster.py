@@ -90,10 +90,12 @@ class Node(JvmProcess):
         self.port = port or free_port()
         self.socket = socket_path or os.path.join(workdir, f"{role}-{engine_id}.sock")
         seeds = f"127.0.0.1:{seed_port or self.port}"
+        management_port = free_port()
+        self.management_url = f"http://127.0.0.1:{management_port}"
         super().__init__(os.path.join(workdir, f"node-{role}-{engine_id}-{time.monotonic_ns()}.log"),
                          ["node", "--role", role, "--engine-id", engine_id, "--mode", modes, "--engine", "port",
                           "--engine-socket", self.socket, "--tp-size", str(tp), "--port", str(self.port),
-                          "--management-port", str(free_port()), "--seed-nodes", seeds],
+                          "--management-port", str(management_port), "--seed-nodes", seeds],
                          config)
 
     def wait_ready(self, timeout_s: float = 120) -> None:
