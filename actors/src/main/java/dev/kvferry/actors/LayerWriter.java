@@ -55,8 +55,6 @@ final class LayerWriter {
   /** Which decode engine each mapped done-word file belongs to, to unmap it when it leaves. */
   private final Map<String, String> doneWordsOwner = new HashMap<>();
   private final Set<String> unusableDoneWords = new HashSet<>();
-  /** Done-word files a hint failed on (the strand adds, the writer's thread reads). */
-  private final Set<String> unhintable = java.util.concurrent.ConcurrentHashMap.newKeySet();
 
   /**
    * D's watcher spins once a hint says this many layers or fewer are still to land: the
@@ -112,14 +110,13 @@ final class LayerWriter {
    * which polls GPU-stored words in parks of some 20 us, spins through the last layer's copy
    * instead. Only that layer hints (D acts on no other), and the last gets none: its word is the
    * done value, stored once the job is sealed; a hint there would only delay it. A hint is never a
-   * completion; one that fails is dropped, and that file gets no more.
+   * completion; one that fails is dropped.
    */
   private void hintAfterQueued(
       WriteJob j, PeerProtocol.DoneWord word, AgentMetadata peer,
       CompletableFuture<TransferStatus> submission) {
     PeerDoneWords words;
-    if (peer.layers().isEmpty() || unhintable.contains(word.file())
-        || (words = doneWordsOf(word, j.decodeEngineId)) == null) {
+    if (peer.layers().isEmpty() || (words = doneWordsOf(word, j.decodeEngineId)) == null) {
       return;
     }
     MemoryRegion local = layerRegions.get(0);
@@ -136,10 +133,8 @@ final class LayerWriter {
         try {
           words.hintAfterQueued(local, remote, word.slot(), value);
         } catch (RuntimeException e) {
-          if (unhintable.add(word.file())) {
-            log.info("no more hints into done words {} ({}); D polls them as before", word.file(),
-                e.toString());
-          }
+          log.debug("no hint into done words {} ({}); D polls them as before", word.file(),
+              e.toString());
         }
       });
     } catch (java.util.concurrent.RejectedExecutionException e) {

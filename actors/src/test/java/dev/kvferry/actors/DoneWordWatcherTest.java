@@ -8,8 +8,11 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import dev.kvferry.rdma.cuda.SharedDoneWords;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.time.Duration;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
+import org.apache.pekko.actor.testkit.typed.javadsl.ActorTestKit;
+import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.params.ParameterizedTest;
@@ -21,6 +24,8 @@ import org.junit.jupiter.params.provider.ValueSource;
  * host transport stores (then ringing the bell the watcher sleeps on).
  */
 class DoneWordWatcherTest {
+  /** For its probes' awaitAssert only: the watcher is a thread, not an actor. */
+  private static final ActorTestKit KIT = ActorTestKit.create();
   private final LinkedBlockingQueue<String> seen = new LinkedBlockingQueue<>();
   private DoneWordWatcher watcher;
   /** Whether this test's stores ring the bell (the watcher was made to sleep on it). */
@@ -30,6 +35,11 @@ class DoneWordWatcherTest {
     ring = belled;
     watcher = DoneWordWatcher.tryCreate("test", belled, seen::add);
     assertNotNull(watcher, "/dev/shm is writable here");
+  }
+
+  @AfterAll
+  static void stopKit() {
+    KIT.shutdownTestKit();
   }
 
   @AfterEach
@@ -65,11 +75,10 @@ class DoneWordWatcherTest {
     assertEquals(null, seen.poll(200, TimeUnit.MILLISECONDS));
     assertEquals(0, watcher.nearHints(), "8 layers behind is not near the end");
     store(t, SharedDoneWords.progressValue(t.value(), LayerWriter.NEAR_LAYERS));
-    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
-    while (watcher.nearHints() == 0 && System.nanoTime() < deadline) {
-      Thread.sleep(1);
-    }
-    assertEquals(1, watcher.nearHints(), "the second-to-last layer's hint is seen as near");
+    KIT.createTestProbe().awaitAssert(Duration.ofSeconds(10), () -> {
+      assertEquals(1, watcher.nearHints(), "the second-to-last layer's hint is seen as near");
+      return null;
+    });
     assertEquals(null, seen.poll(200, TimeUnit.MILLISECONDS), "a hint completes nothing");
     store(t, t.value());
     assertEquals("tx-hinted", seen.poll(10, TimeUnit.SECONDS));

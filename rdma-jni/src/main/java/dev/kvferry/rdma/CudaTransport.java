@@ -213,12 +213,8 @@ public final class CudaTransport implements EventOrderedTransport {
       MemoryRegion local, RegionDescriptor remote, long wordDeviceAddress, long value) {
     int device = local.device();
     Cuda.setDevice(device);
-    Lane lane = lanes.computeIfAbsent(laneKey(device, remote), k -> new Lane(device));
-    synchronized (lane) {
-      if (!lane.closed) {
-        Cuda.streamWriteValue64(lane.stream, wordDeviceAddress, value);
-      }
-    }
+    lanes.computeIfAbsent(laneKey(device, remote), k -> new Lane(device))
+        .writeValue(wordDeviceAddress, value);
   }
 
   /**
@@ -317,17 +313,9 @@ public final class CudaTransport implements EventOrderedTransport {
       @Override
       public void hintAfterQueued(
           MemoryRegion local, RegionDescriptor remote, int slot, long value) {
-        int device = local.device();
-        Lane lane = lanes.get(laneKey(device, remote));
-        if (lane == null) {
-          return;
-        }
-        long address = words.deviceAddress(slot);
-        Cuda.setDevice(device);
-        synchronized (lane) {
-          if (!lane.closed) {
-            Cuda.streamWriteValue64(lane.stream, address, value);
-          }
+        Lane lane = lanes.get(laneKey(local.device(), remote));
+        if (lane != null) {
+          lane.writeValue(words.deviceAddress(slot), value);
         }
       }
 
@@ -634,14 +622,6 @@ public final class CudaTransport implements EventOrderedTransport {
       this.stream = Cuda.streamCreate();
     }
 
-    /** Waits for the lane's queued work (no-op once closed: closing waited already). */
-    synchronized void drain() {
-      if (!closed) {
-        Cuda.setDevice(device);
-        Cuda.streamSynchronize(stream);
-      }
-    }
-
     synchronized void close() {
       if (closed) {
         return;
@@ -759,6 +739,14 @@ public final class CudaTransport implements EventOrderedTransport {
 
     synchronized void returnEvent(long event) {
       events.add(event);
+    }
+
+    /** Queues a store of {@code value} at {@code address} behind the lane's copies. */
+    synchronized void writeValue(long address, long value) {
+      if (!closed) {
+        Cuda.setDevice(device);
+        Cuda.streamWriteValue64(stream, address, value);
+      }
     }
 
     /** Waits for the lane's queued work (no-op once closed: closing waited already). */
