@@ -46,7 +46,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   /** What a worker handles: calls from its own engine here, and messages from its peers. */
   public sealed interface Command
       permits PeerProtocol.Message, StartLoad, SaveLayer, SealWrites, AnnounceRemoteBlocks,
-          AbortTransfer, AbortReceive, ReceiveOverdue, ReleaseOverdue, PeerGone, GetTransfers,
+          AbortTransfer, AbortReceive, ReceiveOverdue, ReleaseOverdue, PeerGone, PeerIntroduced, GetTransfers,
           Stop, ListingChanged, ListedWorkerStopped {}
 
   // ---- from the local engine (worker and scheduler side) ----
@@ -97,6 +97,13 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
    */
   public record PeerGone(AgentMetadata metadata) implements Command, LocalOnly {}
 
+  /**
+   * From this worker's handshake actor: a peer worker asked for our metadata (it is about to read
+   * our blocks, or to write into its own); watched until it stops.
+   */
+  public record PeerIntroduced(String engineId, ActorRef<Command> worker)
+      implements Command, LocalOnly {}
+
   /** Transfers in flight, for management endpoints. */
   public record GetTransfers(ActorRef<TransferSnapshot> replyTo) implements Command, LocalOnly {}
 
@@ -106,8 +113,9 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   private record ListingChanged(Receptionist.Listing listing) implements Command, LocalOnly {}
 
   /**
-   * A listed worker's actor terminated (death watch): the listing drops it only after the
-   * Receptionist's gossip, up to seconds later, and until then a message sent to it is lost.
+   * A listed or introduced worker's actor terminated (death watch): the listing drops it only
+   * after the Receptionist's gossip, up to seconds later (or never lists it), and until then a
+   * message sent to it is lost.
    */
   private record ListedWorkerStopped(ActorRef<Command> ref) implements Command, LocalOnly {}
 
@@ -207,6 +215,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         .onMessage(AbortReceive.class, this::onAbortReceive)
         .onMessage(AbortTransfer.class, this::onAbortTransfer)
         .onMessage(PeerGone.class, this::onPeerGone)
+        .onMessage(PeerIntroduced.class, this::onPeerIntroduced)
         .onMessage(GetTransfers.class, this::onGetTransfers)
         .onMessage(ListingChanged.class, this::onListingChanged)
         .onMessage(ListedWorkerStopped.class, this::onListedWorkerStopped)
@@ -350,9 +359,19 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
    * skips it from now on, so messages reach the new incarnation or wait for one.
    */
   private Behavior<Command> onListedWorkerStopped(ListedWorkerStopped m) {
-    if (workers.stopped(m.ref())) {
+    ListedWorkers.Stopped stopped = workers.stopped(m.ref());
+    if (stopped.directoryChanged()) {
       publishDirectory(true);
     }
+    if (stopped.unlistedEngineGone() != null) {
+      // No listing change will ever say it left: its engine attached and went unseen here.
+      tracker.tell(new RequestTrackerActor.EngineGoneUnlisted(stopped.unlistedEngineGone()));
+    }
+    return this;
+  }
+
+  private Behavior<Command> onPeerIntroduced(PeerIntroduced m) {
+    workers.introduced(m.engineId(), m.worker());
     return this;
   }
 

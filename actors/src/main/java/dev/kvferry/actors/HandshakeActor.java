@@ -3,6 +3,7 @@ package dev.kvferry.actors;
 import dev.kvferry.actors.engine.AgentMetadata;
 import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineDirectory;
+import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.actors.engine.HandshakeException;
 import dev.kvferry.actors.engine.PeerKey;
 import java.time.Duration;
@@ -163,6 +164,12 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
       return this;
     }
     to.tell(new PeerProtocol.MetadataReply(local.engineId(), local.tpRank(), localBlob));
+    ActorRef<EngineActor.Command> asker = m.request().asker();
+    if (owner != null && asker != null && asker.path().address().equals(from)) {
+      // (a worker introduces itself only, never another system's)
+      EngineIdentity.fromActorName(asker.path().name())
+          .ifPresent(id -> owner.tell(new EngineActor.PeerIntroduced(id.engineId(), asker)));
+    }
     return this;
   }
 
@@ -237,7 +244,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
             PeerProtocol.MetadataReply.class,
             entry.get().ref(),
             settings.handshakeTimeout(),
-            PeerProtocol.GetMetadata::new,
+            replyTo -> new PeerProtocol.GetMetadata(replyTo, owner),
             (reply, error) -> new Fetched(key, attempt, entry.get().ref(), reply, error));
     return this;
   }

@@ -3,6 +3,7 @@ package dev.kvferry.actors;
 import dev.kvferry.actors.connector.Role;
 import dev.kvferry.actors.engine.EngineDirectory;
 import java.util.EnumMap;
+import java.util.HashMap;
 import java.util.HashSet;
 import java.util.Iterator;
 import java.util.Map;
@@ -17,8 +18,11 @@ import org.jspecify.annotations.Nullable;
  * The engine workers one {@link EngineActor} sees listed, by role, and those of them known to have
  * stopped while still listed (an engine detached, maybe to attach again at once): the directory
  * its children route by leaves the stopped ones out, but still counts their engines as listed
- * until the listing drops them (block lifetime rule). Every listed worker but the owner is
- * death-watched through the owner's context. Not thread-safe: owned by one actor.
+ * until the listing drops them (block lifetime rule). Also the peer workers that introduced
+ * themselves by asking for our metadata: the listing may never show one (its engine attached and
+ * died before the Receptionist's news of it got here), and then only its stop says it went. Every
+ * listed or introduced worker but the owner is death-watched through the owner's context. Not
+ * thread-safe: owned by one actor.
  */
 final class ListedWorkers {
 
@@ -32,6 +36,8 @@ final class ListedWorkers {
   private Set<ActorRef<EngineActor.Command>> reachableOwnRole = Set.of();
   private final Set<ActorRef<EngineActor.Command>> watched = new HashSet<>();
   private final Set<ActorRef<EngineActor.Command>> stopped = new HashSet<>();
+  /** Peer workers that asked for our metadata and have not stopped, with their engine ids. */
+  private final Map<ActorRef<EngineActor.Command>, String> introduced = new HashMap<>();
   private final Map<Role, EngineDirectory> directories = new EnumMap<>(Role.class);
 
   ListedWorkers(ActorContext<EngineActor.Command> ctx, Role ownRole,
@@ -60,18 +66,40 @@ final class ListedWorkers {
   }
 
   /**
-   * A watched worker stopped. Returns whether the directory changed: it did if the worker is
-   * still listed (routing skips it from now on, so messages reach the new incarnation or wait).
+   * What a worker's stop changed.
+   *
+   * @param directoryChanged the worker is still listed: routing skips it from now on, so messages
+   *     reach the new incarnation or wait
+   * @param unlistedEngineGone the engine id of an introduced worker whose engine no listing here
+   *     shows and no other introduced worker of it is alive: it has gone unseen; else null
    */
-  boolean stopped(ActorRef<EngineActor.Command> ref) {
+  record Stopped(boolean directoryChanged, @Nullable String unlistedEngineGone) {}
+
+  /** A watched worker stopped. */
+  Stopped stopped(ActorRef<EngineActor.Command> ref) {
     watched.remove(ref);
+    String engine = introduced.remove(ref);
     boolean stillListed = listed.values().stream().anyMatch(refs -> refs.contains(ref));
-    ctx.getLog().debug("listed worker {} stopped (still listed: {})", ref.path(), stillListed);
-    if (stillListed && stopped.add(ref)) {
+    ctx.getLog().debug("worker {} stopped (still listed: {}, introduced as {})", ref.path(),
+        stillListed, engine);
+    boolean changed = stillListed && stopped.add(ref);
+    if (changed) {
       rebuild();
-      return true;
     }
-    return false;
+    boolean goneUnseen = engine != null && !directory().contains(engine)
+        && !introduced.containsValue(engine);
+    return new Stopped(changed, goneUnseen ? engine : null);
+  }
+
+  /** A peer worker of {@code engineId} asked for our metadata: watch it until it stops. */
+  void introduced(String engineId, ActorRef<EngineActor.Command> ref) {
+    if (ref.equals(ctx.getSelf()) || introduced.containsKey(ref)) {
+      return;
+    }
+    introduced.put(ref, engineId);
+    if (!stopped.contains(ref) && watched.add(ref)) {
+      ctx.watchWith(ref, stoppedMessage.apply(ref));
+    }
   }
 
   /** Every role's workers in one directory, less the stopped ones. */
@@ -102,9 +130,12 @@ final class ListedWorkers {
     ctx.getLog().debug("listed {}, stopped {}", listed, stopped);
   }
 
-  /** Watches every listed worker but the owner; forgets those the listing no longer shows. */
+  /**
+   * Watches every listed worker but the owner; forgets those neither the listing shows nor
+   * introduced themselves.
+   */
   private void watchListed() {
-    Set<ActorRef<EngineActor.Command>> all = new HashSet<>();
+    Set<ActorRef<EngineActor.Command>> all = new HashSet<>(introduced.keySet());
     listed.values().forEach(all::addAll);
     stopped.retainAll(all);
     for (Iterator<ActorRef<EngineActor.Command>> it = watched.iterator(); it.hasNext(); ) {

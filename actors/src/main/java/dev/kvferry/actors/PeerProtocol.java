@@ -89,8 +89,21 @@ public interface PeerProtocol {
   record Release(String transferId, String decodeEngineId, int decodeTpRank, int decodeTpSize)
       implements Message {}
 
-  /** Handshake: send me your metadata. */
-  record GetMetadata(ActorRef<MetadataReply> replyTo) implements Message {}
+  /**
+   * Handshake: send me your metadata. Also introduces the asking worker: a peer that reads our
+   * blocks (READ) asks for our metadata first, so the server learns of it, and can notice when it
+   * stops, even when the Receptionist's listing of it lags behind or never shows it (an engine
+   * that attached and died within a moment).
+   *
+   * @param asker the asking worker (its actor name says its engine id); null when unknown
+   */
+  record GetMetadata(ActorRef<MetadataReply> replyTo, @Nullable ActorRef<EngineActor.Command> asker)
+      implements Message {
+    /** An anonymous asker. */
+    public GetMetadata(ActorRef<MetadataReply> replyTo) {
+      this(replyTo, null);
+    }
+  }
 
   /** Handshake answer: the msgpack-packed {@link AgentMetadata} of one worker. */
   record MetadataReply(String engineId, int tpRank, byte[] blob) implements CborSerializable {}

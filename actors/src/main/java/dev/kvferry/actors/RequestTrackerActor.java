@@ -9,6 +9,7 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.function.Predicate;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
 import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
@@ -74,16 +75,18 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
 
   /**
+   * P, READ: the workers of an engine no listing here shows, which asked us for metadata, have
+   * stopped (it attached and went before news of it got here): as if its listing dropped it.
+   */
+  public record EngineGoneUnlisted(String engineId) implements Command {}
+
+  /**
    * Transfers in flight, by state, for /kvferry/transfers.
    *
    * @param writes P's writes in progress (from its writer), listed with this tracker's transfers
    */
   public record GetSnapshot(ActorRef<TransferSnapshot> replyTo, List<TransferView> writes)
-      implements Command {
-    public GetSnapshot(ActorRef<TransferSnapshot> replyTo) {
-      this(replyTo, List.of());
-    }
-  }
+      implements Command {}
 
   private record DeadlinePassed(String transferId) implements Command {}
 
@@ -110,31 +113,21 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
    * through the engine port); the receive that comes later is already reported.
    */
   private final TerminalIds abortedEarly;
-  private EngineDirectory directory = EngineDirectory.EMPTY;
-  /** Engine ids any directory listed (bounded): one not listed now has left, not yet joined. */
-  private final TerminalIds everListed;
+  /** Peer engines listed now and ever: one not listed now has left, or not joined yet. */
+  private final EngineSightings engines;
 
   /**
    * @param owner told when a transfer's deadline passes ({@link EngineActor.ReceiveOverdue}, {@link
    *     EngineActor.ReleaseOverdue}); it ends the transfer and reports back
    */
-  public static Behavior<Command> create(
-      String selfLabel,
-      ConnectorSettings settings,
-      FinishedSink sink,
-      ActorRef<EngineActor.Command> owner) {
-    return Behaviors.setup(
-        ctx ->
-            Behaviors.withTimers(
-                timers -> new RequestTrackerActor(ctx, timers, selfLabel, settings, sink, owner)));
+  public static Behavior<Command> create(String selfLabel, ConnectorSettings settings,
+      FinishedSink sink, ActorRef<EngineActor.Command> owner) {
+    return Behaviors.setup(ctx -> Behaviors.withTimers(
+        timers -> new RequestTrackerActor(ctx, timers, selfLabel, settings, sink, owner)));
   }
 
-  private RequestTrackerActor(
-      ActorContext<Command> ctx,
-      TimerScheduler<Command> timers,
-      String selfLabel,
-      ConnectorSettings settings,
-      FinishedSink sink,
+  private RequestTrackerActor(ActorContext<Command> ctx, TimerScheduler<Command> timers,
+      String selfLabel, ConnectorSettings settings, FinishedSink sink,
       ActorRef<EngineActor.Command> owner) {
     super(ctx);
     this.timers = timers;
@@ -146,7 +139,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     this.earlyReleases = new TerminalIds(settings.terminalIdCapacity());
     this.earlyFailures = new BoundedMap<>(settings.terminalIdCapacity());
     this.abortedEarly = new TerminalIds(settings.terminalIdCapacity());
-    this.everListed = new TerminalIds(settings.terminalIdCapacity());
+    this.engines = new EngineSightings(settings.terminalIdCapacity());
   }
 
   @Override
@@ -160,6 +153,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
         .onMessage(SendFinished.class, this::onSendFinished)
         .onMessage(DeadlinePassed.class, this::onDeadline)
         .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
+        .onMessage(EngineGoneUnlisted.class, this::onEngineGoneUnlisted)
         .onMessage(GetSnapshot.class, this::onSnapshot)
         .onMessage(ReportAborted.class, this::onReportAborted)
         .build();
@@ -267,7 +261,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
       return this;
     }
     String reader = m.consumerEngineId();
-    if (!reader.isEmpty() && everListed.contains(reader) && !directory.contains(reader)) {
+    if (engines.left(reader)) {
       // D was a member and has left (its worker died or detached): nobody reads these blocks,
       // and no directory change will end the wait now. Free them instead of at the deadline.
       getContext().getLog().info("request {} is to be read by {}, which has left the cluster;"
@@ -319,7 +313,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
       return this;
     }
     if (t.state == TrackedTransfer.State.AWAITING_RELEASE) {
-      if (t.peerEngineId.isEmpty() || !directory.contains(t.peerEngineId)) {
+      if (t.peerEngineId.isEmpty() || !engines.listed(t.peerEngineId)) {
         // The seed's abort timeout, kept where no reader can exist: the decode engine is unknown
         // or not a member (it needs P's metadata, served to members only, to read).
         take(m.transferId(), "deadline");
@@ -348,23 +342,28 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onDirectoryChanged(DirectoryChanged m) {
-    EngineDirectory before = directory;
-    EngineDirectory dir = m.directory();
-    directory = dir;
-    for (String id : dir.engineIds()) {
-      if (!everListed.contains(id)) {
-        everListed.add(id);
-      }
-    }
+    EngineDirectory before = engines.update(m.directory());
     // Receives end through the owner, which first waits for its own reads to stop.
-    List<TrackedTransfer> lost =
-        active.values().stream().filter(t -> t.readerLeft(before, dir)).toList();
-    for (TrackedTransfer t : lost) {
-      take(t.transferId, "peer left");
-      // D is gone: nobody will read these blocks; free them now instead of at the deadline.
-      sink.doneSending(t.requestId);
+    freeKeptFor(t -> t.readerLeft(before, m.directory()));
+    return this;
+  }
+
+  private Behavior<Command> onEngineGoneUnlisted(EngineGoneUnlisted m) {
+    if (!engines.listed(m.engineId())) { // else the listing says when it goes
+      engines.goneUnseen(m.engineId()); // and a later read kept for it frees at once
+      freeKeptFor(t -> t.keptFor(m.engineId()));
     }
     return this;
+  }
+
+  /** P, READ: the readers of these are gone: nobody reads their blocks; free them now. */
+  private void freeKeptFor(Predicate<TrackedTransfer> readerGone) {
+    for (TrackedTransfer t : active.values().stream().filter(readerGone).toList()) {
+      getContext().getLog().info("request {}: its reader {} has left; freeing its blocks",
+          t.requestId, t.peerEngineId);
+      take(t.transferId, "peer left");
+      sink.doneSending(t.requestId);
+    }
   }
 
   private void observe(TransferObserver.Outcome outcome, long bytes, TrackedTransfer t) {

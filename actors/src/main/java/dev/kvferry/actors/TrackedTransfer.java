@@ -62,6 +62,11 @@ final class TrackedTransfer {
         && !now.contains(peerEngineId);
   }
 
+  /** P, READ: our blocks are kept for {@code reader}. */
+  boolean keptFor(String reader) {
+    return state == State.AWAITING_RELEASE && peerEngineId.equals(reader);
+  }
+
   /** D: why a receive is being ended when its deadline passed. */
   String overdue(Duration transferTimeout) {
     return "transfer " + transferId + " from " + peerEngineId + " did not finish within "

@@ -303,6 +303,28 @@ class BlockLifetimeTest {
   }
 
   @Test
+  void prefillFreesBlocksKeptForADecodeEngineThatWentBeforeItWasEverListedWhenItsWorkerStops() {
+    // Seen in the router test on a loaded host: D's engine attached, read three requests and died
+    // before the Receptionist's news of it reached P, so no listing change ever said it went.
+    ConnectorWorker p =
+        fx.worker(Role.PREFILL, TransferMode.READ, "prefill-0", ConnectorSettings.DEFAULTS);
+    EngineIdentity d = new EngineIdentity(Role.DECODE, "decode-3", 0, 1, 0, 1, TransferMode.READ);
+    ActorRef<EngineActor.Command> dWorker =
+        fx.kit.spawn(org.apache.pekko.actor.typed.javadsl.Behaviors.empty(), d.toActorName());
+    org.apache.pekko.actor.testkit.typed.javadsl.TestProbe<PeerProtocol.MetadataReply> replies =
+        fx.kit.createTestProbe();
+    p.engineRef().tell(new PeerProtocol.GetMetadata(replies.ref(), dWorker)); // D reads from P
+    replies.receiveMessage(WITHIN);
+    p.startLoadKv(new ConnectorMetadata(List.of(), List.of(), List.of(
+        new ConnectorMetadata.PendingSend("r9", "tx9", System.currentTimeMillis() + 120_000,
+            "decode-3"))));
+    assertNothingFinishedFor(p, QUIET);
+
+    fx.kit.stop(dWorker);
+    assertEquals(Set.of("r9"), fx.awaitFinished(p, x -> !x.doneSending().isEmpty()).doneSending());
+  }
+
+  @Test
   void readWorkHeldForAnUnlistedPrefillIsDroppedWhenItsTransferEnds() {
     GatedTransport gated = new GatedTransport(fx.transport);
     ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0",

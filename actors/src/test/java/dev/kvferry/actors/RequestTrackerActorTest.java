@@ -161,4 +161,38 @@ class RequestTrackerActorTest {
     kit.createTestProbe().expectNoMessage(Duration.ofMillis(300));
     assertTrue(sink.drain().isEmpty(), "freed blocks of a decode engine that may still join");
   }
+
+  @Test
+  void aReaderThatWentUnseenFreesWhatWasKeptForItAndWhatComesForItLater() {
+    ActorRef<RequestTrackerActor.Command> t = tracker(ConnectorSettings.DEFAULTS);
+    long deadline = System.currentTimeMillis() + 120_000;
+    t.tell(new RequestTrackerActor.ExpectRelease("r1", "tx1", deadline, "decode-5"));
+    t.tell(new RequestTrackerActor.ExpectRelease("r2", "tx2", deadline, "decode-6"));
+    t.tell(new RequestTrackerActor.EngineGoneUnlisted("decode-5"));
+    assertEquals(Set.of("r1"), awaitExactly(f -> f.doneSending().contains("r1")).doneSending());
+    // Named after it went: nobody will read it.
+    t.tell(new RequestTrackerActor.ExpectRelease("r3", "tx3", deadline, "decode-5"));
+    assertEquals(Set.of("r3"), awaitExactly(f -> f.doneSending().contains("r3")).doneSending());
+    kit.createTestProbe().expectNoMessage(Duration.ofMillis(300));
+    assertTrue(sink.drain().isEmpty(), "freed blocks kept for decode-6, which did not go");
+  }
+
+  @Test
+  void aReaderReportedGoneWhileTheListingShowsItKeepsItsBlocks() {
+    ActorRef<RequestTrackerActor.Command> t = tracker(ConnectorSettings.DEFAULTS);
+    dev.kvferry.actors.engine.EngineIdentity d = new dev.kvferry.actors.engine.EngineIdentity(
+        dev.kvferry.actors.connector.Role.DECODE, "decode-0", 0, 1, 0, 1,
+        dev.kvferry.actors.connector.TransferMode.READ);
+    // An incarnation stopped, but the listing shows the engine (another incarnation, or the
+    // listing has not dropped it yet): the listing says when it goes.
+    ActorRef<EngineActor.Command> listed =
+        kit.spawn(org.apache.pekko.actor.typed.javadsl.Behaviors.empty(), d.toActorName());
+    t.tell(new RequestTrackerActor.DirectoryChanged(
+        dev.kvferry.actors.engine.EngineDirectory.of(java.util.List.of(listed))));
+    t.tell(new RequestTrackerActor.ExpectRelease("r1", "tx1", System.currentTimeMillis() + 120_000,
+        "decode-0"));
+    t.tell(new RequestTrackerActor.EngineGoneUnlisted("decode-0"));
+    kit.createTestProbe().expectNoMessage(Duration.ofMillis(300));
+    assertTrue(sink.drain().isEmpty(), "freed blocks a listed reader may still read");
+  }
 }
