@@ -10,6 +10,9 @@ step at N requests per step, as vLLM would call the connector: the scheduler's
 kv_transfer_params (kvferry moves none of them): by default the client answers them itself and
 the node never hears of them; `--send-plain` has the client tell the node (in batches), so its
 side of each request is timed too. The timed steps follow WARM_UP_S seconds of the same steps.
+`--gap-ms G` also times pings that each follow G ms of sleep, as an engine's calls follow a
+forward pass: both the node's thread and the client's have gone to sleep by then
+(`KVFERRY_PORT_SPIN_US` and the node's `-Dkvferry.port.spin-us` change what that costs).
 Prints one JSON line.
 """
 
@@ -41,8 +44,17 @@ def _timed(fn, count: int) -> list[float]:
     return out
 
 
+def _pings_after_sleep(client: PortClient, gap_ms: float, count: int) -> list[float]:
+    """Microseconds of each ping that follows ``gap_ms`` of sleep (the sleep not counted)."""
+    out = []
+    for _ in range(count):
+        time.sleep(gap_ms / 1000.0)
+        out.extend(_timed(client.ping, 1))
+    return out
+
+
 def run(socket_path: str, requests: int, new: int, layers: int, steps: int, round_trips: int,
-        send_plain: bool = False) -> dict:
+        send_plain: bool = False, gaps_ms: tuple[float, ...] = ()) -> dict:
     geometry = {"layout": "standard", "num_blocks": 64, "block_size": 16, "kv_heads": 1, "head_dim": 8,
                 "dtype_bytes": 2}
     layer_bytes = 2 * 64 * 16 * 1 * 8 * 2
@@ -58,7 +70,13 @@ def run(socket_path: str, requests: int, new: int, layers: int, steps: int, roun
         scheduler = PortClient(socket_path, "scheduler", send_plain=send_plain)
         scheduler.connect()
         try:
-            return _measure(scheduler, worker, requests, new, layers, steps, round_trips)
+            out = _measure(scheduler, worker, requests, new, layers, steps, round_trips)
+            for gap in gaps_ms:
+                after_gap = _pings_after_sleep(scheduler, gap, max(round_trips // 10, 20))
+                out[f"ping_after_{gap:g}ms_p50_us"] = round(_percentile(after_gap, 0.5), 1)
+                out[f"ping_after_{gap:g}ms_p90_us"] = round(_percentile(after_gap, 0.9), 1)
+            out["client_spin_us"] = round(scheduler.reply_spin_s * 1e6, 1)
+            return out
         finally:
             scheduler.close()
             worker.close()
@@ -130,8 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--round-trips", type=int, default=2000)
     p.add_argument("--send-plain", action="store_true", help="tell the node of the requests (PortClient send_plain)")
+    p.add_argument("--gap-ms", type=float, action="append", default=[],
+                   help="also time pings after this long asleep (repeatable)")
     a = p.parse_args(argv)
-    print(json.dumps(run(a.socket, a.requests, a.new, a.layers, a.steps, a.round_trips, a.send_plain)))
+    print(json.dumps(run(a.socket, a.requests, a.new, a.layers, a.steps, a.round_trips, a.send_plain,
+                         tuple(a.gap_ms))))
     return 0
 
 

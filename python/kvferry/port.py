@@ -195,16 +195,40 @@ def encode_frame(message: dict[str, Any], packer: Any = None) -> bytes:
 
 
 class FrameReader:
-    """Reads whole frames from a blocking socket."""
+    """Reads whole frames from a blocking socket. With ``spin_s`` it first polls for a frame's
+    first bytes without sleeping, for up to that long: a reply that comes within it is read with
+    no wake-up of this thread (on a virtual machine's idle CPU a wake-up costs 50-200 us)."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, spin_s: float = 0.0):
         self._sock = sock
+        self.spin_s = spin_s
+
+    def _spin_recv(self, n: int) -> bytes | None:
+        """Up to ``n`` bytes polled for up to ``spin_s``; None when none came in that time."""
+        # A socket with a timeout waits in poll() before each recv (MSG_DONTWAIT included), so
+        # the polling runs with none and the timeout comes back after.
+        timeout = self._sock.gettimeout()
+        deadline = time.perf_counter() + self.spin_s
+        self._sock.settimeout(0.0)
+        try:
+            while True:
+                try:
+                    return self._sock.recv(n)
+                except (BlockingIOError, InterruptedError):
+                    if time.perf_counter() >= deadline:
+                        return None
+        finally:
+            self._sock.settimeout(timeout)
 
     def _read_exact(self, n: int) -> bytes:
         chunks = []
         remaining = n
+        spin = self.spin_s > 0
         while remaining:
-            chunk = self._sock.recv(min(remaining, 1 << 20))
+            chunk = self._spin_recv(min(remaining, 1 << 20)) if spin else None
+            spin = False  # the rest of a frame follows its first bytes at once
+            if chunk is None:
+                chunk = self._sock.recv(min(remaining, 1 << 20))
             if not chunk:
                 raise EOFError("connection closed")
             chunks.append(chunk)
@@ -296,6 +320,7 @@ class PortClient:
         load_events: bool = False,
         event_device: Any = None,
         send_plain: bool = False,
+        reply_spin_us: float | None = None,
     ):
         """``load_events`` (a worker on GPU memory): ask for the node's load-event ring; then
         ``wait_for_layer_load`` makes the current stream of ``event_device`` (a torch device or
@@ -304,7 +329,12 @@ class PortClient:
         ``send_plain`` (scheduler): also tell the node about requests named without
         kv_transfer_params, which kvferry does not move, so that it checks their ops (held and
         sent in batches). Off (the default), the client gives their fixed answers itself and
-        leaves them out of ``build_connector_meta``: the node never hears of them."""
+        leaves them out of ``build_connector_meta``: the node never hears of them.
+
+        ``reply_spin_us``: how long a call polls for its reply before it sleeps on the socket
+        (default ``KVFERRY_PORT_SPIN_US``, else 0: it sleeps at once). The node answers most calls
+        within tens of microseconds; a thread that sleeps pays a wake-up on top (measured in
+        docs/engine-port.md), while one that polls holds a CPU (and the GIL) meanwhile."""
         if side not in ("scheduler", "worker"):
             raise ValueError(f"side must be 'scheduler' or 'worker', not {side!r}")
         if side == "worker" and (tp_rank is None or geometry is None or memory is None):
@@ -331,6 +361,15 @@ class PortClient:
         # Requests named without kv_transfer_params: the node frees them at once when they finish.
         self._plain: set[str] = set()
         self.send_plain = send_plain
+        if reply_spin_us is None:
+            raw = os.environ.get("KVFERRY_PORT_SPIN_US", "") or "0"
+            try:
+                reply_spin_us = float(raw)
+            except ValueError:
+                raise ValueError(f"KVFERRY_PORT_SPIN_US must be microseconds (a number), not {raw!r}") from None
+        if not reply_spin_us >= 0:
+            raise ValueError(f"reply_spin_us must be >= 0, not {reply_spin_us}")
+        self.reply_spin_s = reply_spin_us / 1e6
         self.last_op_errors: list[dict[str, Any]] = []
         self.load_events = load_events
         self.event_device = event_device
@@ -382,7 +421,7 @@ class PortClient:
             raise NodeUnavailable(self.socket_path, f"cannot connect ({e})") from e
         sock.settimeout(self.timeout_s)
         self._sock = sock
-        self._reader = FrameReader(sock)
+        self._reader = FrameReader(sock, self.reply_spin_s)
         self._broken = None
         self._next_id = 1
         try:

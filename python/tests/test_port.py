@@ -49,6 +49,33 @@ def test_reader_refuses_a_zero_length_frame_and_a_non_map():
         FrameReader(b).read()
 
 
+def test_a_spinning_reader_reads_frames_within_and_after_its_spin_and_keeps_the_timeout():
+    a, b = socket.socketpair()
+    b.settimeout(5.0)
+    r = FrameReader(b, spin_s=0.02)
+    a.sendall(encode_frame({"id": 1}))
+    assert r.read() == {"id": 1}
+    frame = encode_frame({"id": 2, "ok": {"x": b"y" * 100}})
+    later = threading.Timer(0.1, lambda: (a.sendall(frame[:3]), time.sleep(0.01), a.sendall(frame[3:])))
+    later.start()  # past the spin, in two pieces: the reader sleeps on the socket for it
+    assert r.read() == {"id": 2, "ok": {"x": b"y" * 100}}
+    later.join()
+    assert b.gettimeout() == 5.0
+    a.close()
+    with pytest.raises(EOFError):
+        r.read()
+
+
+def test_reply_spin_is_checked(monkeypatch):
+    with pytest.raises(ValueError, match=">= 0"):
+        port.PortClient("/nowhere", "scheduler", reply_spin_us=-1)
+    monkeypatch.setenv("KVFERRY_PORT_SPIN_US", "fast")
+    with pytest.raises(ValueError, match="KVFERRY_PORT_SPIN_US"):
+        port.PortClient("/nowhere", "scheduler")
+    monkeypatch.setenv("KVFERRY_PORT_SPIN_US", "150")
+    assert port.PortClient("/nowhere", "scheduler").reply_spin_s == pytest.approx(150e-6)
+
+
 def test_reader_refuses_a_frame_over_64_mib():
     a, b = socket.socketpair()
     a.sendall(struct.pack(">I", port.MAX_FRAME_BYTES + 1))

@@ -46,6 +46,14 @@ final class PortSession implements Runnable {
   static final List<Integer> SUPPORTED_VERSIONS = List.of(1, 2);
   /** The version that added {@code batch}. */
   static final int BATCH_VERSION = 2;
+  /**
+   * How long a session polls for the engine's next frame before it blocks
+   * ({@code -Dkvferry.port.spin-us}, default 0: it blocks at once). See docs/engine-port.md for
+   * what it saves and costs.
+   */
+  static final long SPIN_NANOS =
+      java.util.concurrent.TimeUnit.MICROSECONDS.toNanos(Long.getLong("kvferry.port.spin-us", 0));
+
   /** One-way ops' errors kept for the next get_finished; beyond this they are only counted. */
   static final int KEPT_OP_ERRORS = 64;
   /** cudaIpcMemHandle_t and cudaIpcEventHandle_t are both 64 bytes. */
@@ -73,7 +81,7 @@ final class PortSession implements Runnable {
   PortSession(EnginePortServer server, SocketChannel channel, Duration workersTimeout) {
     this.server = server;
     this.channel = channel;
-    this.frames = new PortFrames.Reader(channel, 64 << 10);
+    this.frames = new PortFrames.Reader(channel, 64 << 10, SPIN_NANOS);
     this.workersTimeout = workersTimeout;
   }
 

@@ -175,6 +175,43 @@ class PortFramesTest {
   }
 
   @Test
+  void aSpinningReaderOnASocketReadsFramesThatComeWithinItsSpinAndAfterItAndThenBlocksAgain()
+      throws Exception {
+    java.nio.file.Path dir = java.nio.file.Files.createTempDirectory("kvferry-frames");
+    java.net.UnixDomainSocketAddress at = java.net.UnixDomainSocketAddress.of(dir.resolve("s"));
+    try (java.nio.channels.ServerSocketChannel server =
+            java.nio.channels.ServerSocketChannel.open(java.net.StandardProtocolFamily.UNIX)) {
+      server.bind(at);
+      try (java.nio.channels.SocketChannel client = java.nio.channels.SocketChannel.open(at);
+          java.nio.channels.SocketChannel accepted = server.accept()) {
+        PortFrames.Reader r = new PortFrames.Reader(accepted, 64, 50_000_000L); // 50 ms
+        byte[] ping = frame(PortFrames.encode(Map.of("op", "ping")));
+        client.write(ByteBuffer.wrap(ping));
+        assertEquals("ping", r.next().get("op")); // there before the read
+        Thread late = new Thread(() -> {
+          try {
+            Thread.sleep(200); // past the spin: the reader blocks for it
+            client.write(ByteBuffer.wrap(Arrays.copyOf(ping, 3))); // a frame in two pieces
+            Thread.sleep(20);
+            client.write(ByteBuffer.wrap(ping, 3, ping.length - 3));
+          } catch (Exception e) {
+            throw new IllegalStateException(e);
+          }
+        });
+        late.start();
+        assertEquals("ping", r.next().get("op"));
+        late.join();
+        assertTrue(accepted.isBlocking(), "left non-blocking: replies would be written so");
+        client.shutdownOutput();
+        assertNull(r.next(), "a clean end seen while spinning");
+      }
+    } finally {
+      java.nio.file.Files.deleteIfExists(dir.resolve("s"));
+      java.nio.file.Files.delete(dir);
+    }
+  }
+
+  @Test
   void anEndInsideAFrameOrABadLengthFails() throws Exception {
     byte[] whole = frame(PortFrames.encode(Map.of("op", "ping")));
     for (int cut = 1; cut < whole.length; cut++) {
