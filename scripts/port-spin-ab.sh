@@ -10,7 +10,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 GPU_ENV_WORK=$(mktemp -d)
 trap 'rm -rf "$GPU_ENV_WORK"' EXIT
 source "$root/scripts/gpu-env.sh" > /dev/null
-py=${KVFERRY_PYTHON:-$(command -v /usr/bin/python3 || command -v python3)}
+py=${KVFERRY_PYTHON:-}
+for c in /usr/bin/python3 python3; do  # the first with msgpack (Debian's here, the GPU host's there)
+  [ -n "$py" ] || ! "$c" -c 'import msgpack' 2>/dev/null || py=$c
+done
 rounds=$1; shift
 for r in $(seq 1 "$rounds"); do
   for setting in "$@"; do

@@ -754,9 +754,11 @@ def _line(r: dict) -> str:
 
 
 def _disaggregated_first(p: _Proc, d: _Proc, mode: str, rid: str, prompt: list[int], p_info: dict, d_info: dict,
-                         profiled: bool = False) -> tuple[dict, dict]:
+                         profiled: bool = False, d_after_p: bool = False) -> tuple[dict, dict]:
     """One request through P and D up to D's first token (then finished and freed): P's prefill
-    result and D's first-token result."""
+    result and D's first-token result. ``d_after_p`` (WRITE): D starts waiting for the KV only once
+    P's prefill has returned, so its first forward never shares the GPU with P's last kernels (a
+    diagnostic: it delays D's start, so its TTFT is not the pipeline's)."""
     xfer = f"xfer-{rid}"
     p_params = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": xfer,
                 "remote_engine_id": d_info["engine_id"]}
@@ -764,11 +766,16 @@ def _disaggregated_first(p: _Proc, d: _Proc, mode: str, rid: str, prompt: list[i
         d.call("admit", rid=rid, prompt=prompt, params={
             "do_remote_prefill": True, "do_remote_decode": False, "transfer_id": xfer,
             "remote_engine_id": p_info["engine_id"]})
-        d.send("receive_first", rid=rid, profile=profiled)
-        try:
+        if d_after_p:
             pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False, profile=profiled)
-        finally:
-            first = d.result()
+            first = d.call("receive_first", rid=rid, profile=profiled)
+        else:
+            d.send("receive_first", rid=rid, profile=profiled)
+            try:
+                pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False,
+                             profile=profiled)
+            finally:
+                first = d.result()
     else:
         pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False, profile=profiled)
         params = dict(pre["kv_transfer_params"] or {})
@@ -822,7 +829,8 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                            profile_first=profiled)
                 pb = p.call("baseline_ttft", rid=rid + "-pb", prompt=[rng.randrange(3, args.vocab) for _ in range(n)],
                             profile=profiled)
-            pre, first = _disaggregated_first(p, d, mode, rid, prompt, p_info, d_info, profiled)
+            pre, first = _disaggregated_first(p, d, mode, rid, prompt, p_info, d_info, profiled,
+                                              d_after_p=args.ttft_d_after_p)
             if b is None:
                 b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)],
                            profile_first=profiled)
@@ -1016,6 +1024,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ttft-warmup", type=int, default=300,
                    help="disaggregated 48-token requests per mode before the TTFT runs, not timed: the nodes' "
                         "per-request code is then compiled, as in a node that has served a while (0: none)")
+    p.add_argument("--ttft-d-after-p", action="store_true",
+                   help="WRITE: D waits for the KV only once P's prefill returned (a diagnostic: does D's first "
+                        "forward run slower because it shares the GPU with P's last kernels?)")
     p.add_argument("--ttft-profile", action="store_true",
                    help="profile one more P prefill at the longest TTFT length, with and without kvferry")
     p.add_argument("--max-prompt-tokens", type=int, default=PROMPT_MAX)

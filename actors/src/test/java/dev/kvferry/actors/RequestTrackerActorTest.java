@@ -141,9 +141,8 @@ class RequestTrackerActorTest {
     assertEquals(0, sink.unsettledWordClaims());
   }
 
-  @Test
-  void aReadWhoseDecodeEngineHasAlreadyLeftFreesItsBlocksAtOnceNotAtTheDeadline() {
-    ActorRef<RequestTrackerActor.Command> t = tracker(ConnectorSettings.DEFAULTS);
+  /** Tells {@code t} a directory listing one worker of decode engine "decode-0". */
+  private void listDecodeZero(ActorRef<RequestTrackerActor.Command> t) {
     dev.kvferry.actors.engine.EngineIdentity d = new dev.kvferry.actors.engine.EngineIdentity(
         dev.kvferry.actors.connector.Role.DECODE, "decode-0", 0, 1, 0, 1,
         dev.kvferry.actors.connector.TransferMode.READ);
@@ -151,6 +150,12 @@ class RequestTrackerActorTest {
         kit.spawn(org.apache.pekko.actor.typed.javadsl.Behaviors.empty(), d.toActorName());
     t.tell(new RequestTrackerActor.DirectoryChanged(
         dev.kvferry.actors.engine.EngineDirectory.of(java.util.List.of(dWorker))));
+  }
+
+  @Test
+  void aReadWhoseDecodeEngineHasAlreadyLeftFreesItsBlocksAtOnceNotAtTheDeadline() {
+    ActorRef<RequestTrackerActor.Command> t = tracker(ConnectorSettings.DEFAULTS);
+    listDecodeZero(t);
     t.tell(new RequestTrackerActor.DirectoryChanged(dev.kvferry.actors.engine.EngineDirectory.EMPTY));
     long deadline = System.currentTimeMillis() + 120_000; // the read-abort timeout
     // D died before P finished the request: no later directory change would end the wait.
@@ -180,15 +185,9 @@ class RequestTrackerActorTest {
   @Test
   void aReaderReportedGoneWhileTheListingShowsItKeepsItsBlocks() {
     ActorRef<RequestTrackerActor.Command> t = tracker(ConnectorSettings.DEFAULTS);
-    dev.kvferry.actors.engine.EngineIdentity d = new dev.kvferry.actors.engine.EngineIdentity(
-        dev.kvferry.actors.connector.Role.DECODE, "decode-0", 0, 1, 0, 1,
-        dev.kvferry.actors.connector.TransferMode.READ);
     // An incarnation stopped, but the listing shows the engine (another incarnation, or the
     // listing has not dropped it yet): the listing says when it goes.
-    ActorRef<EngineActor.Command> listed =
-        kit.spawn(org.apache.pekko.actor.typed.javadsl.Behaviors.empty(), d.toActorName());
-    t.tell(new RequestTrackerActor.DirectoryChanged(
-        dev.kvferry.actors.engine.EngineDirectory.of(java.util.List.of(listed))));
+    listDecodeZero(t);
     t.tell(new RequestTrackerActor.ExpectRelease("r1", "tx1", System.currentTimeMillis() + 120_000,
         "decode-0"));
     t.tell(new RequestTrackerActor.EngineGoneUnlisted("decode-0"));
