@@ -367,9 +367,9 @@ class PortClient:
                 reply_spin_us = float(raw)
             except ValueError:
                 raise ValueError(f"KVFERRY_PORT_SPIN_US must be microseconds (a number), not {raw!r}") from None
-        if not reply_spin_us >= 0:
-            raise ValueError(f"reply_spin_us must be >= 0, not {reply_spin_us}")
-        self.reply_spin_s = reply_spin_us / 1e6
+        if not 0 <= reply_spin_us < float("inf"):
+            raise ValueError(f"reply_spin_us must be >= 0 and finite, not {reply_spin_us}")
+        self.reply_spin_s = min(reply_spin_us / 1e6, timeout_s)  # never past the call's timeout
         self.last_op_errors: list[dict[str, Any]] = []
         self.load_events = load_events
         self.event_device = event_device

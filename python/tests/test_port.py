@@ -67,8 +67,10 @@ def test_a_spinning_reader_reads_frames_within_and_after_its_spin_and_keeps_the_
 
 
 def test_reply_spin_is_checked(monkeypatch):
-    with pytest.raises(ValueError, match=">= 0"):
-        port.PortClient("/nowhere", "scheduler", reply_spin_us=-1)
+    for bad in (-1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=">= 0 and finite"):
+            port.PortClient("/nowhere", "scheduler", reply_spin_us=bad)
+    assert port.PortClient("/nowhere", "scheduler", reply_spin_us=5e6, timeout_s=2.0).reply_spin_s == 2.0
     monkeypatch.setenv("KVFERRY_PORT_SPIN_US", "fast")
     with pytest.raises(ValueError, match="KVFERRY_PORT_SPIN_US"):
         port.PortClient("/nowhere", "scheduler")

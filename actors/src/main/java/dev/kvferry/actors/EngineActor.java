@@ -46,8 +46,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   /** What a worker handles: calls from its own engine here, and messages from its peers. */
   public sealed interface Command
       permits PeerProtocol.Message, StartLoad, SaveLayer, SealWrites, AnnounceRemoteBlocks,
-          AbortTransfer, AbortReceive, ReceiveOverdue, ReleaseOverdue, PeerGone, PeerIntroduced, GetTransfers,
-          Stop, ListingChanged, ListedWorkerStopped {}
+          AbortTransfer, AbortReceive, ReceiveOverdue, ReleaseOverdue, PeerGone, PeerIntroduced,
+          GetTransfers, Stop, ListingChanged, ListedWorkerStopped {}
 
   // ---- from the local engine (worker and scheduler side) ----
 
@@ -363,15 +363,17 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     if (stopped.directoryChanged()) {
       publishDirectory(true);
     }
-    if (stopped.unlistedEngineGone() != null) {
-      // No listing change will ever say it left: its engine attached and went unseen here.
-      tracker.tell(new RequestTrackerActor.EngineGoneUnlisted(stopped.unlistedEngineGone()));
+    if (stopped.introducedChanged()) {
+      // An engine no listing shows may have gone with it: no listing change would say so.
+      tracker.tell(new RequestTrackerActor.IntroducedChanged(workers.introducedEngines()));
     }
     return this;
   }
 
   private Behavior<Command> onPeerIntroduced(PeerIntroduced m) {
-    workers.introduced(m.engineId(), m.worker());
+    if (workers.introduced(m.engineId(), m.worker())) {
+      tracker.tell(new RequestTrackerActor.IntroducedChanged(workers.introducedEngines()));
+    }
     return this;
   }
 

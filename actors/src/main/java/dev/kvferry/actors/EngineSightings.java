@@ -1,20 +1,27 @@
 package dev.kvferry.actors;
 
+import dev.kvferry.actors.engine.BoundedMap;
 import dev.kvferry.actors.engine.EngineDirectory;
 import dev.kvferry.actors.engine.TerminalIds;
+import java.util.HashSet;
+import java.util.Set;
 
 /**
- * The peer engines a tracker has seen: those the directory lists now, and (bounded) those ever
- * listed or known to have gone unseen, so that an engine not listed now is told apart as gone
- * rather than not joined yet. Not thread-safe: owned by one actor.
+ * The peer engines a tracker has seen: listed now, ever listed (bounded), with a live worker that
+ * introduced itself by asking for our metadata, or whose introduced workers all stopped while no
+ * listing showed them (bounded). An engine known here and now neither listed nor introduced has
+ * left, or attached again and not shown itself yet. Not thread-safe: owned by one actor.
  */
 final class EngineSightings {
 
   private EngineDirectory directory = EngineDirectory.EMPTY;
-  private final TerminalIds known;
+  private final TerminalIds everListed;
+  private Set<String> introduced = Set.of();
+  private final BoundedMap<String, Boolean> goneUnseen;
 
   EngineSightings(int capacity) {
-    this.known = new TerminalIds(capacity);
+    this.everListed = new TerminalIds(capacity);
+    this.goneUnseen = new BoundedMap<>(capacity);
   }
 
   /** Takes the directory now; returns the one before it. */
@@ -22,30 +29,37 @@ final class EngineSightings {
     EngineDirectory before = directory;
     directory = now;
     for (String id : now.engineIds()) {
-      if (!known.contains(id)) {
-        known.add(id);
+      if (!everListed.contains(id)) {
+        everListed.add(id);
       }
     }
     return before;
   }
 
-  /** An engine no directory here showed has gone (its workers that spoke to us stopped). */
-  void goneUnseen(String engineId) {
-    if (!known.contains(engineId)) {
-      known.add(engineId);
+  /**
+   * Takes the engines with a live introduced worker; returns those that went unseen: no live
+   * introduced worker any more, and not listed.
+   */
+  Set<String> introduced(Set<String> live) {
+    Set<String> gone = new HashSet<>();
+    for (String id : introduced) {
+      if (!live.contains(id) && !directory.contains(id)) {
+        goneUnseen.put(id, Boolean.TRUE);
+        gone.add(id);
+      }
     }
+    live.forEach(goneUnseen::remove);
+    introduced = Set.copyOf(live);
+    return gone;
   }
 
   boolean listed(String engineId) {
     return directory.contains(engineId);
   }
 
-  /**
-   * Known here and not listed now: it left. (An engine that attached again under that id and is
-   * not listed here yet looks the same; the listing takes a moment, the same rule as a listing
-   * that drops it.)
-   */
+  /** Known here, and now neither listed nor introduced. */
   boolean left(String engineId) {
-    return !engineId.isEmpty() && known.contains(engineId) && !directory.contains(engineId);
+    return !engineId.isEmpty() && !directory.contains(engineId) && !introduced.contains(engineId)
+        && (everListed.contains(engineId) || goneUnseen.containsKey(engineId));
   }
 }

@@ -70,10 +70,10 @@ final class ListedWorkers {
    *
    * @param directoryChanged the worker is still listed: routing skips it from now on, so messages
    *     reach the new incarnation or wait
-   * @param unlistedEngineGone the engine id of an introduced worker whose engine no listing here
-   *     shows and no other introduced worker of it is alive: it has gone unseen; else null
+   * @param introducedChanged it had introduced itself: {@link #introducedEngines()} may have lost
+   *     its engine
    */
-  record Stopped(boolean directoryChanged, @Nullable String unlistedEngineGone) {}
+  record Stopped(boolean directoryChanged, boolean introducedChanged) {}
 
   /** A watched worker stopped. */
   Stopped stopped(ActorRef<EngineActor.Command> ref) {
@@ -86,20 +86,27 @@ final class ListedWorkers {
     if (changed) {
       rebuild();
     }
-    boolean goneUnseen = engine != null && !directory().contains(engine)
-        && !introduced.containsValue(engine);
-    return new Stopped(changed, goneUnseen ? engine : null);
+    return new Stopped(changed, engine != null);
   }
 
-  /** A peer worker of {@code engineId} asked for our metadata: watch it until it stops. */
-  void introduced(String engineId, ActorRef<EngineActor.Command> ref) {
-    if (ref.equals(ctx.getSelf()) || introduced.containsKey(ref)) {
-      return;
+  /**
+   * A peer worker of {@code engineId} asked for our metadata: watched until it stops (one that
+   * has stopped already gets its Terminated at once). Returns whether it is new.
+   */
+  boolean introduced(String engineId, ActorRef<EngineActor.Command> ref) {
+    if (ref.equals(ctx.getSelf()) || introduced.containsKey(ref) || stopped.contains(ref)) {
+      return false; // (a stopped one is still listed: the listing says when it goes)
     }
     introduced.put(ref, engineId);
-    if (!stopped.contains(ref) && watched.add(ref)) {
+    if (watched.add(ref)) {
       ctx.watchWith(ref, stoppedMessage.apply(ref));
     }
+    return true;
+  }
+
+  /** The engines with a live worker that introduced itself (listed or not). */
+  Set<String> introducedEngines() {
+    return Set.copyOf(introduced.values());
   }
 
   /** Every role's workers in one directory, less the stopped ones. */

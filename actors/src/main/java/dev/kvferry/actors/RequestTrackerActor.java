@@ -9,6 +9,7 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.function.Predicate;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
@@ -74,21 +75,17 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
 
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
 
-  /**
-   * P, READ: the workers of an engine no listing here shows, which asked us for metadata, have
-   * stopped (it attached and went before news of it got here): as if its listing dropped it.
-   */
-  public record EngineGoneUnlisted(String engineId) implements Command {}
+  /** Engines with a live worker that asked us for metadata (the owner watches them). */
+  public record IntroducedChanged(Set<String> engineIds) implements Command {}
 
-  /**
-   * Transfers in flight, by state, for /kvferry/transfers.
-   *
-   * @param writes P's writes in progress (from its writer), listed with this tracker's transfers
-   */
+  /** Transfers in flight for /kvferry/transfers, with P's writes in progress ({@code writes}). */
   public record GetSnapshot(ActorRef<TransferSnapshot> replyTo, List<TransferView> writes)
       implements Command {}
 
   private record DeadlinePassed(String transferId) implements Command {}
+
+  /** P, READ: a transfer's reader had left; the grace for it to show itself again is over. */
+  private record ReaderAbsent(String transferId) implements Command {}
 
   private final String selfLabel;
   private final ConnectorSettings settings;
@@ -103,15 +100,9 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   private final TerminalIds terminal;
   /** P, READ: releases that overtook their ExpectRelease (D can be faster than P's next step). */
   private final TerminalIds earlyReleases;
-  /**
-   * D: failures that overtook their ExpectReceive (P aborted before D's scheduler announced its
-   * blocks), by transfer id, with the reason; bounded like the terminal ids.
-   */
+  /** D: failures (reasons by transfer id) that overtook their ExpectReceive; bounded. */
   private final BoundedMap<String, String> earlyFailures;
-  /**
-   * D: aborts reported before their receive was expected (the abort overtook the worker's load
-   * through the engine port); the receive that comes later is already reported.
-   */
+  /** D: aborts reported before their receive was expected (it is reported already). */
   private final TerminalIds abortedEarly;
   /** Peer engines listed now and ever: one not listed now has left, or not joined yet. */
   private final EngineSightings engines;
@@ -153,7 +144,8 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
         .onMessage(SendFinished.class, this::onSendFinished)
         .onMessage(DeadlinePassed.class, this::onDeadline)
         .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
-        .onMessage(EngineGoneUnlisted.class, this::onEngineGoneUnlisted)
+        .onMessage(IntroducedChanged.class, this::onIntroducedChanged)
+        .onMessage(ReaderAbsent.class, this::onReaderAbsent)
         .onMessage(GetSnapshot.class, this::onSnapshot)
         .onMessage(ReportAborted.class, this::onReportAborted)
         .build();
@@ -260,22 +252,22 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     if (refuseDuplicate(m.requestId(), m.transferId(), true)) {
       return this;
     }
-    String reader = m.consumerEngineId();
-    if (engines.left(reader)) {
-      // D was a member and has left (its worker died or detached): nobody reads these blocks,
-      // and no directory change will end the wait now. Free them instead of at the deadline.
-      getContext().getLog().info("request {} is to be read by {}, which has left the cluster;"
-          + " freeing its blocks", m.requestId(), reader);
-      terminal.add(m.transferId());
-      sink.doneSending(m.requestId());
-      sink.observer().transferEnded(TransferObserver.Outcome.EXPIRED, 0, -1);
-      return this;
-    }
     active.put(m.transferId(), TrackedTransfer.awaitingRelease(m));
     long delayMs = Math.max(0, m.deadlineEpochMs() - System.currentTimeMillis());
     timers.startSingleTimer(
         m.transferId(), new DeadlinePassed(m.transferId()), Duration.ofMillis(delayMs));
+    if (engines.left(m.consumerEngineId())) {
+      // D was here and has left: no directory change will end the wait now, so it ends after a
+      // grace instead of at the deadline, unless D attaches again under that id meanwhile.
+      awaitReaderBack(m.transferId());
+    }
     return this;
+  }
+
+  /** Frees a transfer kept for a reader that left, unless the reader shows itself in time. */
+  private void awaitReaderBack(String transferId) {
+    Duration grace = settings.handshakeTimeout().multipliedBy(settings.handshakeAttempts());
+    timers.startSingleTimer("absent " + transferId, new ReaderAbsent(transferId), grace);
   }
 
   private Behavior<Command> onReleased(Released m) {
@@ -348,10 +340,19 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     return this;
   }
 
-  private Behavior<Command> onEngineGoneUnlisted(EngineGoneUnlisted m) {
-    if (!engines.listed(m.engineId())) { // else the listing says when it goes
-      engines.goneUnseen(m.engineId()); // and a later read kept for it frees at once
-      freeKeptFor(t -> t.keptFor(m.engineId()));
+  private Behavior<Command> onIntroducedChanged(IntroducedChanged m) {
+    // One that no listing shows and whose workers all stopped went before news of it got here.
+    Set<String> gone = engines.introduced(m.engineIds());
+    active.values().stream().filter(t -> gone.contains(t.peerEngineId) && t.keptFor(t.peerEngineId))
+        .forEach(t -> awaitReaderBack(t.transferId));
+    return this;
+  }
+
+  private Behavior<Command> onReaderAbsent(ReaderAbsent m) {
+    TrackedTransfer t = active.get(m.transferId());
+    if (t != null && engines.left(t.peerEngineId)) {
+      freeKeptFor(x -> x == t);
+      observe(TransferObserver.Outcome.EXPIRED, 0, t);
     }
     return this;
   }
@@ -379,6 +380,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
       return null;
     }
     timers.cancel(transferId);
+    timers.cancel("absent " + transferId);
     terminal.add(transferId);
     return t;
   }

@@ -306,8 +306,9 @@ class BlockLifetimeTest {
   void prefillFreesBlocksKeptForADecodeEngineThatWentBeforeItWasEverListedWhenItsWorkerStops() {
     // Seen in the router test on a loaded host: D's engine attached, read three requests and died
     // before the Receptionist's news of it reached P, so no listing change ever said it went.
-    ConnectorWorker p =
-        fx.worker(Role.PREFILL, TransferMode.READ, "prefill-0", ConnectorSettings.DEFAULTS);
+    // The grace for D to attach again: 2 handshake attempts of 200 ms.
+    ConnectorWorker p = fx.worker(Role.PREFILL, TransferMode.READ, "prefill-0",
+        ConnectorSettings.DEFAULTS.withHandshake(Duration.ofMillis(200), 2, Duration.ofMillis(10)));
     EngineIdentity d = new EngineIdentity(Role.DECODE, "decode-3", 0, 1, 0, 1, TransferMode.READ);
     ActorRef<EngineActor.Command> dWorker =
         fx.kit.spawn(org.apache.pekko.actor.typed.javadsl.Behaviors.empty(), d.toActorName());

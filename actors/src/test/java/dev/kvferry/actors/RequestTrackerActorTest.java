@@ -17,6 +17,10 @@ import org.junit.jupiter.api.Test;
 /** The RequestTrackerActor on its own: deadlines, each ending reported once, late messages. */
 class RequestTrackerActorTest {
 
+  /** A reader that left gets 200 ms (2 handshake attempts of 100 ms) to show itself again. */
+  private static final ConnectorSettings SHORT_GRACE =
+      ConnectorSettings.DEFAULTS.withHandshake(Duration.ofMillis(100), 2, Duration.ofMillis(10));
+
   private final ActorTestKit kit = ActorTestKit.create();
   private final java.util.List<TransferObserver.Outcome> observed =
       java.util.Collections.synchronizedList(new java.util.ArrayList<>());
@@ -153,8 +157,8 @@ class RequestTrackerActorTest {
   }
 
   @Test
-  void aReadWhoseDecodeEngineHasAlreadyLeftFreesItsBlocksAtOnceNotAtTheDeadline() {
-    ActorRef<RequestTrackerActor.Command> t = tracker(ConnectorSettings.DEFAULTS);
+  void aReadWhoseDecodeEngineHasAlreadyLeftFreesItsBlocksAfterTheGraceNotAtTheDeadline() {
+    ActorRef<RequestTrackerActor.Command> t = tracker(SHORT_GRACE);
     listDecodeZero(t);
     t.tell(new RequestTrackerActor.DirectoryChanged(dev.kvferry.actors.engine.EngineDirectory.EMPTY));
     long deadline = System.currentTimeMillis() + 120_000; // the read-abort timeout
@@ -167,31 +171,51 @@ class RequestTrackerActorTest {
     assertTrue(sink.drain().isEmpty(), "freed blocks of a decode engine that may still join");
   }
 
+  private static RequestTrackerActor.IntroducedChanged introduced(String... engineIds) {
+    return new RequestTrackerActor.IntroducedChanged(Set.of(engineIds));
+  }
+
   @Test
-  void aReaderThatWentUnseenFreesWhatWasKeptForItAndWhatComesForItLater() {
-    ActorRef<RequestTrackerActor.Command> t = tracker(ConnectorSettings.DEFAULTS);
+  void aReaderThatWentUnseenFreesWhatWasKeptForItAndWhatComesForItLaterAfterTheGrace() {
+    ActorRef<RequestTrackerActor.Command> t = tracker(SHORT_GRACE);
     long deadline = System.currentTimeMillis() + 120_000;
+    t.tell(introduced("decode-5", "decode-6")); // asked for our metadata; never listed here
     t.tell(new RequestTrackerActor.ExpectRelease("r1", "tx1", deadline, "decode-5"));
     t.tell(new RequestTrackerActor.ExpectRelease("r2", "tx2", deadline, "decode-6"));
-    t.tell(new RequestTrackerActor.EngineGoneUnlisted("decode-5"));
+    t.tell(introduced("decode-6")); // decode-5's workers stopped
     assertEquals(Set.of("r1"), awaitExactly(f -> f.doneSending().contains("r1")).doneSending());
-    // Named after it went: nobody will read it.
+    // Named after it went: nobody will read it, unless it attaches again within the grace.
     t.tell(new RequestTrackerActor.ExpectRelease("r3", "tx3", deadline, "decode-5"));
     assertEquals(Set.of("r3"), awaitExactly(f -> f.doneSending().contains("r3")).doneSending());
-    kit.createTestProbe().expectNoMessage(Duration.ofMillis(300));
+    kit.createTestProbe().expectNoMessage(Duration.ofMillis(400));
     assertTrue(sink.drain().isEmpty(), "freed blocks kept for decode-6, which did not go");
   }
 
   @Test
-  void aReaderReportedGoneWhileTheListingShowsItKeepsItsBlocks() {
-    ActorRef<RequestTrackerActor.Command> t = tracker(ConnectorSettings.DEFAULTS);
-    // An incarnation stopped, but the listing shows the engine (another incarnation, or the
-    // listing has not dropped it yet): the listing says when it goes.
+  void aReaderThatAttachesAgainUnderItsIdWithinTheGraceKeepsItsBlocks() {
+    ActorRef<RequestTrackerActor.Command> t = tracker(SHORT_GRACE);
+    t.tell(introduced("decode-5"));
+    t.tell(introduced()); // its engine died, never listed here
+    t.tell(new RequestTrackerActor.ExpectRelease("r1", "tx1", System.currentTimeMillis() + 120_000,
+        "decode-5"));
+    t.tell(introduced("decode-5")); // a new incarnation under the same id asks for our metadata
+    kit.createTestProbe().expectNoMessage(Duration.ofMillis(500));
+    assertTrue(sink.drain().isEmpty(), "freed blocks the new incarnation may read");
+    t.tell(new RequestTrackerActor.Released("tx1"));
+    assertEquals(Set.of("r1"), awaitExactly(f -> f.doneSending().contains("r1")).doneSending());
+  }
+
+  @Test
+  void aReaderWhoseIntroducedWorkersStopWhileTheListingShowsItKeepsItsBlocks() {
+    ActorRef<RequestTrackerActor.Command> t = tracker(SHORT_GRACE);
+    // Its workers stopped, but the listing shows the engine (another incarnation, or the listing
+    // has not dropped it yet): the listing says when it goes.
     listDecodeZero(t);
+    t.tell(introduced("decode-0"));
     t.tell(new RequestTrackerActor.ExpectRelease("r1", "tx1", System.currentTimeMillis() + 120_000,
         "decode-0"));
-    t.tell(new RequestTrackerActor.EngineGoneUnlisted("decode-0"));
-    kit.createTestProbe().expectNoMessage(Duration.ofMillis(300));
+    t.tell(introduced());
+    kit.createTestProbe().expectNoMessage(Duration.ofMillis(500));
     assertTrue(sink.drain().isEmpty(), "freed blocks a listed reader may still read");
   }
 }

@@ -48,11 +48,11 @@ final class PortSession implements Runnable {
   static final int BATCH_VERSION = 2;
   /**
    * How long a session polls for the engine's next frame before it blocks
-   * ({@code -Dkvferry.port.spin-us}, default 0: it blocks at once). See docs/engine-port.md for
-   * what it saves and costs.
+   * ({@code -Dkvferry.port.spin-us}, default 0: it blocks at once; at most 1 s). See
+   * docs/engine-port.md for what it saves and costs.
    */
-  static final long SPIN_NANOS =
-      java.util.concurrent.TimeUnit.MICROSECONDS.toNanos(Long.getLong("kvferry.port.spin-us", 0));
+  static final long SPIN_NANOS = java.util.concurrent.TimeUnit.MICROSECONDS.toNanos(
+      Math.max(0, Math.min(1_000_000, Long.getLong("kvferry.port.spin-us", 0))));
 
   /** One-way ops' errors kept for the next get_finished; beyond this they are only counted. */
   static final int KEPT_OP_ERRORS = 64;
