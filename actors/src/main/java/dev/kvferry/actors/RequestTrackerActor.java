@@ -267,6 +267,8 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   /** Frees a transfer kept for a reader that left, unless the reader shows itself in time. */
   private void awaitReaderBack(String transferId) {
     Duration grace = settings.handshakeTimeout().multipliedBy(settings.handshakeAttempts());
+    getContext().getLog().info("transfer {}: its reader has left; its blocks are freed in {} ms"
+        + " unless the reader comes back", transferId, grace.toMillis());
     timers.startSingleTimer("absent " + transferId, new ReaderAbsent(transferId), grace);
   }
 

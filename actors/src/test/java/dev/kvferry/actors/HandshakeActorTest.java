@@ -35,11 +35,16 @@ class HandshakeActorTest {
   }
 
   private ActorRef<HandshakeActor.Command> handshake(ConnectorSettings settings) {
+    return handshake(settings, null);
+  }
+
+  private ActorRef<HandshakeActor.Command> handshake(ConnectorSettings settings,
+      ActorRef<EngineActor.Command> owner) {
     List<RegionDescriptor> layers = new ArrayList<>();
     fx.localLayers.forEach(r -> layers.add(fx.transport.describe(r)));
     AgentMetadata local = new AgentMetadata(self.engineId(), 0, 0, 1, fx.transport.name(),
         PeerFixture.GEOMETRY, layers);
-    return fx.kit.spawn(HandshakeActor.create(local, settings));
+    return fx.kit.spawn(HandshakeActor.create(local, settings, owner));
   }
 
   @Test
@@ -199,13 +204,8 @@ class HandshakeActorTest {
   @Test
   void aPeerThatLeavesIsReportedSoItsTransportStateIsReleased() {
     ActorRef<EngineActor.Command> peerRef = fx.startPeer(peer, fx::peerMetadata);
-    List<RegionDescriptor> layers = new ArrayList<>();
-    fx.localLayers.forEach(r -> layers.add(fx.transport.describe(r)));
-    AgentMetadata local = new AgentMetadata(self.engineId(), 0, 0, 1, fx.transport.name(),
-        PeerFixture.GEOMETRY, layers);
     TestProbe<EngineActor.Command> owner = fx.kit.createTestProbe();
-    ActorRef<HandshakeActor.Command> h =
-        fx.kit.spawn(HandshakeActor.create(local, ConnectorSettings.DEFAULTS, owner.ref()));
+    ActorRef<HandshakeActor.Command> h = handshake(ConnectorSettings.DEFAULTS, owner.ref());
     h.tell(new HandshakeActor.DirectoryChanged(EngineDirectory.of(List.of(peerRef))));
     TestProbe<HandshakeActor.Result> w = fx.kit.createTestProbe();
     h.tell(new HandshakeActor.Fetch("decode-0", 0, w.ref()));
@@ -216,5 +216,29 @@ class HandshakeActorTest {
         owner.expectMessageClass(EngineActor.PeerGone.class, Duration.ofSeconds(5));
     assertEquals("decode-0", gone.metadata().engineId());
     assertEquals(PeerFixture.LAYERS, gone.metadata().layers().size());
+  }
+
+  @Test
+  void servingOurMetadataIntroducesTheAskingWorkerToTheOwner() {
+    TestProbe<EngineActor.Command> owner = fx.kit.createTestProbe();
+    ActorRef<HandshakeActor.Command> h = handshake(ConnectorSettings.DEFAULTS, owner.ref());
+    TestProbe<PeerProtocol.MetadataReply> replies = fx.kit.createTestProbe();
+    ActorRef<EngineActor.Command> worker =
+        fx.kit.spawn(org.apache.pekko.actor.typed.javadsl.Behaviors.empty(), peer.toActorName());
+    h.tell(new HandshakeActor.Serve(new PeerProtocol.GetMetadata(replies.ref(), worker)));
+    assertEquals("prefill-0", replies.receiveMessage(Duration.ofSeconds(5)).engineId());
+    EngineActor.PeerIntroduced hi =
+        owner.expectMessageClass(EngineActor.PeerIntroduced.class, Duration.ofSeconds(5));
+    assertEquals("decode-0", hi.engineId());
+    assertEquals(worker, hi.worker());
+
+    // Anonymous, or an asker whose name is no engine worker's: served, introduced as nothing.
+    ActorRef<EngineActor.Command> stranger =
+        fx.kit.spawn(org.apache.pekko.actor.typed.javadsl.Behaviors.empty(), "not-a-worker");
+    h.tell(new HandshakeActor.Serve(new PeerProtocol.GetMetadata(replies.ref())));
+    h.tell(new HandshakeActor.Serve(new PeerProtocol.GetMetadata(replies.ref(), stranger)));
+    replies.receiveMessage(Duration.ofSeconds(5));
+    replies.receiveMessage(Duration.ofSeconds(5));
+    owner.expectNoMessage(Duration.ofMillis(300));
   }
 }
