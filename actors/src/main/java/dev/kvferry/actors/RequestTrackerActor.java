@@ -104,7 +104,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   private final BoundedMap<String, String> earlyFailures;
   /** D: aborts reported before their receive was expected (it is reported already). */
   private final TerminalIds abortedEarly;
-  /** Peer engines listed now and ever: one not listed now has left, or not joined yet. */
+  /** Peer engines listed now, ever, or introduced: which readers have left. */
   private final EngineSightings engines;
 
   /**
