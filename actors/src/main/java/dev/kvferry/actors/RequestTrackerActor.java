@@ -10,7 +10,6 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
-import java.util.function.Predicate;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
 import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
@@ -75,7 +74,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
 
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
 
-  /** Engines with a live worker that asked us for metadata (the owner watches them). */
+  /** Engines with a live worker that asked us for metadata; one unlisted and gone left unseen. */
   public record IntroducedChanged(Set<String> engineIds) implements Command {}
 
   /** Transfers in flight for /kvferry/transfers, with P's writes in progress ({@code writes}). */
@@ -201,10 +200,9 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onTransferFailed(TransferFailed m) {
-    // D's watcher may have reported the receive done from its word (every copy landed): the
-    // engine has its answer, so an ending decided after it (a timeout, P's failure) reports
-    // nothing. An abort after that done reaches us as ReportAborted (the receiver settles the
-    // receive first) and is reported there.
+    // D's watcher may have reported the receive done from its word: the engine has its answer,
+    // so a later ending (a timeout, P's failure) reports nothing; an abort after that done comes
+    // as ReportAborted (the receiver settles the receive first) and is reported there.
     boolean reportedByWord = sink.settleReceive(m.transferId());
     if (!active.containsKey(m.transferId()) && !terminal.contains(m.transferId())) {
       if (!reportedByWord) {
@@ -252,24 +250,26 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     if (refuseDuplicate(m.requestId(), m.transferId(), true)) {
       return this;
     }
-    active.put(m.transferId(), TrackedTransfer.awaitingRelease(m));
+    TrackedTransfer kept = TrackedTransfer.awaitingRelease(m);
+    active.put(m.transferId(), kept);
     long delayMs = Math.max(0, m.deadlineEpochMs() - System.currentTimeMillis());
     timers.startSingleTimer(
         m.transferId(), new DeadlinePassed(m.transferId()), Duration.ofMillis(delayMs));
     if (engines.left(m.consumerEngineId())) {
       // D was here and has left: no directory change will end the wait now, so it ends after a
       // grace instead of at the deadline, unless D attaches again under that id meanwhile.
-      awaitReaderBack(m.transferId());
+      awaitReaderBack(kept);
     }
     return this;
   }
 
   /** Frees a transfer kept for a reader that left, unless the reader shows itself in time. */
-  private void awaitReaderBack(String transferId) {
+  private void awaitReaderBack(TrackedTransfer t) {
     Duration grace = settings.handshakeTimeout().multipliedBy(settings.handshakeAttempts());
     getContext().getLog().info("transfer {}: its reader has left; its blocks are freed in {} ms"
-        + " unless the reader comes back", transferId, grace.toMillis());
-    timers.startSingleTimer("absent " + transferId, new ReaderAbsent(transferId), grace);
+        + " unless the reader comes back", t.transferId, grace.toMillis());
+    t.readerAbsent = true;
+    timers.startSingleTimer(t.absenceKey(), new ReaderAbsent(t.transferId), grace);
   }
 
   private Behavior<Command> onReleased(Released m) {
@@ -338,35 +338,33 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   private Behavior<Command> onDirectoryChanged(DirectoryChanged m) {
     EngineDirectory before = engines.update(m.directory());
     // Receives end through the owner, which first waits for its own reads to stop.
-    freeKeptFor(t -> t.readerLeft(before, m.directory()));
+    active.values().stream().filter(t -> t.readerLeft(before, m.directory())).toList()
+        .forEach(this::freeKept);
     return this;
   }
 
   private Behavior<Command> onIntroducedChanged(IntroducedChanged m) {
-    // One that no listing shows and whose workers all stopped went before news of it got here.
     Set<String> gone = engines.introduced(m.engineIds());
-    active.values().stream().filter(t -> gone.contains(t.peerEngineId) && t.keptFor(t.peerEngineId))
-        .forEach(t -> awaitReaderBack(t.transferId));
+    active.values().stream().filter(t -> gone.stream().anyMatch(t::keptFor))
+        .forEach(this::awaitReaderBack);
     return this;
   }
 
   private Behavior<Command> onReaderAbsent(ReaderAbsent m) {
     TrackedTransfer t = active.get(m.transferId());
     if (t != null && engines.left(t.peerEngineId)) {
-      freeKeptFor(x -> x == t);
+      freeKept(t);
       observe(TransferObserver.Outcome.EXPIRED, 0, t);
     }
     return this;
   }
 
-  /** P, READ: the readers of these are gone: nobody reads their blocks; free them now. */
-  private void freeKeptFor(Predicate<TrackedTransfer> readerGone) {
-    for (TrackedTransfer t : active.values().stream().filter(readerGone).toList()) {
-      getContext().getLog().info("request {}: its reader {} has left; freeing its blocks",
-          t.requestId, t.peerEngineId);
-      take(t.transferId, "peer left");
-      sink.doneSending(t.requestId);
-    }
+  /** P, READ: its reader is gone: nobody reads its blocks; free them now. */
+  private void freeKept(TrackedTransfer t) {
+    getContext().getLog().info("request {}: its reader {} has left; freeing its blocks",
+        t.requestId, t.peerEngineId);
+    take(t.transferId, "peer left");
+    sink.doneSending(t.requestId);
   }
 
   private void observe(TransferObserver.Outcome outcome, long bytes, TrackedTransfer t) {
@@ -382,7 +380,9 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
       return null;
     }
     timers.cancel(transferId);
-    timers.cancel("absent " + transferId);
+    if (t.readerAbsent) {
+      timers.cancel(t.absenceKey());
+    }
     terminal.add(transferId);
     return t;
   }

@@ -23,6 +23,8 @@ final class TrackedTransfer {
   final long startedNanos = System.nanoTime();
   /** The deadline passed and the owner was asked to end the transfer; it still holds blocks. */
   boolean overdue;
+  /** P, READ: its reader left; a timer ({@link #absenceKey}) frees it unless the reader is back. */
+  boolean readerAbsent;
 
   TrackedTransfer(
       String requestId, String transferId, State state, String peerEngineId, int[] localBlockIds) {
@@ -60,6 +62,11 @@ final class TrackedTransfer {
         && !peerEngineId.isEmpty()
         && before.contains(peerEngineId)
         && !now.contains(peerEngineId);
+  }
+
+  /** The key of the {@link #readerAbsent} timer (the deadline's is the transfer id). */
+  String absenceKey() {
+    return "absent " + transferId;
   }
 
   /** P, READ: our blocks are kept for {@code reader}. */

@@ -54,6 +54,20 @@ class BlockLifetimeTest {
         .get(0));
   }
 
+  /** A READ decode worker copying through {@code gated}, reading from a listed prefill-0. */
+  private ConnectorWorker readingDecode(GatedTransport gated, ConnectorSettings s) {
+    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.READ));
+    return fx.worker(Role.DECODE, TransferMode.READ, "decode-0", s, gated, fx.localLayers);
+  }
+
+  /** The engine hands {@code d} one read of prefill-0's blocks 3 and 4 into {@code blocks}. */
+  private static void loadFromPrefill(ConnectorWorker d, String requestId, String transferId,
+      int[] blocks) {
+    d.startLoadKv(new ConnectorMetadata(List.of(),
+        List.of(new ReqMeta(requestId, transferId, blocks, new int[] {3, 4}, "prefill-0", 0)),
+        List.of()));
+  }
+
   /** {@code w} reports nothing for a while (its blocks stay with the transfer). */
   private void assertNothingFinishedFor(ConnectorWorker w, Duration quiet) {
     fx.kit.createTestProbe().expectNoMessage(quiet);
@@ -191,13 +205,9 @@ class BlockLifetimeTest {
   @Test
   void aReadTimeoutFailsClosedOnlyAfterEveryLayerInFlightHasFinished() {
     GatedTransport gated = new GatedTransport(fx.transport);
-    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.READ));
-    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0",
-        ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(300)), gated,
-        fx.localLayers);
-    d.startLoadKv(new ConnectorMetadata(List.of(),
-        List.of(new ReqMeta("r6", "tx6", new int[] {1, 2}, new int[] {3, 4}, "prefill-0", 0)),
-        List.of()));
+    ConnectorWorker d =
+        readingDecode(gated, ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(300)));
+    loadFromPrefill(d, "r6", "tx6", new int[] {1, 2});
     awaitSubmitted(gated, PeerFixture.LAYERS);
 
     // The timeout passes while both layers' reads are in flight: nothing is freed or released.
@@ -215,18 +225,14 @@ class BlockLifetimeTest {
   @Test
   void aReadAbortedBeforeItsLoadReachedTheWorkerReadsNothingIntoTheFreedBlocks() throws Exception {
     GatedTransport gated = new GatedTransport(fx.transport);
-    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.READ));
-    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0",
-        ConnectorSettings.DEFAULTS, gated, fx.localLayers);
+    ConnectorWorker d = readingDecode(gated, ConnectorSettings.DEFAULTS);
     // Through the engine port the scheduler and the worker are two connections: the abort of a
     // request the scheduler handed over can reach the worker's actors before the step's load.
     d.engineRef().tell(new EngineActor.AbortReceive("r14", "tx14", "request r14 aborted"));
     Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r14"));
     assertTrue(f.failed().get("r14").contains("aborted"), f.toString());
     // The engine freed r14's blocks on that report (1 and 2 may hold another request now).
-    d.startLoadKv(new ConnectorMetadata(List.of(),
-        List.of(new ReqMeta("r14", "tx14", new int[] {1, 2}, new int[] {3, 4}, "prefill-0", 0)),
-        List.of()));
+    loadFromPrefill(d, "r14", "tx14", new int[] {1, 2});
     // P is told to free its blocks, nothing is read, and the step's layer waits end.
     assertEquals("tx14", fishPeer(PeerProtocol.Release.class).transferId());
     CompletableFuture<Boolean> waited = CompletableFuture.supplyAsync(() -> {
@@ -263,12 +269,8 @@ class BlockLifetimeTest {
   @Test
   void aReadFailureWaitsForTheOtherLayersInFlightBeforeInvalidatingAndReleasing() {
     GatedTransport gated = new GatedTransport(fx.transport);
-    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.READ));
-    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0",
-        ConnectorSettings.DEFAULTS, gated, fx.localLayers);
-    d.startLoadKv(new ConnectorMetadata(List.of(),
-        List.of(new ReqMeta("r6", "tx6", new int[] {1, 2}, new int[] {3, 4}, "prefill-0", 0)),
-        List.of()));
+    ConnectorWorker d = readingDecode(gated, ConnectorSettings.DEFAULTS);
+    loadFromPrefill(d, "r6", "tx6", new int[] {1, 2});
     awaitSubmitted(gated, PeerFixture.LAYERS);
 
     // P ends the transfer (it gave up waiting) while our reads are still landing.
@@ -360,12 +362,8 @@ class BlockLifetimeTest {
   @Test
   void aReadModeLayerWaitReturnsOnlyOnceThatLayerHasLanded() throws Exception {
     GatedTransport gated = new GatedTransport(fx.transport);
-    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.READ));
-    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0",
-        ConnectorSettings.DEFAULTS, gated, fx.localLayers);
-    d.startLoadKv(new ConnectorMetadata(List.of(),
-        List.of(new ReqMeta("r10", "tx10", new int[] {1, 2}, new int[] {3, 4}, "prefill-0", 0)),
-        List.of()));
+    ConnectorWorker d = readingDecode(gated, ConnectorSettings.DEFAULTS);
+    loadFromPrefill(d, "r10", "tx10", new int[] {1, 2});
     awaitSubmitted(gated, PeerFixture.LAYERS);
 
     java.util.concurrent.CompletableFuture<Boolean> layer0 = waitInBackground(d, 0);
@@ -486,21 +484,15 @@ class BlockLifetimeTest {
   void aTransferIdUsedAgainAfterItsReadEndedReadsNothingIntoTheNewRequestsBlocks() {
     GatedTransport gated = new GatedTransport(fx.transport);
     gated.open(); // copies land at once
-    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, 0, 1, TransferMode.READ));
-    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0",
-        ConnectorSettings.DEFAULTS, gated, fx.localLayers);
-    d.startLoadKv(new ConnectorMetadata(List.of(),
-        List.of(new ReqMeta("r20", "tx20", new int[] {1, 2}, new int[] {3, 4}, "prefill-0", 0)),
-        List.of()));
+    ConnectorWorker d = readingDecode(gated, ConnectorSettings.DEFAULTS);
+    loadFromPrefill(d, "r20", "tx20", new int[] {1, 2});
     assertEquals("tx20", fishPeer(PeerProtocol.Release.class).transferId());
     fx.awaitFinished(d, x -> x.doneReceiving().contains("r20"));
     int reads = gated.submitted();
 
     // The engine hands the same transfer id over again, for other blocks: refused, and nothing
     // is read into them (P freed its blocks on the release; the engine frees these on the error).
-    d.startLoadKv(new ConnectorMetadata(List.of(),
-        List.of(new ReqMeta("r21", "tx20", new int[] {5, 6}, new int[] {3, 4}, "prefill-0", 0)),
-        List.of()));
+    loadFromPrefill(d, "r21", "tx20", new int[] {5, 6});
     Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r21"));
     assertTrue(f.failed().get("r21").contains("duplicate transfer id tx20"), f.toString());
     fx.peerInbox.expectNoMessage(QUIET);

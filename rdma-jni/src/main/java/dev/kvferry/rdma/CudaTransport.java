@@ -211,8 +211,7 @@ public final class CudaTransport implements EventOrderedTransport {
   @Override
   public void signalWhenCopied(
       MemoryRegion local, RegionDescriptor remote, long wordDeviceAddress, long value) {
-    int device = local.device();
-    Cuda.setDevice(device);
+    int device = local.device(); // the lane sets it current for its calls
     lanes.computeIfAbsent(laneKey(device, remote), k -> new Lane(device))
         .writeValue(wordDeviceAddress, value);
   }

@@ -188,20 +188,23 @@ class PortFramesTest {
         byte[] ping = frame(PortFrames.encode(Map.of("op", "ping")));
         client.write(ByteBuffer.wrap(ping));
         assertEquals("ping", r.next().get("op")); // there before the read
-        Thread late = new Thread(() -> {
-          try {
-            Thread.sleep(200); // past the spin: the reader blocks for it
-            client.write(ByteBuffer.wrap(Arrays.copyOf(ping, 3))); // a frame in two pieces
-            Thread.sleep(20);
-            client.write(ByteBuffer.wrap(ping, 3, ping.length - 3));
-          } catch (Exception e) {
-            throw new IllegalStateException(e);
-          }
-        });
-        late.start();
-        assertEquals("ping", r.next().get("op"));
-        late.join();
+        // A reader whose spin is over at once blocks on the socket for a frame sent while it
+        // reads, here in two pieces.
+        PortFrames.Reader blocking = new PortFrames.Reader(accepted, 64, 1);
+        java.util.concurrent.CompletableFuture<Map<String, Object>> next =
+            java.util.concurrent.CompletableFuture.supplyAsync(() -> {
+              try {
+                return blocking.next();
+              } catch (IOException | PortException e) {
+                throw new java.util.concurrent.CompletionException(e);
+              }
+            });
+        client.write(ByteBuffer.wrap(Arrays.copyOf(ping, 3)));
+        client.write(ByteBuffer.wrap(ping, 3, ping.length - 3));
+        assertEquals("ping", next.get(10, java.util.concurrent.TimeUnit.SECONDS).get("op"));
         assertTrue(accepted.isBlocking(), "left non-blocking: replies would be written so");
+        client.write(ByteBuffer.wrap(ping));
+        assertEquals("ping", r.next().get("op"));
         client.shutdownOutput();
         assertNull(r.next(), "a clean end seen while spinning");
       }
