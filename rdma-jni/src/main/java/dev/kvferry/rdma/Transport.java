@@ -27,6 +27,15 @@ public interface Transport extends AutoCloseable {
   RegionDescriptor describe(MemoryRegion local);
 
   /**
+   * A new zeroed host region in {@code registry}, allocated where this transport's peers reach it
+   * fastest: by default {@link RegionRegistry#allocateHost} (shared pages a cma peer maps); ucx has
+   * UCX allocate it. Close it as any region.
+   */
+  default MemoryRegion allocateHost(RegionRegistry registry, long lengthBytes) {
+    return registry.allocateHost(lengthBytes);
+  }
+
+  /**
    * The peer that described {@code peerRegion} has left (or restarted as a new incarnation):
    * release what is kept for it (idle connections, opened mappings, copy streams). Copies already
    * queued to it still complete first; a later transfer with it fails or reopens what it needs.

@@ -6,6 +6,7 @@ import dev.kvferry.rdma.ucx.UcxWorker;
 import java.util.Iterator;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicBoolean;
 
 /**
  * UCX's one-sided put and get (libucp through JNA, {@link dev.kvferry.rdma.ucx}): the same calls
@@ -25,6 +26,8 @@ public final class UcxTransport implements Transport {
   private final UcxWorker worker;
   private final byte[] workerAddress;
   private final Map<MemoryRegion, UcxWorker.Mapping> mapped = new ConcurrentHashMap<>();
+  /** Regions whose memory UCX allocated ({@link #allocateHost}); freed with their region. */
+  private final Map<MemoryRegion, AllocatedMemory> allocated = new ConcurrentHashMap<>();
   private volatile boolean closed;
 
   /**
@@ -66,9 +69,37 @@ public final class UcxTransport implements Transport {
       throw new IllegalStateException("ucx transport is closed");
     }
     unmapClosedRegions();
-    UcxWorker.Mapping mapping =
-        mapped.computeIfAbsent(local, r -> worker.map(r.address(), r.lengthBytes()));
+    AllocatedMemory own = allocated.get(local);
+    UcxWorker.Mapping mapping = own != null
+        ? own.mapping
+        : mapped.computeIfAbsent(local, r -> worker.map(r.address(), r.lengthBytes()));
     return local.descriptor().withUcx(workerAddress, mapping.packedRkey());
+  }
+
+  /**
+   * Memory UCX allocates and maps itself. On one host UCX puts it in shared memory that a peer's
+   * put reaches with a memcpy, where memory this process allocated costs a cma system call per
+   * put; over RDMA it is registered memory like any other. The memory is freed once the region
+   * is closed and no transfer uses it; closing this transport closes the regions it allocated
+   * (their memory goes with UCX's context).
+   *
+   * @throws UcxException naming the UCX call that failed
+   */
+  @Override
+  public MemoryRegion allocateHost(RegionRegistry registry, long lengthBytes) {
+    if (lengthBytes <= 0) {
+      throw new IllegalArgumentException("region length must be positive, got " + lengthBytes);
+    }
+    if (closed) {
+      throw new IllegalStateException("ucx transport is closed");
+    }
+    UcxWorker.Allocation a = worker.allocate(lengthBytes);
+    LibC.memset(a.address(), 0, lengthBytes); // zeroed and touched, as allocateHost's regions
+    AllocatedMemory memory = new AllocatedMemory(a.mapping());
+    MemoryRegion region =
+        registry.registerExternal(a.address(), lengthBytes, RegionKind.HOST, -1, memory::free);
+    allocated.put(region, memory);
+    return region;
   }
 
   @Override
@@ -84,6 +115,13 @@ public final class UcxTransport implements Transport {
   @Override
   public void close() {
     closed = true;
+    // UCX must not outlive its memory's users nor keep it mapped past its context (its cleanup
+    // aborted the process here with an allocated region still mapped): close, then free.
+    for (Map.Entry<MemoryRegion, AllocatedMemory> e : allocated.entrySet()) {
+      e.getKey().close();
+      e.getValue().free();
+    }
+    allocated.clear();
     for (UcxWorker.Mapping m : mapped.values()) {
       try {
         worker.unmap(m);
@@ -131,6 +169,27 @@ public final class UcxTransport implements Transport {
       if (e.getKey().isClosed()) {
         it.remove();
         worker.unmap(e.getValue());
+      }
+    }
+    allocated.keySet().removeIf(MemoryRegion::isClosed); // their own free unmaps them
+  }
+
+  /** Memory UCX allocated for a region: unmapped (which frees it) once, by whichever goes first. */
+  private final class AllocatedMemory {
+    final UcxWorker.Mapping mapping;
+    private final AtomicBoolean freed = new AtomicBoolean();
+
+    AllocatedMemory(UcxWorker.Mapping mapping) {
+      this.mapping = mapping;
+    }
+
+    void free() {
+      if (freed.compareAndSet(false, true)) {
+        try {
+          worker.unmap(mapping);
+        } catch (RuntimeException e) {
+          // the worker is already closed: its context's cleanup freed the memory
+        }
       }
     }
   }

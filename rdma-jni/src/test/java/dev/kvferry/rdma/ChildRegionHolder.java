@@ -12,8 +12,9 @@ import java.util.Map;
  * The peer process of {@link CrossProcessTransferTest} and {@link UcxTransportTest}: registers one
  * host region, prints its descriptor for each transport named (args: region bytes, then the
  * transports, default {@code cma,tcp}; ucx reads UCX_TLS from this process's environment and its
- * progress thread serves the parent's puts and gets), then answers commands on stdin until stdin
- * closes.
+ * progress thread serves the parent's puts and gets; then optionally the transport whose {@link
+ * Transport#allocateHost} allocates the region, default the registry), then answers commands on
+ * stdin until stdin closes.
  *
  * <pre>
  * FILL seed offset length        -> OK
@@ -37,7 +38,9 @@ public final class ChildRegionHolder {
           default -> throw new IllegalArgumentException("no transport " + name);
         });
       }
-      MemoryRegion region = registry.allocateHost(regionBytes);
+      MemoryRegion region = args.length > 2
+          ? transports.get(args[2]).allocateHost(registry, regionBytes)
+          : registry.allocateHost(regionBytes);
       Base64.Encoder b64 = Base64.getEncoder();
       for (Map.Entry<String, Transport> t : transports.entrySet()) {
         System.out.println("DESCRIPTOR " + t.getKey() + " "

@@ -3,6 +3,8 @@ package dev.kvferry.rdma;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
@@ -36,6 +38,7 @@ class UcxTransportTest {
   private static final List<String> CHILD_JVM =
       List.of("-Xmx64m", "-XX:TieredStopAtLevel=1", "-Xshare:auto");
 
+  private static final String ALLOCATED = "/allocated";
   private static final Map<String, Peer> peers = new HashMap<>();
   private static RegionRegistry registry;
   private static MemoryRegion source;
@@ -64,22 +67,28 @@ class UcxTransportTest {
     }
   }
 
-  private static Peer peer(String tls) throws Exception {
-    Peer p = peers.get(tls);
+  /**
+   * The child for {@code variant}: UCX_TLS, and with {@code /allocated} a region UCX allocated
+   * ({@link UcxTransport#allocateHost}) rather than the registry.
+   */
+  private static Peer peer(String variant) throws Exception {
+    Peer p = peers.get(variant);
     if (p == null) {
+      String tls = variant.replace(ALLOCATED, "");
+      List<String> args = variant.endsWith(ALLOCATED)
+          ? List.of(String.valueOf(REGION), "ucx", "ucx") : List.of(String.valueOf(REGION), "ucx");
       ChildJvm child =
-          ChildJvm.start(ChildRegionHolder.class.getName(), CHILD_JVM, List.of(String.valueOf(REGION), "ucx"),
-              Map.of("UCX_TLS", tls));
+          ChildJvm.start(ChildRegionHolder.class.getName(), CHILD_JVM, args, Map.of("UCX_TLS", tls));
       RegionDescriptor region = descriptor(child.awaitLine("DESCRIPTOR ucx ", REPLY));
       UcxTransport transport = new UcxTransport(TransportOptions.defaults().withUcxTransports(tls));
       p = new Peer(child, region, transport);
-      peers.put(tls, p);
+      peers.put(variant, p);
     }
     return p;
   }
 
   @ParameterizedTest(name = "UCX_TLS={0}")
-  @ValueSource(strings = {"tcp", "sm"})
+  @ValueSource(strings = {"tcp", "sm", "tcp/allocated", "sm/allocated"})
   void writesScatteredBlocksIntoAnotherProcess(String tls) throws Exception {
     Peer peer = peer(tls);
     long seed = tls.hashCode();
@@ -113,7 +122,7 @@ class UcxTransportTest {
   }
 
   @ParameterizedTest(name = "UCX_TLS={0}")
-  @ValueSource(strings = {"tcp", "sm"})
+  @ValueSource(strings = {"tcp", "sm", "tcp/allocated", "sm/allocated"})
   void readsScatteredBlocksOfAnotherProcess(String tls) throws Exception {
     Peer peer = peer(tls);
     long seed = tls.hashCode() + 7L;
@@ -192,6 +201,30 @@ class UcxTransportTest {
       assertTrue(
           after.failureMessage().contains("region " + remote.regionId() + " of " + remote.owner()),
           after.failureMessage());
+    }
+  }
+
+  @Test
+  void regionsUcxAllocatesAreZeroedDescribedAndClosedWithTheTransport() {
+    try (RegionRegistry own = new RegionRegistry("allocating")) {
+      UcxTransport transport = new UcxTransport(TransportOptions.defaults().withUcxTransports("sm"));
+      MemoryRegion kept;
+      try {
+        kept = transport.allocateHost(own, 3L * BLOCK + 5);
+        MemoryRegion dropped = transport.allocateHost(own, BLOCK);
+        assertEquals(3L * BLOCK + 5, kept.lengthBytes());
+        assertEquals(RegionKind.HOST, kept.kind());
+        assertArrayEquals(new byte[3 * BLOCK + 5], Patterns.bytes(kept, 0, 3 * BLOCK + 5));
+        assertTrue(transport.describe(kept).ucxRkey().length > 0);
+        dropped.close(); // unmapped from UCX, which frees it
+        assertNull(own.lookup(dropped.id()));
+        assertThrows(IllegalArgumentException.class, () -> transport.allocateHost(own, 0));
+      } finally {
+        transport.close();
+      }
+      assertTrue(kept.isClosed(), "closing the transport closes the regions UCX allocated");
+      assertNull(own.lookup(kept.id()));
+      assertThrows(IllegalStateException.class, () -> transport.allocateHost(own, BLOCK));
     }
   }
 

@@ -32,7 +32,7 @@ public final class BenchPeer {
                 transportName,
                 registry,
                 TransportOptions.defaults().withTcpSocketBufferBytes(socketBuffer))) {
-      MemoryRegion region = registry.allocateHost(regionBytes);
+      MemoryRegion region = transport.allocateHost(registry, regionBytes);
       System.out.println(
           "DESCRIPTOR " + Base64.getEncoder().encodeToString(transport.describe(region).pack()));
       System.out.flush();

@@ -49,10 +49,18 @@ final class Ucp {
   static final long EP_PARAM_FIELD_ERR_HANDLER = 1L << 2;
   static final int ERR_HANDLING_MODE_PEER = 1;
 
-  // ucp_mem_map_params_t (40 bytes): field_mask@0, address@8, length@16.
+  // ucp_mem_map_params_t (40 bytes): field_mask@0, address@8, length@16, flags@24 (unsigned).
   static final int MEM_MAP_PARAMS_BYTES = 40;
   static final long MEM_MAP_PARAM_FIELD_ADDRESS = 1L;
   static final long MEM_MAP_PARAM_FIELD_LENGTH = 1L << 1;
+  static final long MEM_MAP_PARAM_FIELD_FLAGS = 1L << 2;
+  /** ucp_mem_map's flag: UCX allocates the memory (address NULL), where its peers reach it best. */
+  static final int MEM_MAP_ALLOCATE = 1 << 1;
+
+  // ucp_mem_attr_t (32 bytes): field_mask@0, address@8, length@16.
+  static final int MEM_ATTR_BYTES = 32;
+  static final long MEM_ATTR_FIELD_ADDRESS = 1L;
+  static final long MEM_ATTR_FIELD_LENGTH = 1L << 1;
 
   // ucp_request_param_t (72 bytes): op_attr_mask@0 (uint32), flags@4 (uint32).
   static final int REQUEST_PARAM_BYTES = 72;
@@ -104,6 +112,8 @@ final class Ucp {
   static native int ucp_mem_map(long context, long params, long[] memh);
 
   static native int ucp_mem_unmap(long context, long memh);
+
+  static native int ucp_mem_query(long memh, long attr);
 
   static native int ucp_rkey_pack(long context, long memh, long[] buffer, long[] lengthBytes);
 

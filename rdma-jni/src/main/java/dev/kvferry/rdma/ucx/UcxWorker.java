@@ -160,26 +160,67 @@ public final class UcxWorker implements AutoCloseable {
    * @throws UcxException naming the call that failed
    */
   public Mapping map(long address, long lengthBytes) {
+    return call(() -> packed(memMap(address, lengthBytes, 0)), "ucp_mem_map");
+  }
+
+  /**
+   * Memory UCX allocates itself and maps ({@code UCP_MEM_MAP_ALLOCATE}): on one host UCX places it
+   * in shared memory whose remote key lets a peer map it and put with a plain memcpy, which it
+   * cannot do into memory the process allocated (there puts become cma system calls). Freed by
+   * {@link #unmap}, or with the context when the worker closes.
+   *
+   * @throws UcxException naming the call that failed
+   */
+  public Allocation allocate(long lengthBytes) {
     return call(
         () -> {
-          Memory p = zeroed(Ucp.MEM_MAP_PARAMS_BYTES);
-          p.setLong(0, Ucp.MEM_MAP_PARAM_FIELD_ADDRESS | Ucp.MEM_MAP_PARAM_FIELD_LENGTH);
-          p.setLong(8, address);
-          p.setLong(16, lengthBytes);
-          long[] memh = new long[1];
-          Ucx.check(Ucp.ucp_mem_map(context, Pointer.nativeValue(p), memh), "ucp_mem_map");
-          long[] buffer = new long[1];
-          long[] size = new long[1];
-          int status = Ucp.ucp_rkey_pack(context, memh[0], buffer, size);
+          long memh = memMap(0, lengthBytes, Ucp.MEM_MAP_ALLOCATE);
+          Memory attr = zeroed(Ucp.MEM_ATTR_BYTES);
+          attr.setLong(0, Ucp.MEM_ATTR_FIELD_ADDRESS | Ucp.MEM_ATTR_FIELD_LENGTH);
+          int status = Ucp.ucp_mem_query(memh, Pointer.nativeValue(attr));
           if (status != Ucp.UCS_OK) {
-            Ucp.ucp_mem_unmap(context, memh[0]);
-            Ucx.check(status, "ucp_rkey_pack");
+            Ucp.ucp_mem_unmap(context, memh);
+            Ucx.check(status, "ucp_mem_query");
           }
-          byte[] rkey = new Pointer(buffer[0]).getByteArray(0, (int) size[0]);
-          Ucp.ucp_rkey_buffer_release(buffer[0]);
-          return new Mapping(memh[0], rkey);
+          long length = attr.getLong(16);
+          if (length < lengthBytes) {
+            Ucp.ucp_mem_unmap(context, memh);
+            throw new IllegalStateException("ucp_mem_map(ALLOCATE) of " + lengthBytes
+                + " bytes gave " + length);
+          }
+          return new Allocation(packed(memh), attr.getLong(8), length);
         },
-        "ucp_mem_map");
+        "ucp_mem_map(ALLOCATE)");
+  }
+
+  /** Memory UCX allocated: its mapping, and where it lies in this process. */
+  public record Allocation(Mapping mapping, long address, long lengthBytes) {}
+
+  /** ucp_mem_map on the progress thread; the handle. */
+  private long memMap(long address, long lengthBytes, int flags) {
+    Memory p = zeroed(Ucp.MEM_MAP_PARAMS_BYTES);
+    p.setLong(0, Ucp.MEM_MAP_PARAM_FIELD_ADDRESS | Ucp.MEM_MAP_PARAM_FIELD_LENGTH
+        | (flags != 0 ? Ucp.MEM_MAP_PARAM_FIELD_FLAGS : 0));
+    p.setLong(8, address);
+    p.setLong(16, lengthBytes);
+    p.setInt(24, flags);
+    long[] memh = new long[1];
+    Ucx.check(Ucp.ucp_mem_map(context, Pointer.nativeValue(p), memh), "ucp_mem_map");
+    return memh[0];
+  }
+
+  /** The mapping with its packed remote key; unmaps it when packing fails. */
+  private Mapping packed(long memh) {
+    long[] buffer = new long[1];
+    long[] size = new long[1];
+    int status = Ucp.ucp_rkey_pack(context, memh, buffer, size);
+    if (status != Ucp.UCS_OK) {
+      Ucp.ucp_mem_unmap(context, memh);
+      Ucx.check(status, "ucp_rkey_pack");
+    }
+    byte[] rkey = new Pointer(buffer[0]).getByteArray(0, (int) size[0]);
+    Ucp.ucp_rkey_buffer_release(buffer[0]);
+    return new Mapping(memh, rkey);
   }
 
   /** Unmaps a region mapped by {@link #map}; peers' keys to it stop working. */
