@@ -104,21 +104,29 @@ final class PortFrames {
 
     /** Reads what comes within {@link #spinNanos} without blocking, else blocks for it. */
     private int spinRead(SocketChannel ch) throws IOException {
-      int read = 0;
       ch.configureBlocking(false);
+      int read;
       try {
         long end = System.nanoTime() + spinNanos;
         do {
           read = ch.read(buffer);
           if (read != 0) {
-            return read;
+            break;
           }
           Thread.onSpinWait();
         } while (System.nanoTime() - end < 0);
-      } finally {
-        ch.configureBlocking(true); // replies are written blocking, by this same thread
+      } catch (IOException e) {
+        // The read's failure is the news (a closed or reset channel); restoring blocking mode
+        // on such a channel throws too, and must not hide it.
+        try {
+          ch.configureBlocking(true);
+        } catch (IOException alsoClosed) {
+          e.addSuppressed(alsoClosed);
+        }
+        throw e;
       }
-      return ch.read(buffer);
+      ch.configureBlocking(true); // replies are written blocking, by this same thread
+      return read != 0 ? read : ch.read(buffer);
     }
   }
 
