@@ -31,9 +31,18 @@ class UcxSignalsTest {
     }
   }
 
+  /** Spins until {@code count} reaches {@code at}: progress of the child's threads, not time. */
+  private static void awaitAtLeast(java.util.function.LongSupplier count, long at) {
+    while (count.getAsLong() < at) {
+      Thread.onSpinWait();
+    }
+  }
+
   /** The child: a hot loop, a storm of safepoints, then UCX's first use. */
   public static final class LoadUnderSafepoints {
     private static volatile long sink;
+    private static volatile long loops;
+    private static volatile long safepoints;
 
     public static void main(String[] args) throws Exception {
       Thread hot = new Thread(() -> {
@@ -43,20 +52,23 @@ class UcxSignalsTest {
             x += i ^ (x >>> 3);
           }
           sink = x;
+          loops++;
         }
       }, "hot-loop");
       Thread storm = new Thread(() -> {
         while (true) {
           Thread.getAllStackTraces(); // each call is a safepoint: the hot loop faults on its poll
+          safepoints++;
         }
       }, "safepoint-storm");
       hot.setDaemon(true);
       storm.setDaemon(true);
       hot.start();
       storm.start();
-      Thread.sleep(300); // the loop is compiled, with its poll, by then
+      awaitAtLeast(() -> loops, 200); // the loop has run long enough to be compiled, with its poll
       System.out.println("UCX " + Ucx.available());
-      Thread.sleep(200); // more faults after the load, under whatever handlers it left
+      long after = safepoints;
+      awaitAtLeast(() -> safepoints, after + 1000); // faults after the load, under its handlers
       System.out.println("ALIVE");
     }
   }
