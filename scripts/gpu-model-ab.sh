@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# A/B of node classes or node JVM options on the GPU in one device call: scripts/gpu-model.sh run
-# ROUNDS times per variant, the variants alternated. A variant is NAME=[JAR][@JVM_OPTIONS]: JAR's
-# classes go first on the nodes' classpath (KVFERRY_CP_FIRST; e.g. the changed classes as an
-# earlier commit compiled them, since the bundle holds one kvferry.jar and a second would not fit
-# the device machine's carry limit), JVM_OPTIONS are added to the nodes' (KVFERRY_NODE_JAVA_OPTS).
+# A/B of node classes, node JVM options or CPU placement on the GPU in one device call:
+# scripts/gpu-model.sh run ROUNDS times per variant, the variants alternated. A variant is
+# NAME=[JAR][@JVM_OPTIONS][+P_CPUS:D_CPUS:NODE_CPUS]: JAR's classes go first on the nodes' classpath
+# (KVFERRY_CP_FIRST; e.g. the changed classes as an earlier commit compiled them, since the bundle
+# holds one kvferry.jar and a second would not fit the device machine's carry limit), JVM_OPTIONS
+# are added to the nodes' (KVFERRY_NODE_JAVA_OPTS), and the CPU sets (taskset lists such as 0-3)
+# pin P's engine process, D's, and the router and nodes (gpu_check --pin-cpus, KVFERRY_NODE_CPUS).
 #
-# usage: OUT=DIR scripts/gpu-model-ab.sh ROUNDS P_GPU D_GPU NAME=[JAR][@OPTS]... -- [gpu_check flags]
+# usage: OUT=DIR scripts/gpu-model-ab.sh ROUNDS P_GPU D_GPU NAME=[JAR][@OPTS][+CPUS]... -- [gpu_check flags]
 #   e.g. OUT=$OUT/ab scripts/gpu-model-ab.sh 2 0 0 before=.device/ab/old.jar after= -- --modes read
+#        OUT=$OUT/ab scripts/gpu-model-ab.sh 2 0 0 shared= isolated=+0-3:4-7:8-15 -- --prompts 0
 # env:   AB_TIMEOUT   seconds per run (default 150); a run past it is cut, what it wrote stays
 #        KVFERRY_PORT_BASE  the first run's base port; each later run adds 100
 #        KVFERRY_NODE_JAVA_OPTS  options of every variant (e.g. -Dkvferry.stamps=true)
@@ -14,7 +17,7 @@
 # kind of transfer, when the nodes stamped), each run's node logs as logs.tgz there, and all of
 # it as $OUT/../<basename of OUT>.tgz (a device call returns at most 8 files).
 set -uo pipefail
-usage="usage: OUT=DIR $0 ROUNDS P_GPU D_GPU NAME=[JAR][@OPTS]... -- [gpu_check flags]"
+usage="usage: OUT=DIR $0 ROUNDS P_GPU D_GPU NAME=[JAR][@OPTS][+P_CPUS:D_CPUS:NODE_CPUS]... -- [gpu_check flags]"
 [ $# -ge 4 ] || { echo "$usage" >&2; exit 2; }
 : "${OUT:?set OUT to the output folder}"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -22,7 +25,7 @@ rounds=$1 P=$2 D=$3
 shift 3
 variants=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
-  case $1 in *=*) variants+=("$1") ;; *) echo "not NAME=[JAR][@OPTS]: $1; $usage" >&2; exit 2 ;; esac
+  case $1 in *=*) variants+=("$1") ;; *) echo "not NAME=[JAR][@OPTS][+CPUS]: $1; $usage" >&2; exit 2 ;; esac
   shift
 done
 [ "${1:-}" = -- ] && shift
@@ -32,8 +35,16 @@ port=${KVFERRY_PORT_BASE:-27000}
 mkdir -p "$OUT"
 for round in $(seq 1 "$rounds"); do
   for v in "${variants[@]}"; do
-    name=${v%%=*} spec=${v#*=} opts=
+    name=${v%%=*} spec=${v#*=} opts= cpus=
+    case $spec in *+*) cpus=${spec#*+}; spec=${spec%%+*} ;; esac
     case $spec in *@*) opts=${spec#*@}; spec=${spec%%@*} ;; esac
+    pin=() node_cpus=
+    if [ -n "$cpus" ]; then
+      IFS=: read -r p_cpus d_cpus node_cpus <<< "$cpus"
+      [ -n "$p_cpus" ] && [ -n "$d_cpus" ] && [ -n "$node_cpus" ] \
+        || { echo "CPU sets of $name are not P_CPUS:D_CPUS:NODE_CPUS: $cpus" >&2; exit 2; }
+      pin=(--pin-cpus "$p_cpus:$d_cpus")
+    fi
     first=
     if [ -n "$spec" ]; then
       [ -f "$spec" ] || { echo "no such jar: $spec" >&2; exit 2; }
@@ -41,12 +52,13 @@ for round in $(seq 1 "$rounds"); do
     fi
     dir=$OUT/$name-$round
     mkdir -p "$dir"
-    echo "== $name, round $round, port base $port, $(date -u +%H:%M:%S)${first:+, classes first: $first}${opts:+, options: $opts}"
+    echo "== $name, round $round, port base $port, $(date -u +%H:%M:%S)${first:+, classes first: $first}${opts:+, options: $opts}${cpus:+, CPUs P:D:nodes $cpus}"
     start=$SECONDS
     OUT=$dir KVFERRY_PORT_BASE=$port KVFERRY_CP_FIRST=$first KVFERRY_NODE_JAVA_OPTS="$base_opts $opts" \
-      timeout "${AB_TIMEOUT:-150}" bash "$here/gpu-model.sh" "$P" "$D" "$@" > "$dir/console.txt" 2>&1
+      KVFERRY_NODE_CPUS=$node_cpus \
+      timeout "${AB_TIMEOUT:-150}" bash "$here/gpu-model.sh" "$P" "$D" "$@" "${pin[@]}" > "$dir/console.txt" 2>&1
     echo "   rc=$? wall $((SECONDS - start)) s"
-    grep -E "^TTFT read n|^TTFT write n|checks|FAIL" "$dir/console.txt" | head -20
+    grep -E "^TTFT read n|^TTFT write n|paired, added|checks|FAIL" "$dir/console.txt" | head -20
     run=$dir/gpu-model-p$P-d$D
     if [ -f "$run/decode.log" ] && grep -q "read start stamps" "$run/decode.log"; then
       for m in ttft-warm ttft-read-1024- ttft-read-4096- ""; do

@@ -24,6 +24,8 @@ import time
 import traceback
 from typing import Any
 
+from .paired import describe, paired
+
 PROMPT_MIN, PROMPT_MAX = 16, 4096
 
 
@@ -152,8 +154,10 @@ class _EngineState:
         self.reqs[rid] = {"prompt": prompt, "adm": adm}
         return adm
 
-    def cmd_receive_first(self, rid: str, profile: bool = False) -> dict:
-        """Waits for the KV, snapshots it (not timed), then computes the last prompt token."""
+    def cmd_receive_first(self, rid: str, profile: bool = False, quiet_ms: float = 0.0,
+                          snapshot: bool = True) -> dict:
+        """Waits for the KV, snapshots it for the check (not timed; ``snapshot``), then computes
+        the last prompt token; ``quiet_ms`` (a diagnostic) waits that long in between, untimed."""
         import torch
 
         e = self._e()
@@ -168,9 +172,12 @@ class _EngineState:
         if not got["ok"]:
             return {"ok": False, "why": got["why"]}
         lo, hi = adm["hit_tokens"], adm["hit_tokens"] + adm["count"]
-        r["received"] = e.cache.gather(adm["blocks"], lo, hi).clone()
+        if snapshot:
+            r["received"] = e.cache.gather(adm["blocks"], lo, hi).clone()
         r["range"] = (lo, hi)
         e._sync()
+        if quiet_ms > 0:
+            time.sleep(quiet_ms / 1e3)
         prof = _profiler() if profile else None
         t0 = time.perf_counter()
         logits, blocks = e.first_token(rid, prompt, adm["blocks"], remote=True)
@@ -754,9 +761,12 @@ def _line(r: dict) -> str:
 
 
 def _disaggregated_first(p: _Proc, d: _Proc, mode: str, rid: str, prompt: list[int], p_info: dict, d_info: dict,
-                         profiled: bool = False, d_after_p: bool = False) -> tuple[dict, dict]:
+                         profiled: bool = False, d_after_p: bool = False, d_quiet_ms: float = 0.0,
+                         d_snapshot: bool = False) -> tuple[dict, dict]:
     """One request through P and D up to D's first token (then finished and freed): P's prefill
-    result and D's first-token result. ``d_after_p`` (WRITE): D starts waiting for the KV only once
+    result and D's first-token result. D keeps no snapshot of the KV it received unless
+    ``d_snapshot``: the timed runs check nothing, and the engine without kvferry makes no such copy
+    before its first token (the copy's memory changes what the allocator has cached for it). ``d_after_p`` (WRITE): D starts waiting for the KV only once
     P's prefill has returned, so its first forward never shares the GPU with P's last kernels (a
     diagnostic: it delays D's start, so its TTFT is not the pipeline's)."""
     xfer = f"xfer-{rid}"
@@ -768,9 +778,9 @@ def _disaggregated_first(p: _Proc, d: _Proc, mode: str, rid: str, prompt: list[i
             "remote_engine_id": p_info["engine_id"]})
         if d_after_p:
             pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False, profile=profiled)
-            first = d.call("receive_first", rid=rid, profile=profiled)
+            first = d.call("receive_first", rid=rid, profile=profiled, quiet_ms=d_quiet_ms, snapshot=d_snapshot)
         else:
-            d.send("receive_first", rid=rid, profile=profiled)
+            d.send("receive_first", rid=rid, profile=profiled, quiet_ms=d_quiet_ms, snapshot=d_snapshot)
             try:
                 pre = p.call("prefill", rid=rid, prompt=prompt, params=p_params, want_kv=False,
                              profile=profiled)
@@ -781,7 +791,7 @@ def _disaggregated_first(p: _Proc, d: _Proc, mode: str, rid: str, prompt: list[i
         params = dict(pre["kv_transfer_params"] or {})
         params.setdefault("transfer_id", xfer)
         adm = d.call("admit", rid=rid, prompt=prompt, params=params)
-        first = d.call("receive_first", rid=rid, profile=profiled)
+        first = d.call("receive_first", rid=rid, profile=profiled, quiet_ms=d_quiet_ms, snapshot=d_snapshot)
         first["admit"] = adm
     if pre["delay_free"]:
         p.call("drain", rids=[rid])
@@ -808,7 +818,7 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
             f"{time.perf_counter() - began:.1f} s")
     rows = []
     for n in args.ttft_lengths:
-        dis, base = [], []
+        dis, base, matched = [], [], []
         parts: dict[str, list[float]] = {}
         timeline = None
         # Extra runs, not counted: one with timing events (the timeline); with --ttft-profile, at
@@ -830,7 +840,8 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                 pb = p.call("baseline_ttft", rid=rid + "-pb", prompt=[rng.randrange(3, args.vocab) for _ in range(n)],
                             profile=profiled)
             pre, first = _disaggregated_first(p, d, mode, rid, prompt, p_info, d_info, profiled,
-                                              d_after_p=args.ttft_d_after_p)
+                                              d_after_p=args.ttft_d_after_p, d_quiet_ms=args.ttft_d_quiet_ms,
+                                              d_snapshot=args.ttft_d_snapshot)
             if b is None:
                 b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)],
                            profile_first=profiled)
@@ -853,6 +864,10 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                 continue  # warm-up
             dis.append((first["received_at"] - pre["start"]) + (first["first_end"] - first["first_start"]))
             base.append(b["ttft_s"])
+            # The same work without kvferry with each part in the process that does it with kvferry:
+            # P's prefill in P's process, the first token in D's (the two processes' host times for
+            # the same work have differed by more than the goal).
+            matched.append(pb["prefill_s"] + b["first_s"])
             # Where the added time goes: P's prefill against the same chunks without kvferry, the
             # KV landing after P's end, D's first token against the same step without kvferry.
             # p_port_ms: P's wall time inside connector calls during its prefill;
@@ -902,14 +917,35 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
         if layer["ms"] is not None:
             row["goal_ms"] = layer["ms"] + 1.0
             row["within_goal"] = row["added_ms"] <= row["goal_ms"]
+        row["paired"] = _paired_estimates(dis, base, matched, parts, row.get("goal_ms"))
         rows.append(row)
         log(f"TTFT {mode} n={n}: disaggregated {row['ttft_disagg_ms']:.2f} ms, without {row['ttft_baseline_ms']:.2f} ms, "
             f"added {row['added_ms']:.2f} ms; one layer's copy ({layer['bytes']} B, torch) "
             f"{layer['ms'] if layer['ms'] is None else round(layer['ms'], 4)} ms"
             + (f"; goal <= {row['goal_ms']:.3f} ms: {'met' if row['within_goal'] else 'NOT met'}" if "goal_ms" in row else ""))
+        for name, est in row["paired"].items():
+            log(f"  TTFT {mode} n={n} paired, {name}: {describe(est)}")
     p.call("detach")
     d.call("detach")
     return rows
+
+
+def _paired_estimates(dis: list[float], base: list[float], matched: list[float], parts: dict[str, list[float]],
+                      goal_ms: float | None) -> dict[str, dict]:
+    """Added time per repetition, each "with" differenced against the "without" run beside it, as
+    medians with bootstrap intervals (kvferry.paired): against D's process doing all the work, and
+    against the matched processes; then the matched estimate's three parts."""
+    ms = [x * 1e3 for x in dis]
+    out = {
+        "added, without = D's process": paired(ms, [x * 1e3 for x in base], goal_ms),
+        "added, without = P's prefill in P's process + first token in D's": paired(ms, [x * 1e3 for x in matched],
+                                                                                   goal_ms),
+    }
+    if parts.get("p_prefill_ms"):
+        out["P's prefill, added"] = paired(parts["p_prefill_ms"], parts["p_process_baseline_prefill_ms"])
+        out["KV in place after P's prefill"] = paired(parts["kv_after_p_end_ms"], [0.0] * len(parts["kv_after_p_end_ms"]))
+        out["D's first token, added"] = paired(parts["d_first_token_ms"], parts["baseline_first_token_ms"])
+    return out
 
 
 def _timeline(pre: dict, first: dict) -> dict:
@@ -1027,6 +1063,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ttft-d-after-p", action="store_true",
                    help="WRITE: D waits for the KV only once P's prefill returned (a diagnostic: does D's first "
                         "forward run slower because it shares the GPU with P's last kernels?)")
+    p.add_argument("--ttft-d-quiet-ms", type=float, default=0.0,
+                   help="diagnostic: D waits this long (untimed) between its KV landing and its first forward "
+                        "(is that forward slower because of GPU work that follows the transfer?)")
+    p.add_argument("--ttft-d-snapshot", action="store_true",
+                   help="diagnostic: D copies the KV it received before its first forward (untimed), as the "
+                        "check does and the TTFT runs did before 2026-12-03")
     p.add_argument("--ttft-profile", action="store_true",
                    help="profile one more P prefill at the longest TTFT length, with and without kvferry")
     p.add_argument("--max-prompt-tokens", type=int, default=PROMPT_MAX)
@@ -1148,6 +1190,9 @@ def summarize(report: dict) -> dict:
                      f"without {row['ttft_baseline_ms']:.3f} ms, added {row['added_ms']:.3f} ms, one layer's copy "
                      f"{row['layer_copy_ms']} ms" + (f", goal {'met' if row.get('within_goal') else 'NOT met'}"
                                                      if "within_goal" in row else ""))
+        for name, est in row.get("paired", {}).items():
+            if "verdict" in est:
+                lines.append(f"  paired, {name}: {describe(est)}")
     return {"lines": lines, "all_ok": all_ok}
 
 

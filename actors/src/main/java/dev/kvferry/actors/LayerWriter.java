@@ -62,6 +62,27 @@ final class LayerWriter {
    */
   static final int NEAR_LAYERS = 2;
 
+  /**
+   * Where a layer's copies wait for the engine's CUDA event: {@code gpu} (the default) queues
+   * them behind it on the copy stream; {@code cpu} submits them once the event poller has seen
+   * the event fire, so the node's stream never holds a wait on another process's event while that
+   * process computes (docs/gpu.md measures both).
+   */
+  static final String SAVE_WAIT_PROPERTY = "kvferry.cuda.save-wait";
+
+  private final boolean waitsOnGpu;
+
+  /**
+   * When a step's layers go: {@code each} (the default) queues a layer's copies as soon as the
+   * engine saved it, overlapping them with the later layers' compute; {@code together} holds them
+   * until the step's last layer and queues all of them behind its event, so the node's context
+   * takes the GPU from the engine's once per step instead of once per layer (P and the node share
+   * a GPU; docs/gpu.md measures both). Only with copies ordered on the GPU.
+   */
+  static final String SAVE_LAYERS_PROPERTY = "kvferry.cuda.save-layers";
+
+  private final boolean savesTogether;
+
   LayerWriter(List<MemoryRegion> layerRegions, Transport transport, Executor io) {
     this.layerRegions = List.copyOf(layerRegions);
     this.transport = transport;
@@ -69,15 +90,42 @@ final class LayerWriter {
     this.storesDoneWords = transport.storesDoneWords();
     this.io = io;
     this.gpuOrdered = new SerialExecutor(io);
+    boolean gpuWait = saveWaitOnGpu(System.getProperty(SAVE_WAIT_PROPERTY, "gpu"));
+    this.waitsOnGpu = eventOrdered != null && gpuWait;
+    boolean together = saveLayersTogether(System.getProperty(SAVE_LAYERS_PROPERTY, "each"));
+    this.savesTogether = waitsOnGpu && together;
+  }
+
+  private static boolean saveLayersTogether(String value) {
+    return switch (value) {
+      case "each" -> false;
+      case "together" -> true;
+      default -> throw new IllegalArgumentException(
+          SAVE_LAYERS_PROPERTY + " must be each or together, got '" + value + "'");
+    };
+  }
+
+  private static boolean saveWaitOnGpu(String value) {
+    return switch (value) {
+      case "gpu" -> true;
+      case "cpu" -> false;
+      default -> throw new IllegalArgumentException(
+          SAVE_WAIT_PROPERTY + " must be gpu or cpu, got '" + value + "'");
+    };
   }
 
   int layers() {
     return layerRegions.size();
   }
 
-  /** Whether copies can wait for a CUDA event on the GPU. */
+  /** Whether copies wait for a layer's CUDA event on the GPU (else the writer waits for it). */
   boolean ordersOnGpu() {
-    return eventOrdered != null;
+    return waitsOnGpu;
+  }
+
+  /** Whether a step's layers are held until its last one and queued behind that one's event. */
+  boolean savesTogether() {
+    return savesTogether;
   }
 
   /** Whether D's done words can be stored behind our writes (D offers one only then). */
@@ -199,8 +247,11 @@ final class LayerWriter {
         return CompletableFuture.failedFuture(e); // as the I/O pool's future would carry it
       }
     }
+    // Copies the GPU orders go through one serial queue, so they reach the copy stream in issue
+    // order; so do those of a writer that waited for the events itself (save-wait cpu).
+    boolean serial = eventOrdered != null && (after != null || !waitsOnGpu);
     return CompletableFuture.supplyAsync(() -> start(local, remote, plan, after, cancelled),
-        after != null && eventOrdered != null ? gpuOrdered : io);
+        serial ? gpuOrdered : io);
   }
 
   /** Hands one layer's copies to the transport, behind {@code after} where the GPU orders them. */

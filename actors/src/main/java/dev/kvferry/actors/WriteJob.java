@@ -92,6 +92,39 @@ final class WriteJob {
     firedLayers.addInt(layer);
   }
 
+  /** Layers saved but held for a later layer's event (save-layers together), in save order. */
+  private final IntArrayList heldOnGpu = new IntArrayList();
+  /** The event of the last layer held. */
+  private @Nullable CudaEvent heldEvent;
+
+  /** Holds layer {@code layer} (its copies not queued yet) until a later layer's event. */
+  void holdOnGpu(int layer, CudaEvent event) {
+    heldOnGpu.addInt(layer);
+    heldEvent = event;
+  }
+
+  /**
+   * Layers held so far go behind {@code event}, recorded after theirs on the engine's in-order
+   * stream: their copies then wait for it, one GPU hand-over for all of them.
+   */
+  void releaseHeldBehind(CudaEvent event) {
+    for (int i = 0; i < heldOnGpu.size(); i++) {
+      firedOnGpu(heldOnGpu.getInt(i), event);
+    }
+    heldOnGpu.clear();
+    heldEvent = null;
+  }
+
+  /** Releases held layers behind the last held one's event; whether there were any. */
+  boolean releaseHeld() {
+    CudaEvent event = heldEvent;
+    if (event == null) {
+      return false;
+    }
+    releaseHeldBehind(event);
+    return true;
+  }
+
   /** One layer write to one target completed, moving {@code bytesMoved}. */
   void written(long bytesMoved) {
     completed++;

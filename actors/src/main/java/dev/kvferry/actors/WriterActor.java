@@ -161,7 +161,12 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     learnTargets(j);
     int layer = m.layer();
     if (m.event() instanceof CudaLayerEvent gpu && layers.ordersOnGpu()) {
+      if (layers.savesTogether() && j.expected < 0 && layer < layers.layers() - 1) {
+        j.holdOnGpu(layer, gpu.event()); // queued behind the step's last layer, or at its seal
+        return this;
+      }
       // The copy stream waits for the event (cudaStreamWaitEvent): ready now, as far as we care.
+      j.releaseHeldBehind(gpu.event());
       j.firedOnGpu(layer, gpu.event());
       issueReady(j);
       return this;
@@ -290,6 +295,9 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
       if (j != null && j.failure == null) {
         // Sealed after the forward pass: hybrid models fire fewer save hooks than layers.
         j.expected = m.layers();
+        if (j.releaseHeld()) {
+          issueReady(j); // the step saved no last layer: its held ones go now
+        }
         layers.storeDoneWordsIfDue(j);
         jobs.completeIfDone(j);
       }
