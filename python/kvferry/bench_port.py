@@ -4,7 +4,8 @@ Against a running node (`kvferry node --engine port --engine-socket PATH`), as o
 one worker: the round trip of `ping` and of a scheduler call, and the port's time in one engine
 step at N requests per step, as vLLM would call the connector: the scheduler's
 `build_connector_meta` over N scheduled requests, then the worker's `bind_connector_metadata`,
-`start_load_kv`, one `save_kv_layer` per layer, `wait_for_save` and `get_finished`. With
+`start_load_kv`, one `save_kv_layer` per layer, `wait_for_save` and `get_finished` (asked a step
+ahead, as a prefill engine's worker does; `--finished-round-trip`: a round trip each step). With
 `--new K`, K of the N requests are new that step (`get_num_new_matched_tokens` and
 `update_state_after_alloc` each) and K finish (`request_finished`). The requests carry no
 kv_transfer_params (kvferry moves none of them): by default the client answers them itself and
@@ -54,7 +55,7 @@ def _pings_after_sleep(client: PortClient, gap_ms: float, count: int) -> list[fl
 
 
 def run(socket_path: str, requests: int, new: int, layers: int, steps: int, round_trips: int,
-        send_plain: bool = False, gaps_ms: tuple[float, ...] = ()) -> dict:
+        send_plain: bool = False, gaps_ms: tuple[float, ...] = (), finished_ahead: bool = True) -> dict:
     geometry = {"layout": "standard", "num_blocks": 64, "block_size": 16, "kv_heads": 1, "head_dim": 8,
                 "dtype_bytes": 2}
     layer_bytes = 2 * 64 * 16 * 1 * 8 * 2
@@ -65,7 +66,10 @@ def run(socket_path: str, requests: int, new: int, layers: int, steps: int, roun
         os.close(fd)
         memory = {"kind": "host", "layers": [{"path": path, "offset": i * layer_bytes, "length": layer_bytes}
                                              for i in range(layers)]}
-        worker = PortClient(socket_path, "worker", tp_rank=0, geometry=geometry, memory=memory)
+        # The node is a prefill node: its worker asks get_finished ahead, as the vLLM connector's
+        # and the reference engine's producers do (PortClient finished_ahead).
+        worker = PortClient(socket_path, "worker", tp_rank=0, geometry=geometry, memory=memory,
+                            finished_ahead=finished_ahead)
         worker.connect()
         scheduler = PortClient(socket_path, "scheduler", send_plain=send_plain)
         scheduler.connect()
@@ -76,6 +80,7 @@ def run(socket_path: str, requests: int, new: int, layers: int, steps: int, roun
                 out[f"ping_after_{gap:g}ms_p50_us"] = round(_percentile(after_gap, 0.5), 1)
                 out[f"ping_after_{gap:g}ms_p90_us"] = round(_percentile(after_gap, 0.9), 1)
             out["client_spin_us"] = round(scheduler.reply_spin_s * 1e6, 1)
+            out["finished_ahead"] = finished_ahead
             return out
         finally:
             scheduler.close()
@@ -148,11 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--round-trips", type=int, default=2000)
     p.add_argument("--send-plain", action="store_true", help="tell the node of the requests (PortClient send_plain)")
+    p.add_argument("--finished-round-trip", action="store_true",
+                   help="get_finished as a round trip in every step (the default asks it a step ahead, "
+                        "as a prefill engine's worker does)")
     p.add_argument("--gap-ms", type=float, action="append", default=[],
                    help="also time pings after this long asleep (repeatable)")
     a = p.parse_args(argv)
     print(json.dumps(run(a.socket, a.requests, a.new, a.layers, a.steps, a.round_trips, a.send_plain,
-                         tuple(a.gap_ms))))
+                         tuple(a.gap_ms), finished_ahead=not a.finished_round_trip)))
     return 0
 
 

@@ -321,6 +321,7 @@ class PortClient:
         event_device: Any = None,
         send_plain: bool = False,
         reply_spin_us: float | None = None,
+        finished_ahead: bool = False,
     ):
         """``load_events`` (a worker on GPU memory): ask for the node's load-event ring; then
         ``wait_for_layer_load`` makes the current stream of ``event_device`` (a torch device or
@@ -334,7 +335,13 @@ class PortClient:
         ``reply_spin_us``: how long a call polls for its reply before it sleeps on the socket
         (default ``KVFERRY_PORT_SPIN_US``, else 0: it sleeps at once). The node answers most calls
         within tens of microseconds; a thread that sleeps pays a wake-up on top (measured in
-        docs/engine-port.md), while one that polls holds a CPU (and the GIL) meanwhile."""
+        docs/engine-port.md), while one that polls holds a CPU (and the GIL) meanwhile.
+
+        ``finished_ahead`` (a worker of a prefill engine): ``get_finished`` sends this step's ask
+        and answers with the reply to the last step's, which came while the engine computed: no
+        round trip in the step. What it reports (sends done, failures, one-way ops' errors) comes
+        one step later, so P holds finished requests' blocks one step longer. Not for a decode
+        engine: D would start a received request's first token a step late."""
         if side not in ("scheduler", "worker"):
             raise ValueError(f"side must be 'scheduler' or 'worker', not {side!r}")
         if side == "worker" and (tp_rank is None or geometry is None or memory is None):
@@ -385,6 +392,13 @@ class PortClient:
         self.pipelined_layer_waits = True
         self._waits_in_flight: deque[tuple[int, int]] = deque()
         self._layer_replies: dict[int, tuple[int, dict[str, Any]]] = {}
+        if finished_ahead and side != "worker":
+            raise ValueError("finished_ahead is for a worker (get_finished is a worker's op)")
+        self.finished_ahead = finished_ahead
+        # The id of the get_finished asked ahead and not read yet, and its reply once read early
+        # (another call's reply comes after it on the connection).
+        self._finished_in_flight: int | None = None
+        self._finished_early: tuple[int, dict[str, Any]] | None = None
         # Scheduler: one-way ops of requests kvferry does not move, held as [op, args] until the
         # connection's next send (at the latest the step's build_connector_meta), then sent as one
         # batch frame (version 1: a frame each, written together): one system call, one wake-up
@@ -474,6 +488,10 @@ class PortClient:
         self._opened_load_events = {}
         self._waits_in_flight.clear()
         self._layer_replies.clear()
+        # A get_finished asked ahead on a lost connection is lost with it: the node answers what
+        # it still holds to the next connection's asks.
+        self._finished_in_flight = None
+        self._finished_early = None
         # Held ops belong to this connection: a reconnected one starts with its hello.
         self._held.clear()
         if self._sock is not None:
@@ -574,6 +592,7 @@ class PortClient:
 
     def _round_trip(self, op: str, args: dict[str, Any] | None, request_id: int | None) -> Any:
         self._drain_layer_waits()  # replies to pipelined waits come first on the connection
+        self._read_finished_ahead()  # so does the reply to a get_finished asked ahead
         request_id = self._send_request(op, args, request_id)
         return self._answer(op, request_id, self._read_reply(op))
 
@@ -627,6 +646,25 @@ class PortClient:
         if "ok" not in reply:
             raise ProtocolViolation(f"reply to {op} has neither ok nor error")
         return reply["ok"]
+
+    # -- get_finished asked ahead --
+
+    def _read_finished_ahead(self) -> None:
+        """Reads the reply to the get_finished asked ahead, if one is out, and keeps it."""
+        request_id = self._finished_in_flight
+        if request_id is not None:
+            self._finished_in_flight = None
+            self._finished_early = (request_id, self._read_reply("get_finished"))
+
+    def _finished_ahead(self, args: dict[str, Any] | None) -> dict[str, Any]:
+        """The last ask's answer (empty sets the first time); this step's ask goes out now."""
+        self._drain_layer_waits()
+        self._read_finished_ahead()
+        early, self._finished_early = self._finished_early, None
+        self._finished_in_flight = self._send_request("get_finished", args)
+        if early is None:
+            return {}
+        return self._answer("get_finished", early[0], early[1])
 
     # -- pipelined layer waits --
 
@@ -897,7 +935,14 @@ class PortClient:
         """The node's finished sets. One-way ops' errors come back here; they are raised (the
         first one, the rest attached as ``others``) unless ``raise_op_errors`` is false."""
         args = {"finished_req_ids": list(finished_req_ids)} if finished_req_ids else None
-        ok = self._call("get_finished", args)
+        if self.finished_ahead:
+            began = time.perf_counter()
+            try:
+                ok = self._finished_ahead(args)
+            finally:
+                self._timed("get_finished", began)
+        else:
+            ok = self._call("get_finished", args)
         result = {
             "done_sending": list(ok.get("done_sending") or []),
             "done_receiving": list(ok.get("done_receiving") or []),

@@ -717,3 +717,64 @@ def test_a_subclass_that_adds_hello_args_keeps_them_when_the_version_falls_back(
     assert c.hello()["engine_id"] == "extra-0"
     assert node.hellos == [{"version": 1, "side": "scheduler", "engine": {"engine_id": "extra-0"}}]
     node.close()
+
+
+# -- get_finished asked ahead (a prefill engine's worker) --
+
+def test_asked_ahead_get_finished_answers_with_the_last_asks_reply(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.finished[0].append({"done_sending": ["r1"]})
+    node.finished[0].append({"done_sending": ["r2"]})
+    c = worker_client(node.path, finished_ahead=True)
+    c.hello()
+    first = c.get_finished(["a"])
+    assert first["done_sending"] == []  # nothing asked before: empty sets, no wait
+    _await_calls(node, "get_finished", 1)  # this step's ask went out
+    assert c.get_finished()["done_sending"] == ["r1"]  # the first ask's answer
+    assert c.get_finished()["done_sending"] == ["r2"]
+    assert node.calls("get_finished")[0] == {"finished_req_ids": ["a"]}
+    node.close()
+
+
+def test_an_asked_ahead_reply_is_kept_across_other_calls_and_errors_come_a_step_later(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.finished[0].append({"done_sending": ["r1"]})
+    c = worker_client(node.path, finished_ahead=True)
+    c.hello()
+    c.get_finished()
+    assert c.ping() == {"node": "fake"}  # reads the ask's reply first, keeps it
+    c.bind_connector_metadata(b"never built")  # one-way; its error comes with a later ask's reply
+    assert c.get_finished()["done_sending"] == ["r1"]
+    with pytest.raises(UnknownMetadata) as e:
+        c.get_finished()
+    assert e.value.finished["done_sending"] == []
+    assert c.get_finished()["op_errors"] == []  # the connection goes on
+    node.close()
+
+
+def test_a_lost_connection_drops_the_ask_in_flight(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = worker_client(node.path, finished_ahead=True)
+    c.hello()
+    c.get_finished()
+    _await_calls(node, "get_finished", 1)
+    node.drop_connections()
+    with pytest.raises(NodeUnavailable):
+        for _ in range(3):
+            c.get_finished()
+    c.reconnect(wait_s=5)
+    node.finished[0].append({"done_sending": ["r9"]})
+    assert c.get_finished()["done_sending"] == []  # a new connection starts with no ask out
+    assert c.get_finished()["done_sending"] == ["r9"]
+    node.close()
+
+
+def test_only_a_worker_asks_ahead_and_by_default_get_finished_is_a_round_trip(tmp_path):
+    with pytest.raises(ValueError, match="worker"):
+        PortClient(str(tmp_path / "n.sock"), "scheduler", finished_ahead=True)
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.finished[0].append({"done_sending": ["r1"]})
+    c = worker_client(node.path)
+    c.hello()
+    assert c.get_finished()["done_sending"] == ["r1"]
+    node.close()

@@ -229,16 +229,19 @@ def test_worker_registers_shm_caches_and_runs_a_prefill_step_in_vllms_order(node
         w.save_kv_layer(name, t, attn_metadata=None)
     w.wait_for_save()
     node.finished[0].append({"done_sending": ["r1"]})
-    assert w.get_finished({"r0"}) == ({"r1"}, None)
+    # A producer asks get_finished a step ahead: this step's call answers with the last ask's
+    # reply (none yet), the next step's with this one's.
+    assert w.get_finished({"r0"}) == (None, None)
+    assert w.get_finished(set()) == ({"r1"}, None)
     assert w.get_block_ids_with_load_errors() == set()
     w.clear_connector_metadata()
     assert not w.has_connector_metadata()
     assert node.ops("worker", 0) == ["hello", "bind_connector_metadata", "start_load_kv", "save_kv_layer",
                                      "save_kv_layer", "save_kv_layer", "wait_for_save", "get_finished",
-                                     "get_block_ids_with_load_errors"]
+                                     "get_finished", "get_block_ids_with_load_errors"]
     assert node.calls("bind_connector_metadata") == [{"metadata": meta.data}]
     assert [a["layer"] for a in node.calls("save_kv_layer")] == [0, 1, 2]
-    assert node.calls("get_finished") == [{"finished_req_ids": ["r0"]}]
+    assert node.calls("get_finished") == [{"finished_req_ids": ["r0"]}, {}]
 
 
 def test_decode_worker_waits_per_layer_when_loading_and_reports_failures_for_recompute(node, shm):
