@@ -5,31 +5,17 @@
 # and 256 new, the two variants alternated on the same node. One JSON line per run, tagged.
 # usage: scripts/port-finished-ahead-ab.sh ROUNDS
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-GPU_ENV_WORK=$(mktemp -d)
-trap 'rm -rf "$GPU_ENV_WORK"' EXIT
-source "$root/scripts/gpu-env.sh" > /dev/null
-py=${KVFERRY_PYTHON:-}
-for c in /usr/bin/python3 python3; do  # the first with msgpack
-  [ -n "$py" ] || ! "$c" -c 'import msgpack' 2>/dev/null || py=$c
-done
+source "$(cd "$(dirname "$0")" && pwd)/lib/port-node.sh"
 rounds=${1:?usage: $0 ROUNDS}
 for r in $(seq 1 "$rounds"); do
-  d=$(mktemp -d) port=$((30000 + RANDOM % 20000))
-  "$JAVA" -Xmx384m -cp "$CP" dev.kvferry.cli.KvferryCli node --role prefill --engine-id ahead-ab \
-    --mode write --engine port --engine-socket "$d/port.sock" --port "$port" \
-    --management-port $((port + 1)) --seed-nodes "127.0.0.1:$port" > "$d/node.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 150); do [ -S "$d/port.sock" ] && break; sleep 0.2; done
+  port_node_start ahead-ab
   for new in 0 16 256; do
     for variant in ahead round-trip; do
       flag=()
       [ "$variant" = round-trip ] && flag=(--finished-round-trip)
       echo -n "round $r new $new $variant "
-      (cd "$root/python" && PYTHONPATH=$PWD "$py" -m kvferry.bench_port --socket "$d/port.sock" \
-         --requests 256 --new "$new" --steps 200 --round-trips 500 "${flag[@]}")
+      port_bench --requests 256 --new "$new" --steps 200 --round-trips 500 "${flag[@]}"
     done
   done
-  kill "$pid"; wait "$pid" 2>/dev/null || true
-  rm -rf "$d"
+  port_node_stop
 done

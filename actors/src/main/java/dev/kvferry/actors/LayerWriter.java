@@ -90,28 +90,23 @@ final class LayerWriter {
     this.storesDoneWords = transport.storesDoneWords();
     this.io = io;
     this.gpuOrdered = new SerialExecutor(io);
-    boolean gpuWait = saveWaitOnGpu(System.getProperty(SAVE_WAIT_PROPERTY, "gpu"));
-    this.waitsOnGpu = eventOrdered != null && gpuWait;
-    boolean together = saveLayersTogether(System.getProperty(SAVE_LAYERS_PROPERTY, "each"));
+    boolean cpuWait = picksSecond(SAVE_WAIT_PROPERTY, "gpu", "cpu");
+    this.waitsOnGpu = eventOrdered != null && !cpuWait;
+    boolean together = picksSecond(SAVE_LAYERS_PROPERTY, "each", "together");
     this.savesTogether = waitsOnGpu && together;
   }
 
-  private static boolean saveLayersTogether(String value) {
-    return switch (value) {
-      case "each" -> false;
-      case "together" -> true;
-      default -> throw new IllegalArgumentException(
-          SAVE_LAYERS_PROPERTY + " must be each or together, got '" + value + "'");
-    };
-  }
-
-  private static boolean saveWaitOnGpu(String value) {
-    return switch (value) {
-      case "gpu" -> true;
-      case "cpu" -> false;
-      default -> throw new IllegalArgumentException(
-          SAVE_WAIT_PROPERTY + " must be gpu or cpu, got '" + value + "'");
-    };
+  /**
+   * Whether system property {@code property} is {@code second}; unset or {@code first} is false,
+   * anything else is refused with both choices.
+   */
+  private static boolean picksSecond(String property, String first, String second) {
+    String value = System.getProperty(property, first);
+    if (value.equals(first) || value.equals(second)) {
+      return value.equals(second);
+    }
+    throw new IllegalArgumentException(
+        property + " must be " + first + " or " + second + ", got '" + value + "'");
   }
 
   int layers() {
