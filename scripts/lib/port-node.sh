@@ -4,7 +4,9 @@
 # engine socket at a time.
 port_node_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 GPU_ENV_WORK=$(mktemp -d)
-trap 'rm -rf "$GPU_ENV_WORK"' EXIT
+port_node_pid=
+# A script cut short (a closed pipe, ^C) leaves no node running.
+trap '[ -z "$port_node_pid" ] || kill "$port_node_pid" 2>/dev/null; rm -rf "$GPU_ENV_WORK"' EXIT
 source "$port_node_root/scripts/gpu-env.sh" > /dev/null
 py=${KVFERRY_PYTHON:-}
 for c in /usr/bin/python3 python3; do
@@ -27,6 +29,7 @@ port_node_start() {
 port_node_stop() {
   kill "$port_node_pid"
   wait "$port_node_pid" 2>/dev/null || true
+  port_node_pid=
   rm -rf "$port_node_dir"
 }
 
