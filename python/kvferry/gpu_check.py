@@ -24,7 +24,7 @@ import time
 import traceback
 from typing import Any
 
-from .paired import describe, paired
+from .paired import describe, estimate, paired
 
 PROMPT_MIN, PROMPT_MAX = 16, 4096
 
@@ -818,7 +818,7 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
             f"{time.perf_counter() - began:.1f} s")
     rows = []
     for n in args.ttft_lengths:
-        dis, base, matched = [], [], []
+        dis, base = [], []
         parts: dict[str, list[float]] = {}
         timeline = None
         # Extra runs, not counted: one with timing events (the timeline); with --ttft-profile, at
@@ -864,10 +864,6 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                 continue  # warm-up
             dis.append((first["received_at"] - pre["start"]) + (first["first_end"] - first["first_start"]))
             base.append(b["ttft_s"])
-            # The same work without kvferry with each part in the process that does it with kvferry:
-            # P's prefill in P's process, the first token in D's (the two processes' host times for
-            # the same work have differed by more than the goal).
-            matched.append(pb["prefill_s"] + b["first_s"])
             # Where the added time goes: P's prefill against the same chunks without kvferry, the
             # KV landing after P's end, D's first token against the same step without kvferry.
             # p_port_ms: P's wall time inside connector calls during its prefill;
@@ -917,7 +913,7 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
         if layer["ms"] is not None:
             row["goal_ms"] = layer["ms"] + 1.0
             row["within_goal"] = row["added_ms"] <= row["goal_ms"]
-        row["paired"] = _paired_estimates(dis, base, matched, parts, row.get("goal_ms"))
+        row["paired"] = _paired_estimates(dis, base, parts, row.get("goal_ms"))
         rows.append(row)
         log(f"TTFT {mode} n={n}: disaggregated {row['ttft_disagg_ms']:.2f} ms, without {row['ttft_baseline_ms']:.2f} ms, "
             f"added {row['added_ms']:.2f} ms; one layer's copy ({layer['bytes']} B, torch) "
@@ -930,22 +926,22 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
     return rows
 
 
-def _paired_estimates(dis: list[float], base: list[float], matched: list[float], parts: dict[str, list[float]],
+def _paired_estimates(dis: list[float], base: list[float], parts: dict[str, list[float]],
                       goal_ms: float | None) -> dict[str, dict]:
     """Added time per repetition, each "with" differenced against the "without" run beside it, as
     medians with bootstrap intervals (kvferry.paired): against D's process doing all the work, and
-    against the matched processes; then the matched estimate's three parts."""
+    against the matched work, each part in the process that does it with kvferry (P's prefill in
+    P's, the first token in D's: the two processes' host times for the same work have differed by
+    more than the goal); then the matched estimate's three parts."""
     ms = [x * 1e3 for x in dis]
-    out = {
+    matched = [a + b for a, b in zip(parts["p_process_baseline_prefill_ms"], parts["baseline_first_token_ms"])]
+    return {
         "added, without = D's process": paired(ms, [x * 1e3 for x in base], goal_ms),
-        "added, without = P's prefill in P's process + first token in D's": paired(ms, [x * 1e3 for x in matched],
-                                                                                   goal_ms),
+        "added, without = P's prefill in P's process + first token in D's": paired(ms, matched, goal_ms),
+        "P's prefill, added": paired(parts["p_prefill_ms"], parts["p_process_baseline_prefill_ms"]),
+        "KV in place after P's prefill": estimate(parts["kv_after_p_end_ms"]),
+        "D's first token, added": paired(parts["d_first_token_ms"], parts["baseline_first_token_ms"]),
     }
-    if parts.get("p_prefill_ms"):
-        out["P's prefill, added"] = paired(parts["p_prefill_ms"], parts["p_process_baseline_prefill_ms"])
-        out["KV in place after P's prefill"] = paired(parts["kv_after_p_end_ms"], [0.0] * len(parts["kv_after_p_end_ms"]))
-        out["D's first token, added"] = paired(parts["d_first_token_ms"], parts["baseline_first_token_ms"])
-    return out
 
 
 def _timeline(pre: dict, first: dict) -> dict:

@@ -443,8 +443,7 @@ class ModelEngine:
                                           events=handles,
                                           load_events=load_events and self.gpu and role == "decode"
                                           and mode == "read",
-                                          event_device=cache.device if self.gpu else None,
-                                          finished_ahead=role == "prefill")
+                                          event_device=cache.device if self.gpu else None)
             self.sched = PortClient(socket_path, "scheduler", engine=ident)
 
     def connect(self, wait_s: float = 120.0) -> dict[str, Any]:

@@ -52,19 +52,25 @@ def verdict(low: float, high: float, goal: float) -> str:
     return "undecided"
 
 
-def paired(with_: Sequence[float], without: Sequence[float], goal: float | None = None,
-           level: float = DEFAULT_LEVEL, seed: int = 0) -> dict:
-    """Per-repetition differences ``with_[i] - without[i]`` summarized: median, interval, the
-    differences themselves (for the report) and, given a goal, the verdict."""
-    if len(with_) != len(without):
-        raise ValueError(f"unpaired samples: {len(with_)} with, {len(without)} without")
-    diffs = [a - b for a, b in zip(with_, without)]
-    mid, lo, hi = median_ci(diffs, level=level, seed=seed)
-    out = {"median": mid, "ci_low": lo, "ci_high": hi, "level": level, "n": len(diffs), "diffs": diffs}
+def estimate(values: Sequence[float], goal: float | None = None, level: float = DEFAULT_LEVEL,
+             seed: int = 0) -> dict:
+    """``values`` summarized: median, interval, the values themselves (for the report, as
+    ``diffs``) and, given a goal, the verdict."""
+    xs = list(values)
+    mid, lo, hi = median_ci(xs, level=level, seed=seed)
+    out = {"median": mid, "ci_low": lo, "ci_high": hi, "level": level, "n": len(xs), "diffs": xs}
     if goal is not None:
         out["goal"] = goal
         out["verdict"] = verdict(lo, hi, goal)
     return out
+
+
+def paired(with_: Sequence[float], without: Sequence[float], goal: float | None = None,
+           level: float = DEFAULT_LEVEL, seed: int = 0) -> dict:
+    """The per-repetition differences ``with_[i] - without[i]``, as :func:`estimate` gives them."""
+    if len(with_) != len(without):
+        raise ValueError(f"unpaired samples: {len(with_)} with, {len(without)} without")
+    return estimate([a - b for a, b in zip(with_, without)], goal, level, seed)
 
 
 def describe(est: dict, unit: str = "ms") -> str:

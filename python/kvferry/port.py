@@ -321,7 +321,7 @@ class PortClient:
         event_device: Any = None,
         send_plain: bool = False,
         reply_spin_us: float | None = None,
-        finished_ahead: bool = False,
+        finished_ahead: bool | None = None,
     ):
         """``load_events`` (a worker on GPU memory): ask for the node's load-event ring; then
         ``wait_for_layer_load`` makes the current stream of ``event_device`` (a torch device or
@@ -337,11 +337,12 @@ class PortClient:
         within tens of microseconds; a thread that sleeps pays a wake-up on top (measured in
         docs/engine-port.md), while one that polls holds a CPU (and the GIL) meanwhile.
 
-        ``finished_ahead`` (a worker of a prefill engine): ``get_finished`` sends this step's ask
-        and answers with the reply to the last step's, which came while the engine computed: no
-        round trip in the step. What it reports (sends done, failures, one-way ops' errors) comes
-        one step later, so P holds finished requests' blocks one step longer. Not for a decode
-        engine: D would start a received request's first token a step late."""
+        ``finished_ahead`` (a worker; by default when ``engine`` says role ``prefill``):
+        ``get_finished`` sends this step's ask and answers with the reply to the last step's, which
+        came while the engine computed: no round trip in the step. What it reports (sends done,
+        failures, one-way ops' errors) comes one step later, so P holds finished requests' blocks
+        one step longer. Not for a decode engine: D would start a received request's first token a
+        step late."""
         if side not in ("scheduler", "worker"):
             raise ValueError(f"side must be 'scheduler' or 'worker', not {side!r}")
         if side == "worker" and (tp_rank is None or geometry is None or memory is None):
@@ -394,6 +395,8 @@ class PortClient:
         self._layer_replies: dict[int, tuple[int, dict[str, Any]]] = {}
         if finished_ahead and side != "worker":
             raise ValueError("finished_ahead is for a worker (get_finished is a worker's op)")
+        if finished_ahead is None:
+            finished_ahead = side == "worker" and self.engine.get("role") == "prefill"
         self.finished_ahead = finished_ahead
         # The id of the get_finished asked ahead and not read yet, and its reply once read early
         # (another call's reply comes after it on the connection).
@@ -591,8 +594,7 @@ class PortClient:
             self._timed(op, began)
 
     def _round_trip(self, op: str, args: dict[str, Any] | None, request_id: int | None) -> Any:
-        self._drain_layer_waits()  # replies to pipelined waits come first on the connection
-        self._read_finished_ahead()  # so does the reply to a get_finished asked ahead
+        self._read_replies_due()
         request_id = self._send_request(op, args, request_id)
         return self._answer(op, request_id, self._read_reply(op))
 
@@ -647,6 +649,12 @@ class PortClient:
             raise ProtocolViolation(f"reply to {op} has neither ok nor error")
         return reply["ok"]
 
+    def _read_replies_due(self) -> None:
+        """Reads the replies to requests sent ahead (pipelined layer waits, a get_finished asked
+        ahead) and keeps them: they come before any later request's reply on the connection."""
+        self._drain_layer_waits()
+        self._read_finished_ahead()
+
     # -- get_finished asked ahead --
 
     def _read_finished_ahead(self) -> None:
@@ -658,8 +666,7 @@ class PortClient:
 
     def _finished_ahead(self, args: dict[str, Any] | None) -> dict[str, Any]:
         """The last ask's answer (empty sets the first time); this step's ask goes out now."""
-        self._drain_layer_waits()
-        self._read_finished_ahead()
+        self._read_replies_due()
         early, self._finished_early = self._finished_early, None
         self._finished_in_flight = self._send_request("get_finished", args)
         if early is None:
@@ -679,6 +686,8 @@ class PortClient:
         layers = self._layer_count()
         if not self.pipelined_layer_waits or layers == 0:
             return
+        # Called right after start_load_kv's round trip, which read every reply due before it: each
+        # wait's reply is then the next one on the connection in turn.
         frames = []
         for layer in range(layers):
             request_id = self._next_id

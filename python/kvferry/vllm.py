@@ -541,11 +541,10 @@ class KvferryWorker:
         if geometry is None:
             raise ValueError("register_kv_caches got no layers")
         ensure_node(self.socket_path, self.extra, self.identity)
-        # A producer's worker reads get_finished a step ahead: no round trip in its steps; it
-        # reports finished sends a step later, which holds their blocks one step longer.
+        # A producer's worker (role prefill) asks get_finished a step ahead (PortClient
+        # finished_ahead): no round trip in its steps, its blocks held one step longer.
         self.client = PortClient(self.socket_path, "worker", engine=self.identity, tp_rank=self.tp_rank,
-                                 geometry=geometry, memory={"kind": "host", "layers": layers},
-                                 finished_ahead=self.is_producer)
+                                 geometry=geometry, memory={"kind": "host", "layers": layers})
         self.client.reconnect(wait_s=float(self.extra.get("connect_timeout_s", 60)))
 
     def _client(self) -> PortClient:

@@ -73,13 +73,14 @@ def test_describe_reads_as_one_line():
 def test_the_ttft_rows_estimates_difference_each_repetition_against_its_own_without_run():
     from kvferry.gpu_check import _paired_estimates
 
-    # Three repetitions in seconds (dis, base, matched) and the split in milliseconds, as run_ttft
-    # collects them: disaggregated = P's prefill + KV after P's end + D's first token.
-    dis, base, matched = [0.030, 0.060, 0.045], [0.028, 0.057, 0.044], [0.029, 0.055, 0.043]
+    # Three repetitions in seconds (dis, base) and the split in milliseconds, as run_ttft collects
+    # them: disaggregated = P's prefill + KV after P's end + D's first token; the matched "without"
+    # is P's prefill in P's process + the first token in D's (here 29, 55, 43 ms).
+    dis, base = [0.030, 0.060, 0.045], [0.028, 0.057, 0.044]
     parts = {"p_prefill_ms": [20.0, 45.0, 30.0], "p_process_baseline_prefill_ms": [19.5, 44.0, 29.0],
              "kv_after_p_end_ms": [0.5, 1.0, 0.5], "d_first_token_ms": [9.5, 14.0, 14.5],
              "baseline_first_token_ms": [9.5, 11.0, 14.0]}
-    est = _paired_estimates(dis, base, matched, parts, goal_ms=0.5)
+    est = _paired_estimates(dis, base, parts, goal_ms=0.5)
     d_process = est["added, without = D's process"]
     assert d_process["diffs"] == pytest.approx([2.0, 3.0, 1.0])
     assert d_process["median"] == pytest.approx(2.0)

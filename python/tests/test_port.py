@@ -778,3 +778,12 @@ def test_only_a_worker_asks_ahead_and_by_default_get_finished_is_a_round_trip(tm
     c.hello()
     assert c.get_finished()["done_sending"] == ["r1"]
     node.close()
+
+
+@pytest.mark.parametrize("role, ahead", [("prefill", True), ("decode", False)])
+def test_a_prefill_engines_worker_asks_ahead_unless_told_not_to(tmp_path, role, ahead):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    assert worker_client(node.path, engine={"role": role}).finished_ahead is ahead
+    assert worker_client(node.path, engine={"role": role}, finished_ahead=False).finished_ahead is False
+    assert PortClient(node.path, "scheduler", engine={"role": role}).finished_ahead is False
+    node.close()

@@ -99,10 +99,8 @@ class Connector:
                  geometry: Geometry, http_url: str | None):
         self.socket_path = socket_path
         self.workers = [
-            # A prefill engine reads get_finished a step ahead (PortClient finished_ahead).
             PortClient(socket_path, "worker", engine=engine, tp_rank=c.rank,
-                       geometry=geometry.port_geometry(), memory=c.port_memory(),
-                       finished_ahead=engine.get("role") == "prefill")
+                       geometry=geometry.port_geometry(), memory=c.port_memory())
             for c in caches
         ]
         self.scheduler = PortClient(socket_path, "scheduler", engine=engine, http_url=http_url)

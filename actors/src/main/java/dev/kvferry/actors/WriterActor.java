@@ -161,12 +161,14 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     learnTargets(j);
     int layer = m.layer();
     if (m.event() instanceof CudaLayerEvent gpu && layers.ordersOnGpu()) {
-      if (layers.savesTogether() && j.expected < 0 && layer < layers.layers() - 1) {
-        j.holdOnGpu(layer, gpu.event()); // queued behind the step's last layer, or at its seal
-        return this;
+      if (layers.savesTogether()) {
+        if (j.expected < 0 && layer < layers.layers() - 1) {
+          j.holdOnGpu(layer, gpu.event()); // queued behind the step's last layer, or at its seal
+          return this;
+        }
+        j.releaseHeldBehind(gpu.event());
       }
       // The copy stream waits for the event (cudaStreamWaitEvent): ready now, as far as we care.
-      j.releaseHeldBehind(gpu.event());
       j.firedOnGpu(layer, gpu.event());
       issueReady(j);
       return this;
