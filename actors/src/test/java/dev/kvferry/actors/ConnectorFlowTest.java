@@ -172,7 +172,15 @@ class ConnectorFlowTest {
 
   @Test
   void readModeReadsTheTailOnPrefixHitAndReleasesPrefill() {
-    ConnectorSettings s = ConnectorSettings.DEFAULTS;
+    readTheTailOnPrefixHit(ConnectorSettings.DEFAULTS);
+  }
+
+  @Test
+  void readsStartedAtAdmissionLandWithoutTheStepNamingThem() {
+    readTheTailOnPrefixHit(ConnectorSettings.DEFAULTS.withReadsAtAdmission(true));
+  }
+
+  private void readTheTailOnPrefixHit(ConnectorSettings s) {
     ConnectorWorker p = worker(Role.PREFILL, TransferMode.READ, "prefill-0", P_GEOMETRY, pLayers, s);
     ConnectorWorker d = worker(Role.DECODE, TransferMode.READ, "decode-0", D_GEOMETRY, dLayers, s);
     ConnectorScheduler pSched = new ConnectorScheduler(Role.PREFILL, TransferMode.READ, "prefill-0",
@@ -194,7 +202,10 @@ class ConnectorFlowTest {
     assertEquals(new MatchedTokens(11, true), dSched.numNewMatchedTokens(dReq, 4));
     int[] dBlocks = {5, 6, 1};
     dSched.updateStateAfterAlloc(dReq, dBlocks, 11);
-    d.startLoadKv(dSched.buildConnectorMeta(new SchedulerOutput(List.of(), List.of())));
+    ConnectorMetadata step = dSched.buildConnectorMeta(new SchedulerOutput(List.of(), List.of()));
+    assertEquals(s.readsAtAdmission() ? 0 : 1, step.reqsToRecv().size(),
+        "reads started at admission are not the step's to start");
+    d.startLoadKv(step);
 
     assertEquals(Set.of("r"), awaitFinished(d).doneReceiving());
     assertEquals(Set.of("r"), awaitFinished(p).doneSending());

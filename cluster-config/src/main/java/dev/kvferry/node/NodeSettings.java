@@ -140,6 +140,7 @@ public record NodeSettings(
         c.getDuration("defer-timeout"),
         c.getDuration("transfer-timeout"),
         c.getDuration("read-abort-timeout"),
-        c.getInt("terminal-id-capacity"));
+        c.getInt("terminal-id-capacity"),
+        c.getBoolean("reads-at-admission"));
   }
 }

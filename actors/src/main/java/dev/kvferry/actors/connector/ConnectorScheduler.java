@@ -1,6 +1,7 @@
 package dev.kvferry.actors.connector;
 
 import dev.kvferry.actors.EngineActor;
+import dev.kvferry.actors.ReadStamps;
 import dev.kvferry.actors.engine.ConnectorSettings;
 import java.time.Clock;
 import java.util.ArrayList;
@@ -105,8 +106,12 @@ public final class ConnectorScheduler {
     }
     if (p.doRemotePrefill()) {
       if (mode == TransferMode.READ) {
-        reqsNeedRecv.put(request.requestId(),
-            new Pending(request, blockIds.clone(), numExternalTokens));
+        Pending recv = new Pending(request, blockIds.clone(), numExternalTokens);
+        if (settings.readsAtAdmission()) {
+          startReadsNow(recv);
+        } else {
+          reqsNeedRecv.put(request.requestId(), recv);
+        }
       } else {
         ReqMeta meta =
             new ReqMeta(
@@ -145,17 +150,7 @@ public final class ConnectorScheduler {
       }
     }
     for (Pending pr : reqsNeedRecv.values()) {
-      // Queued only for requests with params, which are replaced, never cleared.
-      KvTransferParams p = Objects.requireNonNull(pr.request().params());
-      if (pr.blockIds().length > 0) {
-        lentToTransfer.add(pr.request().requestId()); // the workers read into these from now on
-      }
-      recv.add(
-          new ReqMeta(
-              pr.request().requestId(), p.transferId(), pr.blockIds(),
-              blocksBeforeLastToken(p.remoteBlockIds(), pr.request().numPromptTokens(),
-                  pr.blockIds().length, pr.externalTokens()),
-              p.remoteEngineId(), p.remoteDpRank(), p.remoteWorkerUids()));
+      recv.add(lendToReads(pr));
     }
     Map<String, Integer> computedAfterStep = new HashMap<>();
     for (SchedulerOutput.NewRequest n : output.scheduledNewReqs()) {
@@ -179,6 +174,42 @@ public final class ConnectorScheduler {
     reqsNeedSave.clear();
     reqsNeedSend.clear();
     return new ConnectorMetadata(save, recv, send);
+  }
+
+  /**
+   * D, READ: the load of {@code pr} as the workers get it. Its blocks (if any) are lent from now
+   * on: the workers read into them.
+   */
+  private ReqMeta lendToReads(Pending pr) {
+    // Loads are queued only for requests with params, which are replaced, never cleared.
+    KvTransferParams p = Objects.requireNonNull(pr.request().params());
+    if (pr.blockIds().length > 0) {
+      lentToTransfer.add(pr.request().requestId());
+    }
+    return new ReqMeta(
+        pr.request().requestId(), p.transferId(), pr.blockIds(),
+        blocksBeforeLastToken(p.remoteBlockIds(), pr.request().numPromptTokens(),
+            pr.blockIds().length, pr.externalTokens()),
+        p.remoteEngineId(), p.remoteDpRank(), p.remoteWorkerUids());
+  }
+
+  /**
+   * D, READ, {@link ConnectorSettings#readsAtAdmission}: hands the load to the workers now rather
+   * than with the next step's metadata, so the reads run while the engine finishes scheduling and
+   * starts its step (about 0.45 ms on the GPU host, docs/gpu.md). The engine loads asynchronously
+   * and runs nothing over these blocks before {@code get_finished} reports them received, so no
+   * step waits per layer for them. Without blocks (a full prefix hit) it tells P to free, as the
+   * step's metadata would.
+   */
+  private void startReadsNow(Pending pr) {
+    ReqMeta load = lendToReads(pr);
+    if (load.localBlockIds().length > 0) {
+      ReadStamps.mark(load.transferId(), ReadStamps.Stage.START_LOAD);
+    }
+    ConnectorMetadata meta = new ConnectorMetadata(List.of(), List.of(load), List.of());
+    for (ActorRef<EngineActor.Command> w : localWorkers) {
+      w.tell(new EngineActor.StartLoad(meta));
+    }
   }
 
   /**

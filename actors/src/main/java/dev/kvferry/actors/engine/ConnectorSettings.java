@@ -13,6 +13,10 @@ import java.time.Duration;
  * @param transferTimeout D: how long a transfer may take before it fails (seed refinement: 30 s)
  * @param readAbortTimeout P, READ: how long P keeps blocks for a D that never reads them
  * @param terminalIdCapacity how many finished transfer ids are remembered to ignore late messages
+ * @param readsAtAdmission D, READ: start a request's reads when the engine allocates its blocks
+ *     ({@code update_state_after_alloc}) instead of in the next step's {@code start_load_kv}; the
+ *     engine then learns of the KV from {@code get_finished} alone (the load is asynchronous), and
+ *     no step waits per layer for it
  */
 public record ConnectorSettings(
     Duration handshakeTimeout,
@@ -21,7 +25,8 @@ public record ConnectorSettings(
     Duration deferTimeout,
     Duration transferTimeout,
     Duration readAbortTimeout,
-    int terminalIdCapacity) {
+    int terminalIdCapacity,
+    boolean readsAtAdmission) {
 
   public static final ConnectorSettings DEFAULTS =
       new ConnectorSettings(
@@ -31,7 +36,8 @@ public record ConnectorSettings(
           Duration.ofSeconds(60),
           Duration.ofSeconds(30),
           Duration.ofSeconds(120),
-          65_536);
+          65_536,
+          false);
 
   public ConnectorSettings {
     if (handshakeAttempts < 1 || terminalIdCapacity < 1) {
@@ -42,24 +48,31 @@ public record ConnectorSettings(
   public ConnectorSettings withTransferTimeout(Duration d) {
     return new ConnectorSettings(
         handshakeTimeout, handshakeAttempts, handshakeBackoff, deferTimeout, d, readAbortTimeout,
-        terminalIdCapacity);
+        terminalIdCapacity, readsAtAdmission);
   }
 
   public ConnectorSettings withDeferTimeout(Duration d) {
     return new ConnectorSettings(
         handshakeTimeout, handshakeAttempts, handshakeBackoff, d, transferTimeout, readAbortTimeout,
-        terminalIdCapacity);
+        terminalIdCapacity, readsAtAdmission);
   }
 
   public ConnectorSettings withReadAbortTimeout(Duration d) {
     return new ConnectorSettings(
         handshakeTimeout, handshakeAttempts, handshakeBackoff, deferTimeout, transferTimeout, d,
-        terminalIdCapacity);
+        terminalIdCapacity, readsAtAdmission);
+  }
+
+  /** With D's reads started at admission (true) or in the next step's {@code start_load_kv}. */
+  public ConnectorSettings withReadsAtAdmission(boolean atAdmission) {
+    return new ConnectorSettings(
+        handshakeTimeout, handshakeAttempts, handshakeBackoff, deferTimeout, transferTimeout,
+        readAbortTimeout, terminalIdCapacity, atAdmission);
   }
 
   public ConnectorSettings withHandshake(Duration timeout, int attempts, Duration backoff) {
     return new ConnectorSettings(
         timeout, attempts, backoff, deferTimeout, transferTimeout, readAbortTimeout,
-        terminalIdCapacity);
+        terminalIdCapacity, readsAtAdmission);
   }
 }

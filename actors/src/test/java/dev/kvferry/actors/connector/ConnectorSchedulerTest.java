@@ -232,4 +232,50 @@ class ConnectorSchedulerTest {
     ReqMeta m = s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of())).reqsToRecv().get(0);
     assertArrayEquals(new int[] {10, 11, 12, 13, 14, 15, 16}, m.remoteBlockIds());
   }
+
+  private static final ConnectorSettings AT_ADMISSION =
+      ConnectorSettings.DEFAULTS.withReadsAtAdmission(true);
+
+  @Test
+  void readsAtAdmissionGoToEveryWorkerWhenTheBlocksAreAllocatedAndNotWithTheStep() {
+    TestProbe<EngineActor.Command> rank0 = KIT.createTestProbe();
+    TestProbe<EngineActor.Command> rank1 = KIT.createTestProbe();
+    ConnectorScheduler s = new ConnectorScheduler(Role.DECODE, TransferMode.READ, "decode-0", 0,
+        BLOCK, List.of(rank0.ref(), rank1.ref()), AT_ADMISSION, CLOCK);
+    KvTransferParams p = new KvTransferParams(true, false, "tx", "prefill-0", 0,
+        new int[] {10, 11, 12, 13, 14, 15, 16}, "", 0, 1);
+    ConnectorRequest r = new ConnectorRequest("r", 97, p);
+    s.numNewMatchedTokens(r, 0);
+    s.updateStateAfterAlloc(r, new int[] {0, 1, 2, 3, 4, 5}, 96);
+    for (TestProbe<EngineActor.Command> w : List.of(rank0, rank1)) {
+      ReqMeta load = w.expectMessageClass(EngineActor.StartLoad.class).metadata().reqsToRecv().get(0);
+      assertArrayEquals(new int[] {0, 1, 2, 3, 4, 5}, load.localBlockIds());
+      assertArrayEquals(new int[] {10, 11, 12, 13, 14, 15}, load.remoteBlockIds(),
+          "the same blocks the step's metadata would have named");
+    }
+    assertFalse(r.params().doRemotePrefill(), "only one transfer per request");
+    ConnectorMetadata m = s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of()));
+    assertEquals(0, m.reqsToRecv().size(), "started once, so no step waits per layer for it");
+    // Its blocks are lent from admission: an abort now must wait for the workers.
+    r.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
+    assertTrue(s.requestFinished(r, new int[] {0, 1, 2, 3, 4, 5}).delayFreeBlocks());
+    for (TestProbe<EngineActor.Command> w : List.of(rank0, rank1)) {
+      assertEquals("tx", w.expectMessageClass(EngineActor.AbortReceive.class).transferId());
+    }
+  }
+
+  @Test
+  void readsAtAdmissionWithAFullPrefixHitTellPrefillToFreeAndLendNothing() {
+    TestProbe<EngineActor.Command> worker = KIT.createTestProbe();
+    ConnectorScheduler s = new ConnectorScheduler(Role.DECODE, TransferMode.READ, "decode-0", 0,
+        BLOCK, List.of(worker.ref()), AT_ADMISSION, CLOCK);
+    KvTransferParams p = new KvTransferParams(true, false, "tx", "prefill-0", 0, new int[] {8, 9},
+        "", 0, 1);
+    ConnectorRequest r = new ConnectorRequest("r", 20, p);
+    s.updateStateAfterAlloc(r, new int[0], 0);
+    assertWorkerToldToReadNothing(worker);
+    r.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
+    assertFalse(s.requestFinished(r, new int[0]).delayFreeBlocks(), "nothing reads into them");
+    worker.expectNoMessage(java.time.Duration.ofMillis(50));
+  }
 }
