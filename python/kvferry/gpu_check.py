@@ -128,7 +128,13 @@ class _EngineState:
 
         e = self._e()
         prof = _profiler() if profile else None
+        clients = [c for c in (e.sched, e.worker) if c is not None]
+        for c in clients:
+            c.reset_op_seconds()
         out = e.prefill(rid, prompt, params, abort_after_chunks=abort_after_chunks)
+        # Milliseconds in each connector op during this prefill (request_finished included): which
+        # of P's calls its port time goes to.
+        out["port_ops_ms"] = {op: t[1] * 1e3 for c in clients for op, t in c.reset_op_seconds().items()}
         if prof is not None:
             out["profile"] = _profiler_done(prof, sort_by="self_cpu_time_total")
         if want_kv and out["status"] == "length_capped":
@@ -877,7 +883,8 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                          ("baseline_first_token_ms", b["first_s"] * 1e3),
                          ("d_first_port_ms", first["first_split"].get("port_ms", 0.0)),
                          ("d_first_forward_ms", first["first_split"].get("forward_ms", 0.0)),
-                         ("baseline_first_forward_ms", b["first_split"].get("forward_ms", 0.0))):
+                         ("baseline_first_forward_ms", b["first_split"].get("forward_ms", 0.0)),
+                         *((f"p_op_ms[{op}]", ms) for op, ms in sorted(pre.get("port_ops_ms", {}).items()))):
                 parts.setdefault(k, []).append(v)
             # READ: the span from P's end until D had every layer, in steps (P's request_finished
             # and the driver handing its params to D; D's admission; D's first step until its
