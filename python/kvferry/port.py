@@ -296,6 +296,38 @@ def parse_layer_load(reply: dict[str, Any], ring_size: int) -> tuple[bool, int |
 # ---- client ----
 
 
+# The keys of kv_transfer_params (KvTransferParams on the node) and those a prefill node reads as
+# ints; _plainly_for_decode accepts only what the node's checks accept.
+_PARAM_INTS = ("remote_dp_rank", "remote_port", "tp_size")
+_PARAM_KEYS = frozenset(("do_remote_decode", "do_remote_prefill", "transfer_id", "remote_engine_id",
+                         "remote_host", "remote_block_ids", "remote_worker_uids") + _PARAM_INTS)
+
+
+def _plainly_for_decode(params: Any) -> bool:
+    """Whether ``params`` are a P request's, well formed by the node's own rules: do_remote_decode
+    true, do_remote_prefill absent or false, a non-blank transfer_id and remote_engine_id, ints in
+    range, no block lists, no unknown key. Such params the node accepts and answers (0, False)."""
+    if not isinstance(params, dict) or params.get("do_remote_decode") is not True:
+        return False
+    if not set(params) <= _PARAM_KEYS or params.get("do_remote_prefill") not in (None, False):
+        return False
+    if any(params.get(k) is not None for k in ("remote_block_ids", "remote_worker_uids")):
+        return False
+    for k in ("transfer_id", "remote_engine_id"):
+        v = params.get(k)
+        if not isinstance(v, str) or not v.strip():
+            return False
+    host = params.get("remote_host")
+    if host is not None and not isinstance(host, str):
+        return False
+    limits = {"remote_dp_rank": (0, 2**31 - 1), "remote_port": (0, 65535), "tp_size": (1, 2**31 - 1)}
+    for k in _PARAM_INTS:
+        v = params.get(k)
+        if v is not None and (type(v) is not int or not limits[k][0] <= v <= limits[k][1]):
+            return False
+    return True
+
+
 class PortClient:
     """One connection to a node: the scheduler side or one TP rank's worker.
 
@@ -758,12 +790,19 @@ class PortClient:
     ) -> tuple[int, bool]:
         """``(count, async)``. A request without kv_transfer_params matches nothing on any node
         (docs/engine-port.md), so for it ``(0, False)`` comes back at once: nothing is sent, or
-        with ``send_plain`` the op is held and goes one-way. Requests with params always ask: a
-        node that refuses them says so here."""
+        with ``send_plain`` the op is held and goes one-way. Requests with params ask: a node that
+        refuses them says so here. On a prefill engine's scheduler, params of the form a router
+        gives P (``do_remote_decode``, a transfer id and D's engine id, nothing malformed) go
+        one-way, answered ``(0, False)`` at once: a prefill node never loads, and the round trip
+        sat before the prefill's first kernel (0.19-0.25 ms on the GPU host, docs/gpu.md), once per
+        new request. Anything else still asks, so the node's refusal comes here."""
         args = {"request_id": request_id, "num_prompt_tokens": num_prompt_tokens,
                 "kv_transfer_params": kv_transfer_params, "num_computed_tokens": num_computed_tokens}
         # (On a worker connection the node refuses the op: asked, so the refusal comes now.)
-        if self.side != "scheduler" or kv_transfer_params is not None:
+        if self.side == "scheduler" and self.engine.get("role") == "prefill" and _plainly_for_decode(kv_transfer_params):
+            self._one_way("get_num_new_matched_tokens", args)
+            result = 0, False
+        elif self.side != "scheduler" or kv_transfer_params is not None:
             ok = self._call("get_num_new_matched_tokens", args)
             result = int(ok["count"]), bool(ok["async"])
         else:

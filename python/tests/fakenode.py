@@ -13,6 +13,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from typing import Any, Callable
 
 import msgpack
@@ -68,6 +69,14 @@ class FakeNode:
     def calls(self, op: str) -> list[dict]:
         with self.lock:
             return [a for _, _, o, a in self.log if o == op]
+
+    def await_ops(self, n: int, side: str | None = None, rank: int | None = None, timeout_s: float = 5.0) -> list[str]:
+        """``ops(side, rank)`` once it holds ``n`` ops, or at ``timeout_s``: one-way frames are logged
+        when this node's thread reads them, which may be after the client's call returned."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.ops(side, rank)) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.ops(side, rank)
 
     def drop_connections(self) -> None:
         for c in list(self._conns):

@@ -225,6 +225,61 @@ def test_scheduler_ops_send_the_spec_args(tmp_path):
     node.close()
 
 
+def test_a_prefill_engines_scheduler_sends_a_routers_params_one_way_and_asks_about_any_other(tmp_path):
+    """A prefill node never loads: for params of the form a router gives P the answer is (0, False),
+    so P's scheduler does not wait for it before its prefill (the node still hears of the request
+    first). Params the client cannot vouch for still ask, so the node's refusal comes at once."""
+    node = FakeNode(str(tmp_path / "n.sock"))
+
+    def matched(a):
+        if "transfer_id" not in a["kv_transfer_params"]:
+            raise Refuse("bad_args", "kv_transfer_params.transfer_id is missing")
+        return {"count": 99, "async": True}  # were it asked, P's client would say (99, True)
+
+    node.matched = matched
+    c = PortClient(node.path, "scheduler", engine={"role": "prefill", "mode": "write"})
+    c.hello()
+    routed = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": "t",
+              "remote_engine_id": "decode-0", "remote_dp_rank": 0}
+    assert c.get_num_new_matched_tokens("p", 40, routed, 0) == (0, False)
+    c.update_state_after_alloc("p", [1, 2, 3], 0)
+    c.build_connector_meta([{"request_id": "p", "block_ids": [1, 2, 3], "num_computed_tokens": 40}], [])
+    assert node.ops() == ["hello", "get_num_new_matched_tokens", "update_state_after_alloc",
+                          "build_connector_meta"]
+    assert node.calls("get_num_new_matched_tokens")[0]["kv_transfer_params"] == routed
+    with pytest.raises(BadArgs, match="transfer_id"):
+        c.get_num_new_matched_tokens("bad", 40, {"do_remote_decode": True}, 0)
+    # A decode engine's scheduler always asks: its count is the node's.
+    d = PortClient(node.path, "scheduler", engine={"role": "decode", "mode": "write"})
+    d.hello()
+    assert d.get_num_new_matched_tokens("q", 40, {"do_remote_prefill": True, "transfer_id": "u"}, 0) == (99, True)
+    node.close()
+
+
+@pytest.mark.parametrize("params", [
+    None, {}, {"do_remote_decode": 1, "transfer_id": "t", "remote_engine_id": "d"},
+    {"do_remote_decode": True, "remote_engine_id": "d"},
+    {"do_remote_decode": True, "transfer_id": " ", "remote_engine_id": "d"},
+    {"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": 7},
+    {"do_remote_decode": True, "do_remote_prefill": True, "transfer_id": "t", "remote_engine_id": "d"},
+    {"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d", "remote_dp_rank": -1},
+    {"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d", "remote_dp_rank": True},
+    {"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d", "remote_port": 70000},
+    {"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d", "tp_size": 0},
+    {"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d", "remote_block_ids": [1]},
+    {"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d", "surprise": 1},
+])
+def test_params_a_prefill_client_does_not_vouch_for_go_to_the_node(params):
+    assert not port._plainly_for_decode(params)
+
+
+def test_a_routers_params_for_p_are_vouched_for():
+    assert port._plainly_for_decode({"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d"})
+    assert port._plainly_for_decode({"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": "t",
+                                     "remote_engine_id": "d", "remote_dp_rank": 3, "remote_host": "",
+                                     "remote_port": 0, "tp_size": 2})
+
+
 def test_answers_the_protocol_fixes_come_back_without_waiting_for_the_node(tmp_path):
     """A request without params matches nothing and is freed at once with nothing for a peer:
     with send_plain the client sends those ops one-way, so this fake node's other answers are
