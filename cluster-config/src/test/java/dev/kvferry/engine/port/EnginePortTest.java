@@ -60,7 +60,13 @@ class EnginePortTest {
 
   private EngineNode node(String role, String engineId, String mode, Path socket, int port,
       int seedPort) throws IOException {
+    return node(role, engineId, mode, socket, port, seedPort, true);
+  }
+
+  private EngineNode node(String role, String engineId, String mode, Path socket, int port,
+      int seedPort, boolean readsAtAdmission) throws IOException {
     Map<String, Object> m = new HashMap<>();
+    m.put("kvferry.connector.reads-at-admission", readsAtAdmission);
     m.put("kvferry.node.role", role);
     m.put("kvferry.node.engine-id", engineId);
     m.put("kvferry.node.mode", mode);
@@ -324,13 +330,26 @@ class EnginePortTest {
     transfer("read");
   }
 
+  @Test
+  void readModeWithReadsInTheNextStepLoadsThereAndWaitsPerLayer() throws Exception {
+    transfer("read", false);
+  }
+
   private void transfer(String mode) throws Exception {
+    transfer(mode, true);
+  }
+
+  /**
+   * One request through two nodes; {@code readsAtAdmission} (READ): D's reads start at
+   * update_state_after_alloc (the default), else in the next step's start_load_kv.
+   */
+  private void transfer(String mode, boolean readsAtAdmission) throws Exception {
     int pPort = FreePorts.next();
     int dPort = FreePorts.next();
     Path pSocket = dir.resolve("p.sock");
     Path dSocket = dir.resolve("d.sock");
     EngineNode p = node("prefill", "p0", mode, pSocket, pPort, pPort);
-    EngineNode d = node("decode", "d0", mode, dSocket, dPort, pPort);
+    EngineNode d = node("decode", "d0", mode, dSocket, dPort, pPort, readsAtAdmission);
     Path pFile = kvFile();
     Path dFile = kvFile();
     MappedByteBuffer pKv = map(pFile);
@@ -400,7 +419,8 @@ class EnginePortTest {
           Map.of("request_id", r, "block_ids", dBlocks, "num_external_tokens", prompt - 1));
       Map<String, Object> loads = step(ds, dw, List.of(Map.of("request_id", r, "block_ids",
           dBlocks, "num_computed_tokens", prompt - 1)), 0);
-      assertEquals(1L, loads.get("loads"));
+      // Started at admission, the reads are not this step's: it waits for none of them.
+      assertEquals(readsAtAdmission ? 0L : 1L, loads.get("loads"));
       for (int l = 0; l < LAYERS; l++) {
         assertEquals(Map.of("ok", true), dw.ok("wait_for_layer_load", Map.of("layer", l)));
       }
