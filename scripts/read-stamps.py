@@ -2,8 +2,9 @@
 """Medians of D's READ start stamps (ReadStamps, -Dkvferry.stamps=true) from node logs.
 
 usage: scripts/read-stamps.py [--match REGEX] LOG [LOG ...]
-Each "read start stamps" line gives, per transfer, each stage in us after the worker's
-start_load_kv; prints the count and each stage's median and p90 over the lines whose transfer id
+Each "read start stamps" line gives, per transfer, each stage in us after the load was handed to
+the workers (the scheduler's update_state_after_alloc with reads at admission, else the worker's
+start_load_kv); prints the count and each stage's median and p90 over the lines whose transfer id
 matches REGEX (default: every line).
 """
 import argparse

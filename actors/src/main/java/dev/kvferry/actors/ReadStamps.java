@@ -18,7 +18,10 @@ public final class ReadStamps {
 
   /** In the order a transfer's start passes them. */
   public enum Stage {
-    /** The worker's start_load_kv reached the connector (the engine port's thread). */
+    /**
+     * The load was handed to the workers: the scheduler's update_state_after_alloc (reads at
+     * admission) or the worker's start_load_kv reached the connector (the engine port's thread).
+     */
     START_LOAD,
     /** D's EngineActor took the StartLoad from its mailbox. */
     ENGINE,
@@ -87,7 +90,7 @@ public final class ReadStamps {
     at[stage.ordinal()] = now;
     if (stage == Stage.LAST_QUEUED) {
       stamps.remove(transferId);
-      StringBuilder line = new StringBuilder("read start stamps, us after start_load_kv: transfer ")
+      StringBuilder line = new StringBuilder("read start stamps, us after the load was handed over: transfer ")
           .append(transferId);
       for (Stage s : STAGES) {
         line.append(' ').append(s.name().toLowerCase(java.util.Locale.ROOT)).append('=');
