@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .port import NodeUnavailable, PortClient, PortError
+from .port import BadArgs, NodeUnavailable, PortClient, PortError
 
 log = logging.getLogger("kvferry.vllm")
 
@@ -433,6 +433,9 @@ class KvferryScheduler:
         self.client.reconnect(wait_s=float(extra.get("connect_timeout_s", 60)))
         self.pending_sends: set[str] = set()
         self.seen: set[str] = set()  # named to the node, not finished yet
+        # Requests whose kv_transfer_params the node refused: served without kvferry (the engine
+        # computes them itself), so the node hears nothing more of them.
+        self.refused: set[str] = set()
         self.op_errors: list[dict[str, Any]] = []
 
     def _ensure_connected(self) -> None:
@@ -440,13 +443,28 @@ class KvferryScheduler:
             self.client.reconnect()
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        rid = request.request_id
+        if rid in self.refused:
+            return 0, False
         tokens = getattr(request, "prompt_token_ids", None) or []
-        self.seen.add(request.request_id)
-        count, is_async = self.client.get_num_new_matched_tokens(
-            request.request_id, len(tokens), getattr(request, "kv_transfer_params", None), num_computed_tokens)
+        self.seen.add(rid)
+        try:
+            count, is_async = self.client.get_num_new_matched_tokens(
+                rid, len(tokens), getattr(request, "kv_transfer_params", None), num_computed_tokens)
+        except BadArgs as e:
+            # This request's params, not the engine: vLLM has no way to refuse a request here, and
+            # an exception would stop its engine core. Serve it without a transfer instead (D
+            # computes the prompt itself; a P's peer fails its transfer and recomputes).
+            log.error("kvferry node refused request %s's kv_transfer_params; serving it without a KV "
+                      "transfer: %s", rid, e.message)
+            self.seen.discard(rid)
+            self.refused.add(rid)
+            return 0, False
         return count, bool(is_async and count > 0)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        if request.request_id in self.refused:
+            return
         self.client.update_state_after_alloc(request.request_id, _block_id_list(blocks, num_external_tokens),
                                              num_external_tokens)
 
@@ -455,6 +473,8 @@ class KvferryScheduler:
         scheduled = getattr(scheduler_output, "num_scheduled_tokens", {}) or {}
         new_reqs = []
         for r in getattr(scheduler_output, "scheduled_new_reqs", []) or []:
+            if r.req_id in self.refused:
+                continue  # the node never took it
             new_reqs.append({"request_id": r.req_id, "block_ids": _first_group(r.block_ids) or [],
                              "num_computed_tokens": int(r.num_computed_tokens) + int(scheduled.get(r.req_id, 0))})
         cached_reqs = []
@@ -475,11 +495,17 @@ class KvferryScheduler:
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
+        if rid in self.refused:
+            self.refused.discard(rid)
+            return False, None  # the node never took it: nothing to keep, nothing for a peer
         if rid not in self.seen:
             # vLLM finishes a request aborted before its first scheduling without ever asking
             # get_num_new_matched_tokens; the node only knows requests named there, and
             # request_finished carries no kv_transfer_params: name it first so P is told to free.
             self.get_num_new_matched_tokens(request, 0)
+            if rid in self.refused:
+                self.refused.discard(rid)
+                return False, None
         self.seen.discard(rid)
         delay, params = self.client.request_finished(request.request_id, [int(b) for b in block_ids],
                                                      _request_status(request))

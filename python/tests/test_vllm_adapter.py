@@ -14,7 +14,7 @@ np = pytest.importorskip("numpy")
 from kvferry import vllm as kv  # noqa: E402
 from kvferry.port import NodeUnavailable  # noqa: E402
 
-from .fakenode import FakeNode  # noqa: E402
+from .fakenode import FakeNode, Refuse  # noqa: E402
 
 
 # ---- stand-ins for vLLM's objects (only the fields the connector reads) ----
@@ -327,3 +327,29 @@ def test_a_request_aborted_before_scheduling_is_named_to_the_node_before_it_fini
     assert node.ops("scheduler")[1:] == ["get_num_new_matched_tokens", "request_finished"]
     assert node.calls("get_num_new_matched_tokens")[0]["kv_transfer_params"]["transfer_id"] == "t9"
     assert node.calls("request_finished") == [{"request_id": "gone", "block_ids": [], "status": "aborted"}]
+
+
+def test_params_the_node_refuses_serve_the_request_without_kvferry_instead_of_stopping_vllm(node):
+    """vLLM cannot refuse a request from get_num_new_matched_tokens, and an exception there stops
+    its engine core: the connector logs the refusal and the engine computes the request itself;
+    the node hears nothing more of it."""
+    def matched(a):
+        if not a["kv_transfer_params"].get("transfer_id"):
+            raise Refuse("bad_args", "kv_transfer_params.transfer_id is missing")
+        return {"count": 0, "async": False}
+
+    node.matched = matched
+    c = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.SCHEDULER)
+    bad = Request("bad", list(range(40)), {"do_remote_prefill": True, "remote_engine_id": "p0"})
+    assert c.get_num_new_matched_tokens(bad, 0) == (0, False)
+    c.update_state_after_alloc(bad, KVCacheBlocks([1, 2, 3]), 0)
+    c.build_connector_meta(SchedulerOutput([NewRequestData("bad", ([1, 2, 3],), 0)], num_scheduled_tokens={"bad": 40}))
+    bad.status = RequestStatus.FINISHED_STOPPED
+    assert c.request_finished(bad, [1, 2, 3]) == (False, None)
+    assert node.ops("scheduler")[1:] == ["get_num_new_matched_tokens", "build_connector_meta"]
+    assert node.calls("build_connector_meta")[0]["scheduled_new_reqs"] == []
+    # Aborted before it was ever scheduled: named to the node first, refused there, freed at once.
+    gone = Request("gone", list(range(40)), {"do_remote_prefill": True}, RequestStatus.FINISHED_ABORTED)
+    assert c.request_finished(gone, []) == (False, None)
+    assert node.ops("scheduler")[-1] == "get_num_new_matched_tokens"
+
