@@ -90,8 +90,9 @@ public final class ReadStamps {
     at[stage.ordinal()] = now;
     if (stage == Stage.LAST_QUEUED) {
       stamps.remove(transferId);
-      StringBuilder line = new StringBuilder("read start stamps, us after the load was handed over: transfer ")
-          .append(transferId);
+      StringBuilder line =
+          new StringBuilder("read start stamps, us after the load was handed over: transfer ")
+              .append(transferId);
       for (Stage s : STAGES) {
         line.append(' ').append(s.name().toLowerCase(java.util.Locale.ROOT)).append('=');
         line.append(at[s.ordinal()] == 0 ? "-" : String.format(java.util.Locale.ROOT, "%.1f",

@@ -28,6 +28,11 @@ public record ConnectorSettings(
     int terminalIdCapacity,
     boolean readsAtAdmission) {
 
+  /**
+   * Defaults for code that builds settings itself (tests, benchmarks). Reads start in the step
+   * here, the seed's order that the actor tests exercise; a node reads {@code
+   * kvferry.connector.reads-at-admission}, which reference.conf turns on.
+   */
   public static final ConnectorSettings DEFAULTS =
       new ConnectorSettings(
           Duration.ofSeconds(3),
