@@ -10,7 +10,11 @@ ahead, as a prefill engine's worker does; `--finished-round-trip`: a round trip 
 `update_state_after_alloc` each) and K finish (`request_finished`). The requests carry no
 kv_transfer_params (kvferry moves none of them): by default the client answers them itself and
 the node never hears of them; `--send-plain` has the client tell the node (in batches), so its
-side of each request is timed too. The timed steps follow WARM_UP_S seconds of the same steps.
+side of each request is timed too. `--p-params`: the new requests carry the params a router gives
+P (`do_remote_decode`, a transfer id, D's engine id), are scheduled for the first half of their
+prompt and finish `stopped` (so nothing is saved), as P's client, whose engine role is `prefill`,
+sends them (`get_num_new_matched_tokens` one-way); `--matched-round-trip` makes the client ask it
+as a round trip instead, as it does for any other engine. The timed steps follow WARM_UP_S seconds of the same steps.
 `--gap-ms G` also times pings that each follow G ms of sleep, as an engine's calls follow a
 forward pass: both the node's thread and the client's have gone to sleep by then
 (`KVFERRY_PORT_SPIN_US` and the node's `-Dkvferry.port.spin-us` change what that costs).
@@ -55,7 +59,8 @@ def _pings_after_sleep(client: PortClient, gap_ms: float, count: int) -> list[fl
 
 
 def run(socket_path: str, requests: int, new: int, layers: int, steps: int, round_trips: int,
-        send_plain: bool = False, gaps_ms: tuple[float, ...] = (), finished_ahead: bool = True) -> dict:
+        send_plain: bool = False, gaps_ms: tuple[float, ...] = (), finished_ahead: bool = True,
+        p_params: bool = False, matched_round_trip: bool = False) -> dict:
     geometry = {"layout": "standard", "num_blocks": 64, "block_size": 16, "kv_heads": 1, "head_dim": 8,
                 "dtype_bytes": 2}
     layer_bytes = 2 * 64 * 16 * 1 * 8 * 2
@@ -71,16 +76,22 @@ def run(socket_path: str, requests: int, new: int, layers: int, steps: int, roun
         worker = PortClient(socket_path, "worker", tp_rank=0, geometry=geometry, memory=memory,
                             finished_ahead=finished_ahead)
         worker.connect()
-        scheduler = PortClient(socket_path, "scheduler", send_plain=send_plain)
+        # A prefill engine's role in the hello is what lets the client send P's
+        # get_num_new_matched_tokens one-way; without it the client asks, as for any engine.
+        engine = {"role": "prefill"} if p_params and not matched_round_trip else None
+        scheduler = PortClient(socket_path, "scheduler", engine=engine, send_plain=send_plain)
         scheduler.connect()
         try:
-            out = _measure(scheduler, worker, requests, new, layers, steps, round_trips)
+            out = _measure(scheduler, worker, requests, new, layers, steps, round_trips, p_params)
             for gap in gaps_ms:
                 after_gap = _pings_after_sleep(scheduler, gap, max(round_trips // 10, 20))
                 out[f"ping_after_{gap:g}ms_p50_us"] = round(_percentile(after_gap, 0.5), 1)
                 out[f"ping_after_{gap:g}ms_p90_us"] = round(_percentile(after_gap, 0.9), 1)
             out["client_spin_us"] = round(scheduler.reply_spin_s * 1e6, 1)
             out["finished_ahead"] = finished_ahead
+            if p_params:
+                out["p_params"] = True
+                out["matched_round_trip"] = matched_round_trip
             return out
         finally:
             scheduler.close()
@@ -90,7 +101,7 @@ def run(socket_path: str, requests: int, new: int, layers: int, steps: int, roun
 
 
 def _measure(scheduler: PortClient, worker: PortClient, requests: int, new: int, layers: int, steps: int,
-             round_trips: int) -> dict:
+             round_trips: int, p_params: bool = False) -> dict:
     _timed(scheduler.ping, round_trips // 4)  # warm the node's paths
     ping = _timed(scheduler.ping, round_trips)
     ids = iter(range(10 ** 9))
@@ -112,7 +123,11 @@ def _measure(scheduler: PortClient, worker: PortClient, requests: int, new: int,
         fresh = []
         for _ in range(new):
             r = f"new-{next(ids)}"
-            scheduler.get_num_new_matched_tokens(r, 64, None, 0)
+            if p_params:  # P's first chunk of a 128-token prompt: nothing to save this step
+                params = {"do_remote_decode": True, "transfer_id": f"x-{r}", "remote_engine_id": "bench-d"}
+                scheduler.get_num_new_matched_tokens(r, 128, params, 0)
+            else:
+                scheduler.get_num_new_matched_tokens(r, 64, None, 0)
             scheduler.update_state_after_alloc(r, [5, 6, 7, 8], 0)
             fresh.append({"request_id": r, "block_ids": [5, 6, 7, 8], "num_computed_tokens": 64})
         meta = scheduler.build_connector_meta(fresh, cached[: requests - new])
@@ -158,9 +173,16 @@ def main(argv: list[str] | None = None) -> int:
                         "as a prefill engine's worker does)")
     p.add_argument("--gap-ms", type=float, action="append", default=[],
                    help="also time pings after this long asleep (repeatable)")
+    p.add_argument("--p-params", action="store_true",
+                   help="new requests carry the params a router gives P, sent as P's client does")
+    p.add_argument("--matched-round-trip", action="store_true",
+                   help="with --p-params: get_num_new_matched_tokens as a round trip, as before")
     a = p.parse_args(argv)
+    if a.matched_round_trip and not a.p_params:
+        p.error("--matched-round-trip needs --p-params")
     print(json.dumps(run(a.socket, a.requests, a.new, a.layers, a.steps, a.round_trips, a.send_plain,
-                         tuple(a.gap_ms), finished_ahead=not a.finished_round_trip)))
+                         tuple(a.gap_ms), finished_ahead=not a.finished_round_trip,
+                         p_params=a.p_params, matched_round_trip=a.matched_round_trip)))
     return 0
 
 

@@ -800,7 +800,8 @@ class PortClient:
                 "kv_transfer_params": kv_transfer_params, "num_computed_tokens": num_computed_tokens}
         # (On a worker connection the node refuses the op: asked, so the refusal comes now.)
         if self.side == "scheduler" and self.engine.get("role") == "prefill" and _plainly_for_decode(kv_transfer_params):
-            self._one_way("get_num_new_matched_tokens", args)
+            # Held: nothing acts on it before the step's build_connector_meta, which sends it first.
+            self._one_way("get_num_new_matched_tokens", args, hold=True)
             result = 0, False
         elif self.side != "scheduler" or kv_transfer_params is not None:
             ok = self._call("get_num_new_matched_tokens", args)
@@ -819,15 +820,17 @@ class PortClient:
 
     def update_state_after_alloc(self, request_id: str, block_ids: list[int], num_external_tokens: int) -> None:
         """One-way: its error, if any, comes back in the next ``build_connector_meta``. Sent at
-        once for a request kvferry moves (D's node then tells P where to write); for one named
-        without kv_transfer_params nothing is sent, or with ``send_plain`` it is held."""
+        once for a request a decode engine receives (its node then tells P where to write, or
+        starts reading); held until the step's next call on a prefill engine, whose node acts on
+        it only when the step's metadata is built; for a request named without kv_transfer_params
+        nothing is sent, or with ``send_plain`` it is held."""
         plain = request_id in self._plain and self.side == "scheduler"
         if plain and not self.send_plain:
             return
         self._one_way(
             "update_state_after_alloc",
             {"request_id": request_id, "block_ids": list(block_ids), "num_external_tokens": num_external_tokens},
-            hold=plain,
+            hold=plain or (self.side == "scheduler" and self.engine.get("role") == "prefill"),
         )
 
     def build_connector_meta(
