@@ -296,36 +296,45 @@ def parse_layer_load(reply: dict[str, Any], ring_size: int) -> tuple[bool, int |
 # ---- client ----
 
 
-# The keys of kv_transfer_params (KvTransferParams on the node) and those a prefill node reads as
-# ints; _plainly_for_decode accepts only what the node's checks accept.
-_PARAM_INTS = ("remote_dp_rank", "remote_port", "tp_size")
+# The keys of kv_transfer_params (KvTransferParams on the node) and those it reads as ints, with
+# their ranges; _vouched accepts only what the node's checks accept.
+_PARAM_INTS = {"remote_dp_rank": (0, 2**31 - 1), "remote_port": (0, 65535), "tp_size": (1, 2**31 - 1)}
+_PARAM_LISTS = {"remote_block_ids": (0, 2**31 - 1), "remote_worker_uids": (-(2**31), 2**31 - 1)}
 _PARAM_KEYS = frozenset(("do_remote_decode", "do_remote_prefill", "transfer_id", "remote_engine_id",
-                         "remote_host", "remote_block_ids", "remote_worker_uids") + _PARAM_INTS)
+                         "remote_host", *_PARAM_INTS, *_PARAM_LISTS))
 
 
-def _plainly_for_decode(params: Any) -> bool:
-    """Whether ``params`` are a P request's, well formed by the node's own rules: do_remote_decode
-    true, do_remote_prefill absent or false, a non-blank transfer_id and remote_engine_id, ints in
-    range, no block lists, no unknown key. Such params the node accepts and answers (0, False)."""
-    if not isinstance(params, dict) or params.get("do_remote_decode") is not True:
-        return False
-    if not set(params) <= _PARAM_KEYS or params.get("do_remote_prefill") not in (None, False):
-        return False
-    if any(params.get(k) is not None for k in ("remote_block_ids", "remote_worker_uids")):
-        return False
+def _is_int_in(v: Any, bounds: tuple[int, int]) -> bool:
+    return type(v) is int and bounds[0] <= v <= bounds[1]
+
+
+def _vouched(params: Any) -> str | None:
+    """Which request ``params`` name, when they are well formed by the node's own rules: "decode"
+    for P's (do_remote_decode; no block lists, as a router gives P), "prefill" for D's
+    (do_remote_prefill, as P's request_finished returns them); None for anything else, which only
+    the node can judge. Both need a non-blank transfer_id and remote_engine_id, ints in range, no
+    unknown key."""
+    if not isinstance(params, dict) or not set(params) <= _PARAM_KEYS:
+        return None
+    decode, prefill = params.get("do_remote_decode"), params.get("do_remote_prefill")
+    if decode not in (None, False, True) or prefill not in (None, False, True) or (decode is True) == (prefill is True):
+        return None  # not bools, both set, or neither
+    side = "decode" if decode is True else "prefill"
     for k in ("transfer_id", "remote_engine_id"):
         v = params.get(k)
         if not isinstance(v, str) or not v.strip():
-            return False
-    host = params.get("remote_host")
-    if host is not None and not isinstance(host, str):
-        return False
-    limits = {"remote_dp_rank": (0, 2**31 - 1), "remote_port": (0, 65535), "tp_size": (1, 2**31 - 1)}
-    for k in _PARAM_INTS:
+            return None
+    if params.get("remote_host") is not None and not isinstance(params["remote_host"], str):
+        return None
+    if any(params.get(k) is not None and not _is_int_in(params[k], b) for k, b in _PARAM_INTS.items()):
+        return None
+    for k, bounds in _PARAM_LISTS.items():
         v = params.get(k)
-        if v is not None and (type(v) is not int or not limits[k][0] <= v <= limits[k][1]):
-            return False
-    return True
+        if v is None:
+            continue
+        if side == "decode" or not isinstance(v, list) or not all(_is_int_in(e, bounds) for e in v):
+            return None
+    return side
 
 
 class PortClient:
@@ -400,6 +409,9 @@ class PortClient:
         self._cached_wanted: set[str] = set()
         # Requests named without kv_transfer_params: the node frees them at once when they finish.
         self._plain: set[str] = set()
+        # Decode scheduler: requests whose matched tokens this client answers, by id: [the prompt
+        # length first named, whether update_state_after_alloc took the transfer].
+        self._receiving: dict[str, list[Any]] = {}
         self.send_plain = send_plain
         if reply_spin_us is None:
             raw = os.environ.get("KVFERRY_PORT_SPIN_US", "") or "0"
@@ -795,14 +807,24 @@ class PortClient:
         gives P (``do_remote_decode``, a transfer id and D's engine id, nothing malformed) go
         one-way, answered ``(0, False)`` at once: a prefill node never loads, and the round trip
         sat before the prefill's first kernel (0.19-0.25 ms on the GPU host, docs/gpu.md), once per
-        new request. Anything else still asks, so the node's refusal comes here."""
+        new request. On a decode engine's scheduler (its mode known, ``send_plain`` off), params
+        as P's ``request_finished`` returns them are answered the same way, with the node's rule:
+        the prompt (as first named) minus the tokens D has, minus the last one in READ, async;
+        ``(0, False)`` once ``update_state_after_alloc`` took the transfer. The op then carries
+        the answer, and a node that would have answered otherwise refuses it, which comes back
+        with the next ``build_connector_meta``. Anything else still asks, so the node's refusal
+        comes here."""
         args = {"request_id": request_id, "num_prompt_tokens": num_prompt_tokens,
                 "kv_transfer_params": kv_transfer_params, "num_computed_tokens": num_computed_tokens}
+        answer = self._matched_locally(request_id, num_prompt_tokens, kv_transfer_params, num_computed_tokens)
         # (On a worker connection the node refuses the op: asked, so the refusal comes now.)
-        if self.side == "scheduler" and self.engine.get("role") == "prefill" and _plainly_for_decode(kv_transfer_params):
-            # Held: nothing acts on it before the step's build_connector_meta, which sends it first.
-            self._one_way("get_num_new_matched_tokens", args, hold=True)
-            result = 0, False
+        if answer is not None:
+            # Held: nothing acts on it before the next op (D's update_state_after_alloc, which is
+            # sent at once, or the step's build_connector_meta), which sends it first.
+            count, is_async = answer
+            self._one_way("get_num_new_matched_tokens",
+                          {**args, "answered": {"count": count, "async": is_async}}, hold=True)
+            result = answer
         elif self.side != "scheduler" or kv_transfer_params is not None:
             ok = self._call("get_num_new_matched_tokens", args)
             result = int(ok["count"]), bool(ok["async"])
@@ -818,6 +840,28 @@ class PortClient:
             self._plain.discard(request_id)
         return result
 
+    def _matched_locally(self, request_id: str, num_prompt_tokens: int, params: Any,
+                         num_computed_tokens: int) -> tuple[int, bool] | None:
+        """The node's answer to get_num_new_matched_tokens where this client can know it (see
+        there), else None: ask."""
+        role, mode = self.engine.get("role"), self.engine.get("mode")
+        if self.side != "scheduler" or self.send_plain:
+            return None
+        if role == "prefill":
+            return (0, False) if _vouched(params) == "decode" else None
+        if role != "decode" or mode not in ("write", "read"):
+            return None
+        known = self._receiving.get(request_id)
+        if known is None:
+            if _vouched(params) != "prefill":
+                return None
+            # The node keeps the prompt length of the first call, as this does.
+            known = self._receiving[request_id] = [num_prompt_tokens, False]
+        prompt, taken = known
+        if taken:
+            return 0, False
+        return max(0, prompt - (1 if mode == "read" else 0) - num_computed_tokens), True
+
     def update_state_after_alloc(self, request_id: str, block_ids: list[int], num_external_tokens: int) -> None:
         """One-way: its error, if any, comes back in the next ``build_connector_meta``. Sent at
         once for a request a decode engine receives (its node then tells P where to write, or
@@ -827,6 +871,8 @@ class PortClient:
         plain = request_id in self._plain and self.side == "scheduler"
         if plain and not self.send_plain:
             return
+        if request_id in self._receiving:
+            self._receiving[request_id][1] = True  # the node's one transfer per request is taken
         self._one_way(
             "update_state_after_alloc",
             {"request_id": request_id, "block_ids": list(block_ids), "num_external_tokens": num_external_tokens},
@@ -882,6 +928,7 @@ class PortClient:
             raise ValueError(f"status must be length_capped, stopped or aborted, not {status!r}")
         args = {"request_id": request_id, "block_ids": list(block_ids), "status": status}
         self._cached_wanted.discard(request_id)
+        self._receiving.pop(request_id, None)
         if request_id in self._plain and self.side == "scheduler":
             self._plain.discard(request_id)
             if self.send_plain:

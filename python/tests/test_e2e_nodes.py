@@ -139,6 +139,9 @@ def assert_no_leak(*engines: Engine, timeout_s: float = 60) -> None:
         s = settle(e, timeout_s=timeout_s)
         assert s["free_blocks"] == s["num_blocks"], (e.name, s)
         assert (s["running"], s["waiting"], s["delayed_free"]) == (0, 0, 0), (e.name, s)
+        # Nothing the node refused: among others, an answer the client gave the engine itself
+        # that the node would have given otherwise (PortClient's get_num_new_matched_tokens).
+        assert s["op_errors"] == 0, (e.name, s)
 
 
 def test_kv_moves_tp2_to_tp1_every_byte_verified_and_tokens_match_the_baseline(cluster, pair, mode):

@@ -262,22 +262,69 @@ def test_a_prefill_engines_scheduler_sends_a_routers_params_one_way_and_asks_abo
     {"do_remote_decode": True, "transfer_id": " ", "remote_engine_id": "d"},
     {"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": 7},
     {"do_remote_decode": True, "do_remote_prefill": True, "transfer_id": "t", "remote_engine_id": "d"},
+    {"do_remote_decode": False, "do_remote_prefill": False, "transfer_id": "t", "remote_engine_id": "d"},
     {"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d", "remote_dp_rank": -1},
     {"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d", "remote_dp_rank": True},
     {"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d", "remote_port": 70000},
     {"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d", "tp_size": 0},
     {"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d", "remote_block_ids": [1]},
     {"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d", "surprise": 1},
+    {"do_remote_prefill": True, "transfer_id": "t", "remote_engine_id": "p", "remote_block_ids": [1, -2]},
+    {"do_remote_prefill": True, "transfer_id": "t", "remote_engine_id": "p", "remote_block_ids": [1, True]},
+    {"do_remote_prefill": True, "transfer_id": "t", "remote_engine_id": "p", "remote_block_ids": "1,2"},
+    {"do_remote_prefill": True, "transfer_id": "t", "remote_engine_id": "p", "remote_worker_uids": [2**31]},
+    {"do_remote_prefill": True, "transfer_id": "t", "remote_engine_id": "p", "remote_host": 1},
 ])
-def test_params_a_prefill_client_does_not_vouch_for_go_to_the_node(params):
-    assert not port._plainly_for_decode(params)
+def test_params_the_client_does_not_vouch_for_go_to_the_node(params):
+    assert port._vouched(params) is None
 
 
-def test_a_routers_params_for_p_are_vouched_for():
-    assert port._plainly_for_decode({"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d"})
-    assert port._plainly_for_decode({"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": "t",
-                                     "remote_engine_id": "d", "remote_dp_rank": 3, "remote_host": "",
-                                     "remote_port": 0, "tp_size": 2})
+def test_params_a_router_gives_p_and_p_gives_d_are_vouched_for():
+    assert port._vouched({"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d"}) == "decode"
+    assert port._vouched({"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": "t",
+                          "remote_engine_id": "d", "remote_dp_rank": 3, "remote_host": "", "remote_port": 0,
+                          "tp_size": 2}) == "decode"
+    # As P's node returns them from request_finished (KvTransferParams.toMap).
+    assert port._vouched({"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": "t",
+                          "remote_engine_id": "p", "remote_dp_rank": 0, "remote_block_ids": [4, 5, 6],
+                          "remote_host": "", "remote_port": 0, "tp_size": 1,
+                          "remote_worker_uids": [-7, 12]}) == "prefill"
+
+
+@pytest.mark.parametrize("mode,last", [("write", 0), ("read", 1)])
+def test_a_decode_engines_scheduler_answers_matched_tokens_with_the_nodes_rule(tmp_path, mode, last):
+    """D's count is the prompt (as first named) less the tokens D has, less the last in READ;
+    none once update_state_after_alloc took the transfer. The op still reaches the node, with
+    the answer given, so a node that would have answered otherwise can refuse it."""
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.matched = lambda a: {"count": 999, "async": False}  # never read: the client answers
+    c = PortClient(node.path, "scheduler", engine={"role": "decode", "mode": mode})
+    c.hello()
+    from_p = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": "t", "remote_engine_id": "p0",
+              "remote_block_ids": [1, 2, 3, 4], "tp_size": 1}
+    assert c.get_num_new_matched_tokens("r", 64, from_p, 16) == (48 - last, True)
+    assert c.get_num_new_matched_tokens("r", 70, from_p, 0) == (64 - last, True), "the first prompt length"
+    c.update_state_after_alloc("r", [7, 8, 9, 10], 64 - last)
+    assert c.get_num_new_matched_tokens("r", 64, from_p, 0) == (0, False), "one transfer per request"
+    c.build_connector_meta([], [])
+    asked = node.calls("get_num_new_matched_tokens")
+    assert [a["answered"] for a in asked] == [{"count": 48 - last, "async": True}, {"count": 64 - last, "async": True},
+                                              {"count": 0, "async": False}]
+    assert node.ops() == ["hello", "get_num_new_matched_tokens", "get_num_new_matched_tokens",
+                          "update_state_after_alloc", "get_num_new_matched_tokens", "build_connector_meta"]
+    # Finished: forgotten, so the same id later is a new request.
+    c.request_finished("r", [7, 8, 9, 10], "stopped")
+    assert c.get_num_new_matched_tokens("r", 32, from_p, 0) == (32 - last, True)
+    # Params it cannot vouch for, a client that tells the node of plain requests, or an engine
+    # whose mode it does not know: asked.
+    assert c.get_num_new_matched_tokens("odd", 64, {"do_remote_prefill": True, "transfer_id": "t"}, 0) == (999, False)
+    plain = PortClient(node.path, "scheduler", engine={"role": "decode", "mode": mode}, send_plain=True)
+    plain.hello()
+    assert plain.get_num_new_matched_tokens("q", 64, from_p, 0) == (999, False)
+    unknown = PortClient(node.path, "scheduler", engine={"role": "decode"})
+    unknown.hello()
+    assert unknown.get_num_new_matched_tokens("q2", 64, from_p, 0) == (999, False)
+    node.close()
 
 
 def test_answers_the_protocol_fixes_come_back_without_waiting_for_the_node(tmp_path):

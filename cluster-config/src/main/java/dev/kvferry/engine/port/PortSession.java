@@ -393,7 +393,28 @@ final class PortSession implements Runnable {
       requests.put(id, r);
     }
     MatchedTokens m = s.numNewMatchedTokens(r, computed);
+    checkAnswered(a, id, m);
     return Map.of("count", m.count(), "async", m.async());
+  }
+
+  /**
+   * A client that answered the engine itself (one-way, docs/engine-port.md) says what it
+   * answered; an answer other than the node's is refused, so that a client whose copy of these
+   * rules drifted from the node's is heard of (in the next build_connector_meta's op_errors).
+   */
+  private static void checkAnswered(PortArgs a, String id, MatchedTokens m) throws PortException {
+    Map<String, Object> answered = a.optionalMap("answered");
+    if (answered == null) {
+      return;
+    }
+    PortArgs told = PortArgs.of("answered", answered);
+    long count = told.integer("count", 0, Integer.MAX_VALUE);
+    boolean async = told.bool("async", false);
+    if (count != m.count() || async != m.async()) {
+      throw PortException.badArgs("get_num_new_matched_tokens of " + id + ": the client answered ("
+          + count + ", " + async + "), the node's answer is (" + m.count() + ", " + m.async()
+          + ")");
+    }
   }
 
   private Object afterAlloc(PortArgs a) throws PortException {

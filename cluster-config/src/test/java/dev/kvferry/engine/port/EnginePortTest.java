@@ -392,8 +392,15 @@ class EnginePortTest {
     if (mode.equals("write")) {
       dParams = Map.of("do_remote_prefill", true, "transfer_id", "t-" + mode,
           "remote_engine_id", "p0");
+      // A client that answered the engine itself says what it answered; another answer than the
+      // node's is refused (one-way, the refusal would come with build_connector_meta).
+      Map<String, Object> wrong = ds.call("get_num_new_matched_tokens", Map.of("request_id", r,
+          "num_prompt_tokens", prompt, "num_computed_tokens", 0, "kv_transfer_params", dParams,
+          "answered", Map.of("count", prompt - 1, "async", true)));
+      assertEquals("bad_args", PortTestClient.errorCode(wrong), wrong.toString());
       Map<String, Object> m = ds.ok("get_num_new_matched_tokens", Map.of("request_id", r,
-          "num_prompt_tokens", prompt, "num_computed_tokens", 0, "kv_transfer_params", dParams));
+          "num_prompt_tokens", prompt, "num_computed_tokens", 0, "kv_transfer_params", dParams,
+          "answered", Map.of("count", prompt, "async", true)));
       assertEquals(Map.of("count", (long) prompt, "async", true), m);
       ds.ok("update_state_after_alloc",
           Map.of("request_id", r, "block_ids", dBlocks, "num_external_tokens", prompt));
