@@ -541,6 +541,8 @@ class PortClient:
         self._finished_early = None
         # Held ops belong to this connection: a reconnected one starts with its hello.
         self._held.clear()
+        # What this client knew of the node's requests: a node that comes back knows none of them.
+        self._receiving.clear()
         if self._sock is not None:
             try:
                 self._sock.close()

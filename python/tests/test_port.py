@@ -315,6 +315,10 @@ def test_a_decode_engines_scheduler_answers_matched_tokens_with_the_nodes_rule(t
     # Finished: forgotten, so the same id later is a new request.
     c.request_finished("r", [7, 8, 9, 10], "stopped")
     assert c.get_num_new_matched_tokens("r", 32, from_p, 0) == (32 - last, True)
+    # So after a new connection (a restarted node knows no request).
+    c.update_state_after_alloc("r", [7, 8], 32 - last)
+    c.reconnect()
+    assert c.get_num_new_matched_tokens("r", 32, from_p, 0) == (32 - last, True)
     # Params it cannot vouch for, a client that tells the node of plain requests, or an engine
     # whose mode it does not know: asked.
     assert c.get_num_new_matched_tokens("odd", 64, {"do_remote_prefill": True, "transfer_id": "t"}, 0) == (999, False)
