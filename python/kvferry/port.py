@@ -847,11 +847,13 @@ class PortClient:
         """The node's answer to get_num_new_matched_tokens where this client can know it (see
         there), else None: ask."""
         role, mode = self.engine.get("role"), self.engine.get("mode")
-        if self.side != "scheduler" or self.send_plain:
+        if self.side != "scheduler":
             return None
         if role == "prefill":
             return (0, False) if _vouched(params) == "decode" else None
-        if role != "decode" or mode not in ("write", "read"):
+        # With send_plain the node may have stored a request named plain first (no params), and
+        # answers from that: only it can say.
+        if role != "decode" or mode not in ("write", "read") or self.send_plain:
             return None
         known = self._receiving.get(request_id)
         if known is None:

@@ -249,6 +249,10 @@ def test_a_prefill_engines_scheduler_sends_a_routers_params_one_way_and_asks_abo
     assert node.calls("get_num_new_matched_tokens")[0]["kv_transfer_params"] == routed
     with pytest.raises(BadArgs, match="transfer_id"):
         c.get_num_new_matched_tokens("bad", 40, {"do_remote_decode": True}, 0)
+    # Telling the node of plain requests changes nothing here: a prefill node's answer is fixed.
+    sp = PortClient(node.path, "scheduler", engine={"role": "prefill", "mode": "write"}, send_plain=True)
+    sp.hello()
+    assert sp.get_num_new_matched_tokens("p2", 40, routed, 0) == (0, False)
     # A decode engine's scheduler always asks: its count is the node's.
     d = PortClient(node.path, "scheduler", engine={"role": "decode", "mode": "write"})
     d.hello()
