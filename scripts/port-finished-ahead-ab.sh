@@ -7,15 +7,4 @@
 set -euo pipefail
 source "$(cd "$(dirname "$0")" && pwd)/lib/port-node.sh"
 rounds=${1:?usage: $0 ROUNDS}
-for r in $(seq 1 "$rounds"); do
-  port_node_start ahead-ab
-  for new in 0 16 256; do
-    for variant in ahead round-trip; do
-      flag=()
-      [ "$variant" = round-trip ] && flag=(--finished-round-trip)
-      echo -n "round $r new $new $variant "
-      port_bench --requests 256 --new "$new" --steps 200 --round-trips 500 "${flag[@]}"
-    done
-  done
-  port_node_stop
-done
+port_flag_ab "$rounds" ahead-ab "0 16 256" ahead round-trip --finished-round-trip

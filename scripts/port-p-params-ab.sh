@@ -8,15 +8,4 @@
 set -euo pipefail
 source "$(cd "$(dirname "$0")" && pwd)/lib/port-node.sh"
 rounds=${1:?usage: $0 ROUNDS}
-for r in $(seq 1 "$rounds"); do
-  port_node_start p-params-ab
-  for new in 16 256; do
-    for variant in one-way round-trip; do
-      flag=()
-      [ "$variant" = round-trip ] && flag=(--matched-round-trip)
-      echo -n "round $r new $new $variant "
-      port_bench --requests 256 --new "$new" --steps 200 --round-trips 500 --p-params "${flag[@]}"
-    done
-  done
-  port_node_stop
-done
+port_flag_ab "$rounds" p-params-ab "16 256" one-way round-trip --matched-round-trip --p-params

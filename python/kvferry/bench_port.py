@@ -14,7 +14,8 @@ side of each request is timed too. `--p-params`: the new requests carry the para
 P (`do_remote_decode`, a transfer id, D's engine id), are scheduled for the first half of their
 prompt and finish `stopped` (so nothing is saved), as P's client, whose engine role is `prefill`,
 sends them (`get_num_new_matched_tokens` one-way); `--matched-round-trip` makes the client ask it
-as a round trip instead, as it does for any other engine. The timed steps follow WARM_UP_S seconds of the same steps.
+as a round trip instead, as it does for any other engine. The timed steps follow WARM_UP_S
+seconds of the same steps.
 `--gap-ms G` also times pings that each follow G ms of sleep, as an engine's calls follow a
 forward pass: both the node's thread and the client's have gone to sleep by then
 (`KVFERRY_PORT_SPIN_US` and the node's `-Dkvferry.port.spin-us` change what that costs).

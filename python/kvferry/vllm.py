@@ -495,17 +495,14 @@ class KvferryScheduler:
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
-        if rid in self.refused:
-            self.refused.discard(rid)
-            return False, None  # the node never took it: nothing to keep, nothing for a peer
-        if rid not in self.seen:
+        if rid not in self.seen and rid not in self.refused:
             # vLLM finishes a request aborted before its first scheduling without ever asking
             # get_num_new_matched_tokens; the node only knows requests named there, and
             # request_finished carries no kv_transfer_params: name it first so P is told to free.
             self.get_num_new_matched_tokens(request, 0)
-            if rid in self.refused:
-                self.refused.discard(rid)
-                return False, None
+        if rid in self.refused:
+            self.refused.discard(rid)
+            return False, None  # the node never took it: nothing to keep, nothing for a peer
         self.seen.discard(rid)
         delay, params = self.client.request_finished(request.request_id, [int(b) for b in block_ids],
                                                      _request_status(request))

@@ -37,3 +37,24 @@ port_node_stop() {
 port_bench() {
   (cd "$port_node_root/python" && PYTHONPATH=$PWD "$py" -m kvferry.bench_port --socket "$port_node_dir/port.sock" "$@")
 }
+
+# port_flag_ab ROUNDS ENGINE_ID "NEW..." NAME_A NAME_B FLAG_B [bench flags...]: for each round one
+# fresh node and, for each count of new requests per step (of 256), kvferry.bench_port without
+# FLAG_B (variant NAME_A) then with it (NAME_B), each run's JSON line tagged.
+port_flag_ab() {
+  local rounds=$1 engine_id=$2 news=$3 name_a=$4 name_b=$5 flag_b=$6
+  shift 6
+  local r new variant flag
+  for r in $(seq 1 "$rounds"); do
+    port_node_start "$engine_id"
+    for new in $news; do
+      for variant in "$name_a" "$name_b"; do
+        flag=()
+        [ "$variant" = "$name_b" ] && flag=("$flag_b")
+        echo -n "round $r new $new $variant "
+        port_bench --requests 256 --new "$new" --steps 200 --round-trips 500 "$@" "${flag[@]}"
+      done
+    done
+    port_node_stop
+  done
+}

@@ -206,6 +206,11 @@ public final class ConnectorScheduler {
     if (load.localBlockIds().length > 0) {
       ReadStamps.mark(load.transferId(), ReadStamps.Stage.START_LOAD);
     }
+    handToWorkers(load);
+  }
+
+  /** Hands one load to every local worker now, outside a step's metadata. */
+  private void handToWorkers(ReqMeta load) {
     ConnectorMetadata meta = new ConnectorMetadata(List.of(), List.of(load), List.of());
     for (ActorRef<EngineActor.Command> w : localWorkers) {
       w.tell(new EngineActor.StartLoad(meta));
@@ -339,12 +344,8 @@ public final class ConnectorScheduler {
    */
   private void tellPrefillToFree(ConnectorRequest request, KvTransferParams p) {
     reqsNeedRecv.remove(request.requestId());
-    ReqMeta readNothing = new ReqMeta(request.requestId(), p.transferId(), new int[0],
-        p.remoteBlockIds(), p.remoteEngineId(), p.remoteDpRank(), p.remoteWorkerUids());
-    ConnectorMetadata meta = new ConnectorMetadata(List.of(), List.of(readNothing), List.of());
-    for (ActorRef<EngineActor.Command> w : localWorkers) {
-      w.tell(new EngineActor.StartLoad(meta));
-    }
+    handToWorkers(new ReqMeta(request.requestId(), p.transferId(), new int[0],
+        p.remoteBlockIds(), p.remoteEngineId(), p.remoteDpRank(), p.remoteWorkerUids()));
   }
 
   private static int[] concat(int[] a, int[] b) {
