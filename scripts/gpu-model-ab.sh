@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # A/B of node classes, node JVM options or CPU placement on the GPU in one device call:
 # scripts/gpu-model.sh run ROUNDS times per variant, the variants alternated. A variant is
-# NAME=[JAR][@JVM_OPTIONS][+P_CPUS:D_CPUS:NODE_CPUS]: JAR's classes go first on the nodes' classpath
+# NAME=[JAR][@JVM_OPTIONS][+P_CPUS:D_CPUS:NODE_CPUS][%VAR=VALUE,...]: JAR's classes go first on the nodes' classpath
 # (KVFERRY_CP_FIRST; e.g. the changed classes as an earlier commit compiled them, since the bundle
 # holds one kvferry.jar and a second would not fit the device machine's carry limit), JVM_OPTIONS
 # are added to the nodes' (KVFERRY_NODE_JAVA_OPTS), and the CPU sets (taskset lists such as 0-3)
-# pin P's engine process, D's, and the router and nodes (gpu_check --pin-cpus, KVFERRY_NODE_CPUS).
+# pin P's engine process, D's, and the router and nodes (gpu_check --pin-cpus, KVFERRY_NODE_CPUS),
+# and the VAR=VALUE pairs go to that variant's environment, the engines' included (e.g.
+# KVFERRY_PORT_SPIN_US=500: the engines' port clients poll for replies).
 #
 # usage: OUT=DIR scripts/gpu-model-ab.sh ROUNDS P_GPU D_GPU NAME=[JAR][@OPTS][+CPUS]... -- [gpu_check flags]
 #   e.g. OUT=$OUT/ab scripts/gpu-model-ab.sh 2 0 0 before=.device/ab/old.jar after= -- --modes read
 #        OUT=$OUT/ab scripts/gpu-model-ab.sh 2 0 0 shared= isolated=+0-3:4-7:8-15 -- --prompts 0
+#        OUT=$OUT/ab scripts/gpu-model-ab.sh 2 0 0 sleep= poll=@-Dkvferry.port.spin-us=20000%KVFERRY_PORT_SPIN_US=500
 # env:   AB_TIMEOUT   seconds per run (default 150); a run past it is cut, what it wrote stays
 #        KVFERRY_PORT_BASE  the first run's base port; each later run adds 100
 #        KVFERRY_NODE_JAVA_OPTS  options of every variant (e.g. -Dkvferry.stamps=true)
@@ -17,7 +20,7 @@
 # kind of transfer, when the nodes stamped), each run's node logs as logs.tgz there, and all of
 # it as $OUT/../<basename of OUT>.tgz (a device call returns at most 8 files).
 set -uo pipefail
-usage="usage: OUT=DIR $0 ROUNDS P_GPU D_GPU NAME=[JAR][@OPTS][+P_CPUS:D_CPUS:NODE_CPUS]... -- [gpu_check flags]"
+usage="usage: OUT=DIR $0 ROUNDS P_GPU D_GPU NAME=[JAR][@OPTS][+P_CPUS:D_CPUS:NODE_CPUS][%VAR=VALUE,...]... -- [gpu_check flags]"
 [ $# -ge 4 ] || { echo "$usage" >&2; exit 2; }
 : "${OUT:?set OUT to the output folder}"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -35,7 +38,11 @@ port=${KVFERRY_PORT_BASE:-27000}
 mkdir -p "$OUT"
 for round in $(seq 1 "$rounds"); do
   for v in "${variants[@]}"; do
-    name=${v%%=*} spec=${v#*=} opts= cpus=
+    name=${v%%=*} spec=${v#*=} opts= cpus= envs=()
+    case $spec in *%*) IFS=, read -r -a envs <<< "${spec#*%}"; spec=${spec%%\%*} ;; esac
+    for e in "${envs[@]}"; do
+      [[ $e =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || { echo "not VAR=VALUE in $name: $e" >&2; exit 2; }
+    done
     case $spec in *+*) cpus=${spec#*+}; spec=${spec%%+*} ;; esac
     case $spec in *@*) opts=${spec#*@}; spec=${spec%%@*} ;; esac
     pin=() node_cpus=
@@ -52,9 +59,9 @@ for round in $(seq 1 "$rounds"); do
     fi
     dir=$OUT/$name-$round
     mkdir -p "$dir"
-    echo "== $name, round $round, port base $port, $(date -u +%H:%M:%S)${first:+, classes first: $first}${opts:+, options: $opts}${cpus:+, CPUs P:D:nodes $cpus}"
+    echo "== $name, round $round, port base $port, $(date -u +%H:%M:%S)${first:+, classes first: $first}${opts:+, options: $opts}${cpus:+, CPUs P:D:nodes $cpus}${envs[*]:+, environment: ${envs[*]}}"
     start=$SECONDS
-    OUT=$dir KVFERRY_PORT_BASE=$port KVFERRY_CP_FIRST=$first KVFERRY_NODE_JAVA_OPTS="$base_opts $opts" \
+    env "${envs[@]}" OUT=$dir KVFERRY_PORT_BASE=$port KVFERRY_CP_FIRST=$first KVFERRY_NODE_JAVA_OPTS="$base_opts $opts" \
       KVFERRY_NODE_CPUS=$node_cpus \
       timeout "${AB_TIMEOUT:-150}" bash "$here/gpu-model.sh" "$P" "$D" "$@" "${pin[@]}" > "$dir/console.txt" 2>&1
     echo "   rc=$? wall $((SECONDS - start)) s"

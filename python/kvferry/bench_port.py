@@ -12,10 +12,11 @@ kv_transfer_params (kvferry moves none of them): by default the client answers t
 the node never hears of them; `--send-plain` has the client tell the node (in batches), so its
 side of each request is timed too. `--p-params`: the new requests carry the params a router gives
 P (`do_remote_decode`, a transfer id, D's engine id), are scheduled for the first half of their
-prompt and finish `stopped` (so nothing is saved), as P's client, whose engine role is `prefill`,
-sends them (`get_num_new_matched_tokens` one-way); `--matched-round-trip` makes the client ask it
-as a round trip instead, as it does for any other engine. The timed steps follow WARM_UP_S
-seconds of the same steps.
+prompt (so nothing is saved) and finish `length_capped`, as P's requests do, sent as P's client,
+whose engine role is `prefill`, sends them (`get_num_new_matched_tokens` one-way, and
+`request_finished` one-way once the node's first answer showed D's params);
+`--matched-round-trip` makes the client ask the node both as round trips (`local_answers` off).
+The timed steps follow WARM_UP_S seconds of the same steps.
 `--gap-ms G` also times pings that each follow G ms of sleep, as an engine's calls follow a
 forward pass: both the node's thread and the client's have gone to sleep by then
 (`KVFERRY_PORT_SPIN_US` and the node's `-Dkvferry.port.spin-us` change what that costs).
@@ -77,10 +78,11 @@ def run(socket_path: str, requests: int, new: int, layers: int, steps: int, roun
         worker = PortClient(socket_path, "worker", tp_rank=0, geometry=geometry, memory=memory,
                             finished_ahead=finished_ahead)
         worker.connect()
-        # A prefill engine's role in the hello is what lets the client send P's
-        # get_num_new_matched_tokens one-way; without it the client asks, as for any engine.
-        engine = {"role": "prefill"} if p_params and not matched_round_trip else None
-        scheduler = PortClient(socket_path, "scheduler", engine=engine, send_plain=send_plain)
+        # A prefill engine's role in the hello is what lets the client answer P's
+        # get_num_new_matched_tokens and request_finished itself; without it the client asks.
+        engine = {"role": "prefill"} if p_params else None
+        scheduler = PortClient(socket_path, "scheduler", engine=engine, send_plain=send_plain,
+                               local_answers=not matched_round_trip)
         scheduler.connect()
         try:
             out = _measure(scheduler, worker, requests, new, layers, steps, round_trips, p_params)
@@ -139,7 +141,7 @@ def _measure(scheduler: PortClient, worker: PortClient, requests: int, new: int,
         worker.wait_for_save()
         worker.get_finished()
         for f in fresh:
-            scheduler.request_finished(f["request_id"], [5, 6, 7, 8], "stopped")
+            scheduler.request_finished(f["request_id"], [5, 6, 7, 8], "length_capped" if p_params else "stopped")
 
     # Warm up for a time, not a count: the node's code for new requests runs interpreted until the
     # JIT has seen it often enough, and a node serves for hours.
@@ -177,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--p-params", action="store_true",
                    help="new requests carry the params a router gives P, sent as P's client does")
     p.add_argument("--matched-round-trip", action="store_true",
-                   help="with --p-params: get_num_new_matched_tokens as a round trip, as before")
+                   help="with --p-params: get_num_new_matched_tokens and request_finished as round trips "
+                        "(the client's local answers off)")
     a = p.parse_args(argv)
     if a.matched_round_trip and not a.p_params:
         p.error("--matched-round-trip needs --p-params")

@@ -363,6 +363,7 @@ class PortClient:
         send_plain: bool = False,
         reply_spin_us: float | None = None,
         finished_ahead: bool | None = None,
+        local_answers: bool | None = None,
     ):
         """``load_events`` (a worker on GPU memory): ask for the node's load-event ring; then
         ``wait_for_layer_load`` makes the current stream of ``event_device`` (a torch device or
@@ -377,6 +378,12 @@ class PortClient:
         (default ``KVFERRY_PORT_SPIN_US``, else 0: it sleeps at once). The node answers most calls
         within tens of microseconds; a thread that sleeps pays a wake-up on top (measured in
         docs/engine-port.md), while one that polls holds a CPU (and the GIL) meanwhile.
+
+        ``local_answers`` (a scheduler; default ``KVFERRY_PORT_LOCAL_ANSWERS``, else on): answer
+        the admission and finish ops whose answers the node's rules fix from what this client
+        has seen (``get_num_new_matched_tokens``, ``request_finished``), sending the op one-way
+        with the answer for the node to check; off, every such op is a round trip (a diagnostic,
+        and the baseline of the A/Bs in docs/engine-port.md).
 
         ``finished_ahead`` (a worker; by default when ``engine`` says role ``prefill``):
         ``get_finished`` sends this step's ask and answers with the reply to the last step's, which
@@ -412,7 +419,23 @@ class PortClient:
         # Decode scheduler: requests whose matched tokens this client answers, by id: [the prompt
         # length first named, whether update_state_after_alloc took the transfer].
         self._receiving: dict[str, list[Any]] = {}
+        # Prefill scheduler: by id, the transfer id of P's params as the node first heard them
+        # for the request (None: params only the node can judge), until request_finished.
+        self._sending: dict[str, str | None] = {}
+        # Prefill scheduler: what the node's request_finished puts in D's params besides the
+        # transfer id and the blocks (its engine, DP rank, TP size, workers), learnt from its
+        # first answer on this connection: fixed while the connection lasts (any worker's
+        # connection ending ends the engine, and this one with it).
+        self._finish_template: dict[str, Any] | None = None
         self.send_plain = send_plain
+        if local_answers is None:
+            raw = os.environ.get("KVFERRY_PORT_LOCAL_ANSWERS", "") or "1"
+            if raw not in ("0", "1"):
+                raise ValueError(f"KVFERRY_PORT_LOCAL_ANSWERS must be 0 or 1, not {raw!r}")
+            local_answers = raw == "1"
+        self.local_answers = local_answers
+        # Per op, the calls this client answered itself (the op went one-way with the answer).
+        self.local_answer_counts: dict[str, int] = {}
         if reply_spin_us is None:
             raw = os.environ.get("KVFERRY_PORT_SPIN_US", "") or "0"
             try:
@@ -543,6 +566,8 @@ class PortClient:
         self._held.clear()
         # What this client knew of the node's requests: a node that comes back knows none of them.
         self._receiving.clear()
+        self._sending.clear()
+        self._finish_template = None
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -824,6 +849,7 @@ class PortClient:
             # Held: nothing acts on it before the next op (D's update_state_after_alloc, which is
             # sent at once, or the step's build_connector_meta), which sends it first.
             count, is_async = answer
+            self._count_local("get_num_new_matched_tokens")
             self._one_way("get_num_new_matched_tokens",
                           {**args, "answered": {"count": count, "async": is_async}}, hold=True)
             result = answer
@@ -836,6 +862,11 @@ class PortClient:
             result = 0, False
         if kv_transfer_params and kv_transfer_params.get("do_remote_decode"):
             self._cached_wanted.add(request_id)
+        if (kv_transfer_params is not None and self.side == "scheduler"
+                and self.engine.get("role") == "prefill" and request_id not in self._sending):
+            # The node keeps the params of the first call that names any.
+            self._sending[request_id] = (str(kv_transfer_params["transfer_id"])
+                                         if _vouched(kv_transfer_params) == "decode" else None)
         if kv_transfer_params is None:
             self._plain.add(request_id)
         else:
@@ -847,7 +878,7 @@ class PortClient:
         """The node's answer to get_num_new_matched_tokens where this client can know it (see
         there), else None: ask."""
         role, mode = self.engine.get("role"), self.engine.get("mode")
-        if self.side != "scheduler":
+        if self.side != "scheduler" or not self.local_answers:
             return None
         if role == "prefill":
             return (0, False) if _vouched(params) == "decode" else None
@@ -909,6 +940,8 @@ class PortClient:
         )
         metadata = bytes(ok["metadata"])
         self.last_op_errors = list(ok.get("op_errors") or [])
+        if any(e.get("op") == "request_finished" for e in self.last_op_errors):
+            self._finish_template = None  # the node disagreed with an answer: ask from now on
         if raise_op_errors and self.last_op_errors:
             e = self._op_error(self.last_op_errors)
             e.metadata = metadata  # type: ignore[attr-defined]
@@ -927,19 +960,60 @@ class PortClient:
         """``(delay_free, kv_transfer_params)``. For a request this client named without
         kv_transfer_params the node frees at once and returns nothing (docs/engine-port.md), so
         ``(False, None)`` comes back at once: nothing is sent, or with ``send_plain`` the op is
-        held and goes one-way (an error in it comes back with the next ``build_connector_meta``)."""
+        held and goes one-way (an error in it comes back with the next ``build_connector_meta``).
+
+        On a prefill engine's scheduler (``send_plain`` off), a request named with params of the
+        form a router gives P that finished ``length_capped`` is answered here by the node's
+        rule: its blocks kept while any exist, and D's params as the node gave them for this
+        connection's first such request, with this request's transfer id and blocks. The op goes
+        one-way at once (the node must know P's blocks wait for D before D can ask for them)
+        carrying the answer; a node that would have answered otherwise refuses it in the next
+        ``build_connector_meta``, and this client asks from then on. Stopped and aborted requests
+        always ask: the node's answer depends on whether their blocks were lent to a transfer."""
         if status not in ("length_capped", "stopped", "aborted"):
             raise ValueError(f"status must be length_capped, stopped or aborted, not {status!r}")
-        args = {"request_id": request_id, "block_ids": list(block_ids), "status": status}
+        args: dict[str, Any] = {"request_id": request_id, "block_ids": list(block_ids), "status": status}
         self._cached_wanted.discard(request_id)
         self._receiving.pop(request_id, None)
+        transfer_id = self._sending.pop(request_id, None)
         if request_id in self._plain and self.side == "scheduler":
             self._plain.discard(request_id)
             if self.send_plain:
                 self._one_way("request_finished", args, hold=True)
             return False, None
+        answer = self._finished_locally(transfer_id, args["block_ids"], status)
+        if answer is not None:
+            delay, params = answer
+            self._count_local("request_finished")
+            self._one_way("request_finished", {**args, "answered": {"delay_free": delay, "kv_transfer_params": params}})
+            return answer
         ok = self._call("request_finished", args)
-        return bool(ok["delay_free"]), ok.get("kv_transfer_params")
+        delay, params = bool(ok["delay_free"]), ok.get("kv_transfer_params")
+        if transfer_id is not None and status == "length_capped" and self._finish_template is None:
+            self._learn_finish_template(transfer_id, args["block_ids"], params)
+        return delay, params
+
+    def _count_local(self, op: str) -> None:
+        self.local_answer_counts[op] = self.local_answer_counts.get(op, 0) + 1
+
+    def _finished_locally(self, transfer_id: str | None, block_ids: list[int],
+                          status: str) -> tuple[bool, dict[str, Any] | None] | None:
+        """The node's answer to request_finished where this client can know it (see there)."""
+        if (transfer_id is None or not self.local_answers or self.send_plain or self.side != "scheduler"
+                or self.engine.get("role") != "prefill"):
+            return None
+        if status != "length_capped" or self._finish_template is None:
+            return None
+        return len(block_ids) > 0, {**self._finish_template, "transfer_id": transfer_id,
+                                    "remote_block_ids": list(block_ids)}
+
+    def _learn_finish_template(self, transfer_id: str, block_ids: list[int], params: Any) -> None:
+        """Keeps the node's params for D less what differs per request, when they are of the form
+        ``_finished_locally`` rebuilds (D's params for this very transfer and these blocks)."""
+        if (isinstance(params, dict) and params.get("do_remote_prefill") is True
+                and params.get("do_remote_decode") is False and params.get("transfer_id") == transfer_id
+                and params.get("remote_block_ids") == block_ids):
+            self._finish_template = {k: v for k, v in params.items() if k not in ("transfer_id", "remote_block_ids")}
 
     # -- worker ops --
 

@@ -157,6 +157,11 @@ def test_kv_moves_tp2_to_tp1_every_byte_verified_and_tokens_match_the_baseline(c
         if mode == "read":
             assert p_out["kv_transfer_params"]["do_remote_prefill"] is True
     assert_no_leak(pair.p, pair.d)
+    # The clients answered these ops themselves (P's finish after its connection's first; both
+    # sides' admission), and the node, which checks each answer, refused none (above).
+    p_local, d_local = settle(pair.p)["local_answers"], settle(pair.d)["local_answers"]
+    assert p_local.get("request_finished", 0) >= 5 and p_local.get("get_num_new_matched_tokens", 0) >= 6, p_local
+    assert d_local.get("get_num_new_matched_tokens", 0) >= 6, d_local
 
 
 def test_a_prefix_d_already_holds_is_not_transferred_again(cluster, pair, mode):

@@ -260,6 +260,91 @@ def test_a_prefill_engines_scheduler_sends_a_routers_params_one_way_and_asks_abo
     node.close()
 
 
+@pytest.mark.parametrize("mode", ["write", "read"])
+def test_a_prefill_engines_scheduler_answers_request_finished_once_the_node_showed_d_s_params(tmp_path, mode):
+    """The first length-capped finish on a connection asks; later ones are answered from that
+    answer (the node's engine, DP rank, TP size and workers are fixed while the connection
+    lasts) with their own transfer id and blocks, and the op goes one-way at once carrying the
+    answer. Stopped and aborted finishes, params the client cannot vouch for, a node that
+    refused an answer and a new connection all ask again."""
+    node = FakeNode(str(tmp_path / "n.sock"))
+    uids = [-7, 12] if mode == "read" else []
+
+    def finish(a):
+        if a["status"] != "length_capped":
+            return {"delay_free": a["status"] == "stopped", "kv_transfer_params": None}
+        d = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": f"x-{a['request_id']}",
+             "remote_engine_id": "prefill-0", "remote_dp_rank": 1, "remote_block_ids": a["block_ids"],
+             "remote_host": "", "remote_port": 0, "tp_size": 2}
+        return {"delay_free": bool(a["block_ids"]), "kv_transfer_params": {**d, "remote_worker_uids": uids} if uids else d}
+
+    node.finish = finish
+    c = PortClient(node.path, "scheduler", engine={"role": "prefill", "mode": mode})
+    c.hello()
+
+    def routed(rid):
+        return {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": f"x-{rid}",
+                "remote_engine_id": "decode-0"}
+
+    for rid in ("a", "b", "c", "d", "e", "f"):
+        c.get_num_new_matched_tokens(rid, 40, routed(rid), 0)
+    c.get_num_new_matched_tokens("odd", 40, {**routed("odd"), "remote_block_ids": [1]}, 0)
+    def nodes(rid, blocks):
+        r = finish({"request_id": rid, "block_ids": blocks, "status": "length_capped"})
+        return r["delay_free"], r["kv_transfer_params"]
+
+    assert c.request_finished("a", [1, 2, 3], "length_capped") == nodes("a", [1, 2, 3])
+    n = len(node.calls("request_finished"))
+    delay, params = c.request_finished("b", [4, 5], "length_capped")
+    assert (delay, params) == nodes("b", [4, 5])
+    assert c.request_finished("c", [], "length_capped") == (False, {**params, "transfer_id": "x-c",
+                                                                     "remote_block_ids": []})
+    # One-way, sent at once (nothing else follows it here), with the answer for the node to check.
+    node.await_ops(11)  # hello, seven get_num_new_matched_tokens, three request_finished
+    sent = node.calls("request_finished")[n:]
+    assert [a.get("answered") for a in sent] == [{"delay_free": True, "kv_transfer_params": params},
+                                                 {"delay_free": False, "kv_transfer_params": {**params, "transfer_id": "x-c",
+                                                                                             "remote_block_ids": []}}]
+    # The node's answer depends on more than the client saw: asked.
+    assert c.request_finished("d", [6], "stopped") == (True, None)
+    assert c.request_finished("e", [7], "aborted") == (False, None)
+    assert c.request_finished("odd", [8], "length_capped")[1]["transfer_id"] == "x-odd"
+    assert all("answered" not in a for a in node.calls("request_finished")[n + 2:])
+    # A refusal of an answer (here: the node's engine id changed) makes the client ask again.
+    node.finish = lambda a: (_ for _ in ()).throw(Refuse("bad_args", "request_finished of f: the client answered"))
+    c.request_finished("f", [9], "length_capped")
+    with pytest.raises(BadArgs):
+        c.build_connector_meta([], [])
+    node.finish = finish
+    c.get_num_new_matched_tokens("g", 40, routed("g"), 0)
+    m = len(node.calls("request_finished"))
+    c.request_finished("g", [10], "length_capped")
+    assert "answered" not in node.calls("request_finished")[m]
+    # A new connection asks first again, as does a client told not to answer.
+    c.reconnect()
+    c.get_num_new_matched_tokens("h", 40, routed("h"), 0)
+    c.request_finished("h", [11], "length_capped")
+    assert "answered" not in node.calls("request_finished")[-1]
+    asking = PortClient(node.path, "scheduler", engine={"role": "prefill", "mode": mode}, local_answers=False)
+    asking.hello()
+    for rid in ("i", "j"):
+        asking.get_num_new_matched_tokens(rid, 40, routed(rid), 0)
+        asking.request_finished(rid, [12], "length_capped")
+    assert all("answered" not in a for a in node.calls("request_finished")[-2:])
+    assert all("answered" not in a for a in node.calls("get_num_new_matched_tokens")[-2:])
+    node.close()
+
+
+def test_local_answers_follow_the_environment(monkeypatch):
+    assert port.PortClient("/nowhere", "scheduler").local_answers
+    monkeypatch.setenv("KVFERRY_PORT_LOCAL_ANSWERS", "0")
+    assert not port.PortClient("/nowhere", "scheduler").local_answers
+    assert port.PortClient("/nowhere", "scheduler", local_answers=True).local_answers
+    monkeypatch.setenv("KVFERRY_PORT_LOCAL_ANSWERS", "no")
+    with pytest.raises(ValueError, match="KVFERRY_PORT_LOCAL_ANSWERS"):
+        port.PortClient("/nowhere", "scheduler")
+
+
 @pytest.mark.parametrize("params", [
     None, {}, {"do_remote_decode": 1, "transfer_id": "t", "remote_engine_id": "d"},
     {"do_remote_decode": True, "remote_engine_id": "d"},

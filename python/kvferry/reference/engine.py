@@ -674,6 +674,9 @@ class ReferenceEngine:
             "tp_size": self.geometry.tp_size,
             "connector": self.connector is not None,
             "node_down": self.node_down,
+            # Ops the scheduler's client answered itself, by op (the node checked each).
+            "local_answers": dict(self.connector.scheduler.local_answer_counts)
+            if self.connector is not None else {},
             **self._counters,
         }
         with self._stats_lock:

@@ -317,7 +317,13 @@ public final class ConnectorScheduler {
     }
     if (!p.doRemoteDecode()
         || request.status() != ConnectorRequest.Status.FINISHED_LENGTH_CAPPED) {
-      return FinishDecision.FREE_NOW;
+      // Stopped (P sampled a stop token as its one token): D gets no params from it, as in the
+      // seed. But in WRITE its layers were handed to the workers to save, and those copies may
+      // still read its blocks: freed once the workers report it done sending (the seed freed at
+      // once, letting a reused block's new contents reach D).
+      return p.doRemoteDecode() && lent && mode == TransferMode.WRITE
+          ? new FinishDecision(true, null)
+          : FinishDecision.FREE_NOW;
     }
     boolean delay = blockIds.length > 0; // a prompt shorter than a block moves nothing
     if (delay && mode == TransferMode.READ) {

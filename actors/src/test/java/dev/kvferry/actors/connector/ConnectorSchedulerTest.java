@@ -164,6 +164,34 @@ class ConnectorSchedulerTest {
   }
 
   @Test
+  void prefillThatStoppedAfterItsSaveWasHandedToTheWorkersDelaysItsFree() {
+    ConnectorScheduler s = prefill(TransferMode.WRITE);
+    ConnectorRequest saved = new ConnectorRequest("a", 8, KvTransferParams.forPrefill("tx-a", "decode-0", 0));
+    ConnectorRequest early = new ConnectorRequest("b", 40, KvTransferParams.forPrefill("tx-b", "decode-0", 0));
+    s.updateStateAfterAlloc(saved, new int[] {1}, 0);
+    s.updateStateAfterAlloc(early, new int[] {2}, 0);
+    s.buildConnectorMeta(new SchedulerOutput(List.of(
+        new SchedulerOutput.NewRequest("a", new int[] {1}, 8),
+        new SchedulerOutput.NewRequest("b", new int[] {2}, 16)), List.of()));
+    // A stop token sampled as P's one token: the request ends "stopped", not length capped.
+    saved.setStatus(ConnectorRequest.Status.FINISHED_STOPPED);
+    early.setStatus(ConnectorRequest.Status.FINISHED_STOPPED);
+    FinishDecision d = s.requestFinished(saved, new int[] {1});
+    assertTrue(d.delayFreeBlocks(), "its writes may still read its blocks");
+    assertNull(d.paramsForPeer(), "a stopped request hands D nothing, as in the seed");
+    assertFalse(s.requestFinished(early, new int[] {2}).delayFreeBlocks(),
+        "nothing was handed to the workers: free at once");
+    ConnectorScheduler read = prefill(TransferMode.READ);
+    ConnectorRequest r = new ConnectorRequest("r", 8, KvTransferParams.forPrefill("tx-r", "decode-0", 0));
+    read.updateStateAfterAlloc(r, new int[] {1}, 0);
+    read.buildConnectorMeta(new SchedulerOutput(
+        List.of(new SchedulerOutput.NewRequest("r", new int[] {1}, 8)), List.of()));
+    r.setStatus(ConnectorRequest.Status.FINISHED_STOPPED);
+    assertEquals(FinishDecision.FREE_NOW, read.requestFinished(r, new int[] {1}),
+        "in READ nothing reads P's blocks before D has its params");
+  }
+
+  @Test
   void decodeAbortedAfterAllocationButBeforeItsLoadWasHandedOverReadsNothing() {
     TestProbe<EngineActor.Command> worker = KIT.createTestProbe();
     ConnectorScheduler s = new ConnectorScheduler(Role.DECODE, TransferMode.READ, "decode-0", 0,

@@ -26,6 +26,7 @@ import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Objects;
 import java.util.OptionalInt;
 import java.util.Set;
 import java.util.TreeSet;
@@ -477,8 +478,41 @@ final class PortSession implements Runnable {
     Map<String, Object> out = new LinkedHashMap<>();
     out.put("delay_free", d.delayFreeBlocks());
     KvTransferParams p = d.paramsForPeer();
-    out.put("kv_transfer_params", p == null ? null : p.toMap());
+    Map<String, Object> forPeer = p == null ? null : p.toMap();
+    out.put("kv_transfer_params", forPeer);
+    // Checked once the request is finished: the engine acted on the client's answer already, and
+    // the node must not keep a request the engine has let go of.
+    checkFinishAnswered(a, id, d.delayFreeBlocks(), forPeer);
     return out;
+  }
+
+  /**
+   * A prefill engine's client answers request_finished itself for requests it can (one-way,
+   * docs/engine-port.md) and says what it answered; an answer other than the node's is refused
+   * like get_num_new_matched_tokens' (it comes back in the next build_connector_meta's
+   * op_errors, and the client asks again from then on).
+   */
+  private static void checkFinishAnswered(PortArgs a, String id, boolean nodesDelay,
+      @Nullable Map<String, Object> nodesParams) throws PortException {
+    Map<String, Object> answered = a.optionalMap("answered");
+    if (answered == null) {
+      return;
+    }
+    PortArgs told = PortArgs.of("answered", answered);
+    boolean delay = told.bool("delay_free", false);
+    Map<String, Object> raw = told.optionalMap("kv_transfer_params");
+    Map<String, Object> params;
+    try {
+      params = raw == null ? null : KvTransferParams.fromMap(raw).toMap();
+    } catch (InvalidTransferParamsException e) {
+      throw PortException.badArgs("request_finished of " + id + ": the client answered "
+          + e.getMessage());
+    }
+    if (delay != nodesDelay || !Objects.equals(params, nodesParams)) {
+      throw PortException.badArgs("request_finished of " + id + ": the client answered ("
+          + delay + ", " + params + "), the node's answer is (" + nodesDelay + ", " + nodesParams
+          + ")");
+    }
   }
 
   // --- worker ops ---

@@ -3,6 +3,7 @@ package dev.kvferry.engine.port;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvferry.node.EngineNode;
@@ -19,6 +20,7 @@ import java.nio.file.attribute.PosixFilePermissions;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Random;
@@ -453,6 +455,57 @@ class EnginePortTest {
     awaitNoEngines(p);
     PortTestClient again = worker(pSocket, pFile, mode);
     again.ok("ping", Map.of());
+  }
+
+  /**
+   * A prefill client that answered request_finished itself says what it answered: the node
+   * finishes the request either way (the engine acted on the answer), and refuses an answer
+   * other than its own.
+   */
+  @Test
+  void prefillsRequestFinishedAnsweredByTheClientIsCheckedAfterTheRequestFinished()
+      throws Exception {
+    int port = FreePorts.next();
+    Path socket = dir.resolve("p.sock");
+    node("prefill", "p0", "read", socket, port, port);
+    Path file = kvFile();
+    PortTestClient pw = worker(socket, file, "read");
+    PortTestClient ps = scheduler(socket, "read");
+    for (String r : List.of("a", "b", "c")) {
+      ps.ok("get_num_new_matched_tokens", Map.of("request_id", r, "num_prompt_tokens", 10,
+          "num_computed_tokens", 0, "kv_transfer_params", Map.of("do_remote_decode", true,
+              "transfer_id", "t-" + r, "remote_engine_id", "d0")));
+      ps.ok("update_state_after_alloc",
+          Map.of("request_id", r, "block_ids", List.of(1, 2, 3), "num_external_tokens", 0));
+    }
+    step(ps, pw, List.of(), 0);
+    @SuppressWarnings("unchecked")
+    Map<String, Object> first = (Map<String, Object>) ps.ok("request_finished",
+        Map.of("request_id", "a", "block_ids", List.of(1, 2, 3), "status", "length_capped"))
+        .get("kv_transfer_params");
+    Map<String, Object> same = new LinkedHashMap<>(first);
+    same.put("transfer_id", "t-b");
+    same.put("remote_block_ids", List.of(4, 5));
+    Map<String, Object> ok = ps.ok("request_finished", Map.of("request_id", "b", "block_ids",
+        List.of(4, 5), "status", "length_capped",
+        "answered", Map.of("delay_free", true, "kv_transfer_params", same)));
+    assertEquals(true, ok.get("delay_free"));
+    assertEquals(((Map<?, ?>) ok.get("kv_transfer_params")).get("remote_worker_uids"),
+        first.get("remote_worker_uids"));
+    Map<String, Object> wrong = new LinkedHashMap<>(same);
+    wrong.put("transfer_id", "t-c");
+    wrong.put("remote_block_ids", List.of(6));
+    wrong.put("remote_engine_id", "p1");
+    Map<String, Object> refused = ps.call("request_finished", Map.of("request_id", "c",
+        "block_ids", List.of(6), "status", "length_capped",
+        "answered", Map.of("delay_free", true, "kv_transfer_params", wrong)));
+    assertEquals("bad_args", PortTestClient.errorCode(refused), refused.toString());
+    assertTrue(refused.toString().contains("p1"), refused.toString());
+    // Finished all the same: the node no longer knows the request.
+    Map<String, Object> again = ps.ok("request_finished",
+        Map.of("request_id", "c", "block_ids", List.of(6), "status", "length_capped"));
+    assertEquals(false, again.get("delay_free"));
+    assertNull(again.get("kv_transfer_params"));
   }
 
   /** One engine step: metadata from the scheduler, bound and started by the worker. */
