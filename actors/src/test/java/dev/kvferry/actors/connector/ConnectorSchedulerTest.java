@@ -17,6 +17,8 @@ import java.time.Instant;
 import java.time.ZoneOffset;
 import java.util.List;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.EnumSource;
 
 /** Scheduler-side bookkeeping, without actors: what the engine sees from each call. */
 class ConnectorSchedulerTest {
@@ -144,8 +146,13 @@ class ConnectorSchedulerTest {
     assertArrayEquals(blocks, last.reqsToSave().get(0).localBlockIds());
   }
 
-  @Test
-  void prefillAbortedAfterItsSaveWasHandedToTheWorkersDelaysItsFree() {
+  /**
+   * WRITE: a P request whose save was handed to the workers keeps its blocks whether it was
+   * aborted or stopped (a stop token sampled as P's one token): its writes may still read them.
+   */
+  @ParameterizedTest
+  @EnumSource(value = ConnectorRequest.Status.class, names = {"FINISHED_ABORTED", "FINISHED_STOPPED"})
+  void prefillEndedAfterItsSaveWasHandedToTheWorkersDelaysItsFree(ConnectorRequest.Status end) {
     ConnectorScheduler s = prefill(TransferMode.WRITE);
     ConnectorRequest saved = new ConnectorRequest("a", 8, KvTransferParams.forPrefill("tx-a", "decode-0", 0));
     ConnectorRequest early = new ConnectorRequest("b", 40, KvTransferParams.forPrefill("tx-b", "decode-0", 0));
@@ -155,32 +162,17 @@ class ConnectorSchedulerTest {
         new SchedulerOutput.NewRequest("a", new int[] {1}, 8),
         new SchedulerOutput.NewRequest("b", new int[] {2}, 16)), List.of()));
     assertEquals(List.of("a"), m.reqsToSave().stream().map(r -> r.requestId()).toList());
-    saved.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
-    early.setStatus(ConnectorRequest.Status.FINISHED_ABORTED);
-    assertTrue(s.requestFinished(saved, new int[] {1}).delayFreeBlocks(),
-        "its writes may still read its blocks");
+    saved.setStatus(end);
+    early.setStatus(end);
+    FinishDecision d = s.requestFinished(saved, new int[] {1});
+    assertTrue(d.delayFreeBlocks(), "its writes may still read its blocks");
+    assertNull(d.paramsForPeer(), "an ended request hands D nothing, as in the seed");
     assertFalse(s.requestFinished(early, new int[] {2}).delayFreeBlocks(),
         "nothing was handed to the workers: free at once");
   }
 
   @Test
-  void prefillThatStoppedAfterItsSaveWasHandedToTheWorkersDelaysItsFree() {
-    ConnectorScheduler s = prefill(TransferMode.WRITE);
-    ConnectorRequest saved = new ConnectorRequest("a", 8, KvTransferParams.forPrefill("tx-a", "decode-0", 0));
-    ConnectorRequest early = new ConnectorRequest("b", 40, KvTransferParams.forPrefill("tx-b", "decode-0", 0));
-    s.updateStateAfterAlloc(saved, new int[] {1}, 0);
-    s.updateStateAfterAlloc(early, new int[] {2}, 0);
-    s.buildConnectorMeta(new SchedulerOutput(List.of(
-        new SchedulerOutput.NewRequest("a", new int[] {1}, 8),
-        new SchedulerOutput.NewRequest("b", new int[] {2}, 16)), List.of()));
-    // A stop token sampled as P's one token: the request ends "stopped", not length capped.
-    saved.setStatus(ConnectorRequest.Status.FINISHED_STOPPED);
-    early.setStatus(ConnectorRequest.Status.FINISHED_STOPPED);
-    FinishDecision d = s.requestFinished(saved, new int[] {1});
-    assertTrue(d.delayFreeBlocks(), "its writes may still read its blocks");
-    assertNull(d.paramsForPeer(), "a stopped request hands D nothing, as in the seed");
-    assertFalse(s.requestFinished(early, new int[] {2}).delayFreeBlocks(),
-        "nothing was handed to the workers: free at once");
+  void readPrefillThatStoppedFreesAtOnce() {
     ConnectorScheduler read = prefill(TransferMode.READ);
     ConnectorRequest r = new ConnectorRequest("r", 8, KvTransferParams.forPrefill("tx-r", "decode-0", 0));
     read.updateStateAfterAlloc(r, new int[] {1}, 0);
