@@ -1004,8 +1004,9 @@ class PortClient:
             return None
         if status != "length_capped" or self._finish_template is None:
             return None
-        return len(block_ids) > 0, {**self._finish_template, "transfer_id": transfer_id,
-                                    "remote_block_ids": list(block_ids)}
+        # Lists copied: the engine owns what it is given, and may change it.
+        params = {k: list(v) if isinstance(v, list) else v for k, v in self._finish_template.items()}
+        return len(block_ids) > 0, {**params, "transfer_id": transfer_id, "remote_block_ids": list(block_ids)}
 
     def _learn_finish_template(self, transfer_id: str, block_ids: list[int], params: Any) -> None:
         """Keeps the node's params for D less what differs per request, when they are of the form

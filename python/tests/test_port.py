@@ -297,13 +297,15 @@ def test_a_prefill_engines_scheduler_answers_request_finished_once_the_node_show
     n = len(node.calls("request_finished"))
     delay, params = c.request_finished("b", [4, 5], "length_capped")
     assert (delay, params) == nodes("b", [4, 5])
-    assert c.request_finished("c", [], "length_capped") == (False, {**params, "transfer_id": "x-c",
-                                                                     "remote_block_ids": []})
+    params["tp_size"] = 99  # the engine's to change: the next answer is the node's still
+    if uids:
+        params["remote_worker_uids"].append(5)
+    assert c.request_finished("c", [], "length_capped") == (False, {**nodes("c", [])[1], "remote_block_ids": []})
     # One-way, sent at once (nothing else follows it here), with the answer for the node to check.
     node.await_ops(11)  # hello, seven get_num_new_matched_tokens, three request_finished
     sent = node.calls("request_finished")[n:]
-    assert [a.get("answered") for a in sent] == [{"delay_free": True, "kv_transfer_params": params},
-                                                 {"delay_free": False, "kv_transfer_params": {**params, "transfer_id": "x-c",
+    assert [a.get("answered") for a in sent] == [{"delay_free": True, "kv_transfer_params": nodes("b", [4, 5])[1]},
+                                                 {"delay_free": False, "kv_transfer_params": {**nodes("c", [])[1],
                                                                                              "remote_block_ids": []}}]
     # The node's answer depends on more than the client saw: asked.
     assert c.request_finished("d", [6], "stopped") == (True, None)
