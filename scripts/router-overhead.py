@@ -1,0 +1,168 @@
+"""The router's added latency, one client at a time: the same requests sent through `kvferry
+router --http-port` and sent as the router sends them (WRITE: P's and D's legs together; READ: P's
+leg, then D's with the params P returned), straight to the engines, in alternating rounds so both
+sides share the machine's drift. One P node and one D node, a reference engine beside each; the
+JVMs with the JVM's default compilers and collector (not the test cluster's fast-start flags).
+
+usage: python3 scripts/router-overhead.py [--mode write|read] [--requests N] [--rounds R]
+       [--max-tokens T] [--prompt-tokens P]
+Prints each round's medians, a PROBES line (p50 ms of one forwarded GET with no engine work,
+through the router and straight to D, and of the router's own HTTP server alone), then one
+OVERHEAD JSON line: p50/p90/p99 per side (ms), the p50 ratio (router / direct) and the p50
+difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+os.environ.setdefault("KVFERRY_JAR", os.path.join(ROOT, "cli", "target", "kvferry.jar"))
+from tests import cluster  # noqa: E402
+from tests.cluster import Engine, Node, complete  # noqa: E402
+from tests.test_router_proxy import Router  # noqa: E402
+
+# The test cluster's JVMs start fast (C1 only, the serial collector); a router or node in service
+# runs with the JVM's defaults, as `kvferry router` and `kvferry node` start them.
+TEST_ONLY_FLAGS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+_start = cluster.JvmProcess.start
+
+
+def _start_as_in_service(self: cluster.JvmProcess) -> None:
+    self.cmd = [a for a in self.cmd if a not in TEST_ONLY_FLAGS]
+    _start(self)
+
+
+cluster.JvmProcess.start = _start_as_in_service  # type: ignore[method-assign]
+
+GEOMETRY = ["--layers", "4", "--kv-heads", "4", "--head-dim", "32", "--block-size", "16",
+            "--num-blocks", "1024", "--max-num-batched-tokens", "512"]
+
+
+def pct(v: list[float], q: float) -> float:
+    v = sorted(v)
+    return round(v[min(len(v) - 1, int(q * len(v)))], 3)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=("write", "read"), default="write")
+    ap.add_argument("--requests", type=int, default=200, help="timed requests per side")
+    ap.add_argument("--rounds", type=int, default=4, help="alternating rounds the requests are split over")
+    ap.add_argument("--warm-up", type=int, default=100, help="untimed requests per side first")
+    ap.add_argument("--max-tokens", type=int, default=1)
+    ap.add_argument("--prompt-tokens", type=int, default=100)
+    args = ap.parse_args()
+    wd = tempfile.mkdtemp(prefix="kvferry-router-overhead-")
+    print(f"router overhead: logs in {wd}", flush=True)
+    router = Router(wd)
+    nodes, engines = [], []
+    try:
+        for role, name in (("prefill", "p0"), ("decode", "d0")):
+            nodes.append(Node(wd, role, engine_id=name, modes=args.mode, seed_port=router.port))
+        for n in nodes:
+            n.wait_ready()
+        for n in nodes:
+            engines.append(Engine(wd, f"{n.role}-{n.socket[-8:-5]}", *GEOMETRY, "--socket", n.socket,
+                                  "--role", n.role, "--mode", args.mode))
+        p_engine, d_engine = engines
+        p_id, d_id = p_engine.stats()["engine_id"], d_engine.stats()["engine_id"]
+        deadline = time.monotonic() + 120
+        while True:  # until the router routes (it learns the engines from membership)
+            try:
+                complete(router.url, [1, 2, 3], 1, timeout=30)
+                break
+            except (AssertionError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        rnd = random.Random(11)
+        counter = iter(range(10 ** 9))
+
+        def prompt() -> list[int]:
+            return [rnd.randrange(1, 250) for _ in range(args.prompt_tokens)]
+
+        def via_router() -> None:
+            complete(router.url, prompt(), args.max_tokens)
+
+        def direct() -> None:
+            tid = f"direct-{next(counter)}-{time.monotonic_ns()}"
+            p = prompt()
+            to_p = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": tid,
+                    "remote_engine_id": d_id}
+            if args.mode == "read":
+                forwarded = complete(p_engine.url, p, 1, to_p)["kv_transfer_params"]
+                complete(d_engine.url, p, args.max_tokens, forwarded)
+                return
+            t = threading.Thread(target=lambda: complete(p_engine.url, p, 1, to_p))
+            t.start()
+            complete(d_engine.url, p, args.max_tokens, {"do_remote_prefill": True, "do_remote_decode": False,
+                                                        "transfer_id": tid, "remote_engine_id": p_id})
+            t.join(120)
+
+        def timed(fn, count: int) -> list[float]:
+            out = []
+            for _ in range(count):
+                t0 = time.perf_counter()
+                fn()
+                out.append((time.perf_counter() - t0) * 1e3)
+            return out
+
+        timed(via_router, args.warm_up)
+        timed(direct, args.warm_up)
+        routed: list[float] = []
+        straight: list[float] = []
+        per_round = max(1, args.requests // args.rounds)
+        for r in range(args.rounds):
+            a, b = timed(via_router, per_round), timed(direct, per_round)
+            routed += a
+            straight += b
+            print(f"round {r + 1}: router p50 {statistics.median(a):.3f} ms, direct p50 {statistics.median(b):.3f} ms",
+                  flush=True)
+        # Where a leg's time goes: one forwarded GET with no engine work (/v1/models through the
+        # router, against straight to D) and the router's own HTTP server alone (its management
+        # endpoint, the same Pekko HTTP server code), each a fresh connection from this client.
+        def get(url: str) -> float:
+            t0 = time.perf_counter()
+            with urllib.request.urlopen(url, timeout=30) as r:
+                r.read()
+            return (time.perf_counter() - t0) * 1e3
+
+        management = f"http://127.0.0.1:{router.management_port}/alive"
+        probes = {"models_via_router": router.url + "/v1/models", "models_direct_to_d": d_engine.url + "/v1/models",
+                  "router_management_alive": management}
+        for url in probes.values():
+            for _ in range(args.warm_up):
+                get(url)
+        probe_ms = {name: round(statistics.median([get(url) for _ in range(args.requests)]), 3)
+                    for name, url in probes.items()}
+        print("PROBES (p50 ms) " + json.dumps(probe_ms), flush=True)
+        out = {"mode": args.mode, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
+               "requests_each_way": len(routed),
+               "router_p50_ms": pct(routed, 0.5), "router_p90_ms": pct(routed, 0.9), "router_p99_ms": pct(routed, 0.99),
+               "direct_p50_ms": pct(straight, 0.5), "direct_p90_ms": pct(straight, 0.9),
+               "direct_p99_ms": pct(straight, 0.99)}
+        out["p50_ratio_router_over_direct"] = round(out["router_p50_ms"] / out["direct_p50_ms"], 3)
+        out["p50_added_ms"] = round(out["router_p50_ms"] - out["direct_p50_ms"], 3)
+        print("OVERHEAD " + json.dumps(out), flush=True)
+        return 0
+    finally:
+        for e in engines:
+            e.stop()
+        for n in nodes:
+            n.stop()
+        router.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
