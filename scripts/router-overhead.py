@@ -7,7 +7,8 @@ JVMs with the JVM's default compilers and collector (not the test cluster's fast
 usage: python3 scripts/router-overhead.py [--mode write|read] [--requests N] [--rounds R]
        [--max-tokens T] [--prompt-tokens P]
 Prints each round's medians, a PROBES line (p50 ms of one forwarded GET with no engine work,
-through the router and straight to D, and of the router's own HTTP server alone), then one
+through the router and straight to D, and of the router's own HTTP server alone, each on fresh
+connections and on one kept-alive connection), then one
 OVERHEAD JSON line: p50/p90/p99 per side (ms), the p50 ratio (router / direct) and the p50
 difference.
 """
@@ -15,6 +16,7 @@ difference.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import random
@@ -23,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -131,7 +134,8 @@ def main() -> int:
                   flush=True)
         # Where a leg's time goes: one forwarded GET with no engine work (/v1/models through the
         # router, against straight to D) and the router's own HTTP server alone (its management
-        # endpoint, the same Pekko HTTP server code), each a fresh connection from this client.
+        # endpoint, the same Pekko HTTP server code), each on a fresh connection from this client
+        # (as the timed requests above) and then all on one kept-alive connection.
         def get(url: str) -> float:
             t0 = time.perf_counter()
             with urllib.request.urlopen(url, timeout=30) as r:
@@ -146,6 +150,23 @@ def main() -> int:
                 get(url)
         probe_ms = {name: round(statistics.median([get(url) for _ in range(args.requests)]), 3)
                     for name, url in probes.items()}
+
+        def kept_alive(url: str) -> float:
+            """The same GET again and again on one connection (no connection set up per request)."""
+            u = urllib.parse.urlparse(url)
+            c = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+            times = []
+            try:
+                for _ in range(args.warm_up + args.requests):
+                    t0 = time.perf_counter()
+                    c.request("GET", u.path)
+                    c.getresponse().read()
+                    times.append((time.perf_counter() - t0) * 1e3)
+            finally:
+                c.close()
+            return round(statistics.median(times[args.warm_up:]), 3)
+
+        probe_ms.update({f"{name}_kept_alive": kept_alive(url) for name, url in probes.items()})
         print("PROBES (p50 ms) " + json.dumps(probe_ms), flush=True)
         out = {"mode": args.mode, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
                "requests_each_way": len(routed),
