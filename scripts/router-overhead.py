@@ -31,9 +31,10 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 os.environ.setdefault("KVFERRY_JAR", os.path.join(ROOT, "cli", "target", "kvferry.jar"))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "load"))
+from load_run import routed_engines, wait_until_routing  # noqa: E402
 from tests import cluster  # noqa: E402
-from tests.cluster import Engine, Node, complete  # noqa: E402
-from tests.test_router_proxy import Router  # noqa: E402
+from tests.cluster import complete  # noqa: E402
 
 # The test cluster's JVMs start fast (C1 only, the serial collector); a router or node in service
 # runs with the JVM's defaults, as `kvferry router` and `kvferry node` start them.
@@ -47,9 +48,6 @@ def _start_as_in_service(self: cluster.JvmProcess) -> None:
 
 
 cluster.JvmProcess.start = _start_as_in_service  # type: ignore[method-assign]
-
-GEOMETRY = ["--layers", "4", "--kv-heads", "4", "--head-dim", "32", "--block-size", "16",
-            "--num-blocks", "1024", "--max-num-batched-tokens", "512"]
 
 
 def pct(v: list[float], q: float) -> float:
@@ -68,27 +66,10 @@ def main() -> int:
     args = ap.parse_args()
     wd = tempfile.mkdtemp(prefix="kvferry-router-overhead-")
     print(f"router overhead: logs in {wd}", flush=True)
-    router = Router(wd)
-    nodes, engines = [], []
-    try:
-        for role, name in (("prefill", "p0"), ("decode", "d0")):
-            nodes.append(Node(wd, role, engine_id=name, modes=args.mode, seed_port=router.port))
-        for n in nodes:
-            n.wait_ready()
-        for n in nodes:
-            engines.append(Engine(wd, f"{n.role}-{n.socket[-8:-5]}", *GEOMETRY, "--socket", n.socket,
-                                  "--role", n.role, "--mode", args.mode))
+    with routed_engines(wd, [("prefill", "p0"), ("decode", "d0")], args.mode) as (router, _, engines):
         p_engine, d_engine = engines
         p_id, d_id = p_engine.stats()["engine_id"], d_engine.stats()["engine_id"]
-        deadline = time.monotonic() + 120
-        while True:  # until the router routes (it learns the engines from membership)
-            try:
-                complete(router.url, [1, 2, 3], 1, timeout=30)
-                break
-            except (AssertionError, OSError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        wait_until_routing(router.url)
         rnd = random.Random(11)
         counter = iter(range(10 ** 9))
 
@@ -177,12 +158,6 @@ def main() -> int:
         out["p50_added_ms"] = round(out["router_p50_ms"] - out["direct_p50_ms"], 3)
         print("OVERHEAD " + json.dumps(out), flush=True)
         return 0
-    finally:
-        for e in engines:
-            e.stop()
-        for n in nodes:
-            n.stop()
-        router.stop()
 
 
 if __name__ == "__main__":

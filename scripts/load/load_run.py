@@ -9,6 +9,7 @@ at the baseline engine gives the ratio of latencies. Prints one LOAD-RESULT JSON
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -22,6 +23,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from typing import Iterator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -31,6 +33,42 @@ from tests.test_router_proxy import Router  # noqa: E402
 
 GEOMETRY = ["--layers", "4", "--kv-heads", "4", "--head-dim", "32", "--block-size", "16",
             "--num-blocks", "1024", "--max-num-batched-tokens", "512"]
+
+
+@contextlib.contextmanager
+def routed_engines(wd: str, names: list[tuple[str, str]], mode: str) -> Iterator[tuple[Router, list, list]]:
+    """A router with its HTTP proxy, a node per (role, engine id) of ``names`` joined to it and a
+    reference engine beside each node, all stopped on the way out."""
+    router = Router(wd)
+    nodes, engines = [], []
+    try:
+        for role, name in names:
+            nodes.append(Node(wd, role, engine_id=name, modes=mode, seed_port=router.port))
+        for n in nodes:
+            n.wait_ready()
+        for n in nodes:
+            engines.append(Engine(wd, f"{n.role}-{n.socket[-8:-5]}", *GEOMETRY, "--socket", n.socket,
+                                  "--role", n.role, "--mode", mode))
+        yield router, nodes, engines
+    finally:
+        for e in engines:
+            e.stop()
+        for n in nodes:
+            n.stop()
+        router.stop()
+
+
+def wait_until_routing(router_url: str, timeout_s: float = 120) -> None:
+    """Until the router routes a request (it learns the engines from membership)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            complete(router_url, [1, 2, 3], 1, timeout=30)
+            return
+        except (AssertionError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def log(msg: str) -> None:
@@ -243,31 +281,14 @@ def main() -> int:
     wd = args.out
     os.makedirs(wd, exist_ok=True)
     log(f"load run: logs in {wd}")
-    router = Router(wd)
-    nodes, engines = [], []
-    try:
-        for role, name in [("prefill", "p0"), ("prefill", "p1"), ("decode", "d0"), ("decode", "d1")]:
-            nodes.append(Node(wd, role, engine_id=name, modes=args.mode, seed_port=router.port))
-        for n in nodes:
-            n.wait_ready()
-        for n in nodes:
-            engines.append(Engine(wd, f"{n.role}-{n.socket[-8:-5]}", *GEOMETRY, "--socket", n.socket,
-                                  "--role", n.role, "--mode", args.mode))
+    names = [("prefill", "p0"), ("prefill", "p1"), ("decode", "d0"), ("decode", "d1")]
+    with routed_engines(wd, names, args.mode) as (router, nodes, engines):
         baseline = Engine(wd, "baseline", *GEOMETRY, "--no-connector")
         prom, prom_url = prometheus(wd, [f"127.0.0.1:{router.management_port}"]
                                     + [f"127.0.0.1:{n.cmd[n.cmd.index('--management-port') + 1]}" for n in nodes])
         bodies = os.path.join(wd, "bodies.lua")
         write_bodies(bodies, baseline.url, args.distinct, args.max_tokens, args.seed)
-        # Until the router routes (it learns the engines from membership).
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                complete(router.url, [1, 2, 3], 1, timeout=30)
-                break
-            except (AssertionError, OSError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        wait_until_routing(router.url)
         stop = threading.Event()
         cut: dict = {}
         t = threading.Thread(target=lambda: cut.update(disconnecting_clients(router.url, args.disconnecting,
@@ -309,13 +330,8 @@ def main() -> int:
         result["passed"] = ok
         log("LOAD-RESULT " + json.dumps(result))
         prom.terminate()
+        baseline.stop()
         return 0 if ok else 1
-    finally:
-        for e in engines:
-            e.stop()
-        for n in nodes:
-            n.stop()
-        router.stop()
 
 
 if __name__ == "__main__":
