@@ -137,8 +137,8 @@ def detokenize(tokens: list[int]) -> str:
 
 def block_hashes(tokens: list[int], block_size: int) -> list[bytes]:
     """vLLM-style prefix-cache keys: each full block's hash chains its parent's and its tokens
-    (each token as 4 little-endian bytes; one pack for the whole prompt: a token at a time took
-    about three times as long, on the admission of every request)."""
+    (each token as 4 little-endian bytes, packed once for the whole prompt rather than a token at
+    a time: this runs on the admission of every request)."""
     out = []
     parent = b""
     full = len(tokens) // block_size * block_size
