@@ -289,6 +289,7 @@ def test_a_prefill_engines_scheduler_answers_request_finished_once_the_node_show
     for rid in ("a", "b", "c", "d", "e", "f"):
         c.get_num_new_matched_tokens(rid, 40, routed(rid), 0)
     c.get_num_new_matched_tokens("odd", 40, {**routed("odd"), "remote_block_ids": [1]}, 0)
+
     def nodes(rid, blocks):
         r = finish({"request_id": rid, "block_ids": blocks, "status": "length_capped"})
         return r["delay_free"], r["kv_transfer_params"]
@@ -312,8 +313,11 @@ def test_a_prefill_engines_scheduler_answers_request_finished_once_the_node_show
     assert c.request_finished("e", [7], "aborted") == (False, None)
     assert c.request_finished("odd", [8], "length_capped")[1]["transfer_id"] == "x-odd"
     assert all("answered" not in a for a in node.calls("request_finished")[n + 2:])
-    # A refusal of an answer (here: the node's engine id changed) makes the client ask again.
-    node.finish = lambda a: (_ for _ in ()).throw(Refuse("bad_args", "request_finished of f: the client answered"))
+    # A refusal of an answer (the node would have answered otherwise) makes the client ask again.
+    def refusing(a):
+        raise Refuse("bad_args", f"request_finished of {a['request_id']}: the client answered otherwise")
+
+    node.finish = refusing
     c.request_finished("f", [9], "length_capped")
     with pytest.raises(BadArgs):
         c.build_connector_meta([], [])
