@@ -843,7 +843,9 @@ class PortClient:
         comes here."""
         args = {"request_id": request_id, "num_prompt_tokens": num_prompt_tokens,
                 "kv_transfer_params": kv_transfer_params, "num_computed_tokens": num_computed_tokens}
-        answer = self._matched_locally(request_id, num_prompt_tokens, kv_transfer_params, num_computed_tokens)
+        # Which request the params name, judged once (None: only the node can, or no answering here).
+        vouched = _vouched(kv_transfer_params) if self._answers_here() else None
+        answer = self._matched_locally(request_id, num_prompt_tokens, vouched, num_computed_tokens)
         # (On a worker connection the node refuses the op: asked, so the refusal comes now.)
         if answer is not None:
             # Held: nothing acts on it before the next op (D's update_state_after_alloc, which is
@@ -862,33 +864,37 @@ class PortClient:
             result = 0, False
         if kv_transfer_params and kv_transfer_params.get("do_remote_decode"):
             self._cached_wanted.add(request_id)
-        if (kv_transfer_params is not None and self.side == "scheduler"
+        if (kv_transfer_params is not None and self._answers_here() and not self.send_plain
                 and self.engine.get("role") == "prefill" and request_id not in self._sending):
-            # The node keeps the params of the first call that names any.
-            self._sending[request_id] = (str(kv_transfer_params["transfer_id"])
-                                         if _vouched(kv_transfer_params) == "decode" else None)
+            # The node keeps the params of the first call that names any (with send_plain that
+            # may have been a call without: only the node can say then).
+            self._sending[request_id] = str(kv_transfer_params["transfer_id"]) if vouched == "decode" else None
         if kv_transfer_params is None:
             self._plain.add(request_id)
         else:
             self._plain.discard(request_id)
         return result
 
-    def _matched_locally(self, request_id: str, num_prompt_tokens: int, params: Any,
+    def _answers_here(self) -> bool:
+        """Whether this client gives the node's fixed answers itself (a scheduler, local_answers on)."""
+        return self.side == "scheduler" and self.local_answers
+
+    def _matched_locally(self, request_id: str, num_prompt_tokens: int, vouched: str | None,
                          num_computed_tokens: int) -> tuple[int, bool] | None:
         """The node's answer to get_num_new_matched_tokens where this client can know it (see
-        there), else None: ask."""
+        there), else None: ask. ``vouched``: ``_vouched`` of the call's params."""
         role, mode = self.engine.get("role"), self.engine.get("mode")
-        if self.side != "scheduler" or not self.local_answers:
+        if not self._answers_here():
             return None
         if role == "prefill":
-            return (0, False) if _vouched(params) == "decode" else None
+            return (0, False) if vouched == "decode" else None
         # With send_plain the node may have stored a request named plain first (no params), and
         # answers from that: only it can say.
         if role != "decode" or mode not in ("write", "read") or self.send_plain:
             return None
         known = self._receiving.get(request_id)
         if known is None:
-            if _vouched(params) != "prefill":
+            if vouched != "prefill":
                 return None
             # The node keeps the prompt length of the first call, as this does.
             known = self._receiving[request_id] = [num_prompt_tokens, False]
@@ -998,11 +1004,9 @@ class PortClient:
 
     def _finished_locally(self, transfer_id: str | None, block_ids: list[int],
                           status: str) -> tuple[bool, dict[str, Any] | None] | None:
-        """The node's answer to request_finished where this client can know it (see there)."""
-        if (transfer_id is None or not self.local_answers or self.send_plain or self.side != "scheduler"
-                or self.engine.get("role") != "prefill"):
-            return None
-        if status != "length_capped" or self._finish_template is None:
+        """The node's answer to request_finished where this client can know it (see there);
+        ``transfer_id`` is the request's in ``_sending``, which holds only requests it can answer."""
+        if transfer_id is None or status != "length_capped" or self._finish_template is None:
             return None
         # Lists copied: the engine owns what it is given, and may change it.
         params = {k: list(v) if isinstance(v, list) else v for k, v in self._finish_template.items()}

@@ -301,7 +301,10 @@ public final class ConnectorScheduler {
       request.setParams(p.withDoRemotePrefill(false));
       return FinishDecision.FREE_NOW;
     }
-    if (p.doRemoteDecode() && aborted) {
+    if (!p.doRemoteDecode()) {
+      return FinishDecision.FREE_NOW;
+    }
+    if (aborted) {
       // P gave up on the request: D must not wait for writes that will never come.
       for (ActorRef<EngineActor.Command> w : localWorkers) {
         w.tell(
@@ -309,19 +312,13 @@ public final class ConnectorScheduler {
                 request.requestId(), p.transferId(), p.remoteEngineId(),
                 "request " + request.requestId() + " aborted on prefill engine " + engineId));
       }
-      // Handed to the workers to save: writes may be reading its blocks; they are freed when the
-      // workers report it done sending. Otherwise nothing touches them: free now.
-      return lent && mode == TransferMode.WRITE
-          ? new FinishDecision(true, null)
-          : FinishDecision.FREE_NOW;
     }
-    if (!p.doRemoteDecode()
-        || request.status() != ConnectorRequest.Status.FINISHED_LENGTH_CAPPED) {
-      // Stopped (P sampled a stop token as its one token): D gets no params from it, as in the
-      // seed. But in WRITE its layers were handed to the workers to save, and those copies may
-      // still read its blocks: freed once the workers report it done sending (the seed freed at
-      // once, letting a reused block's new contents reach D).
-      return p.doRemoteDecode() && lent && mode == TransferMode.WRITE
+    if (request.status() != ConnectorRequest.Status.FINISHED_LENGTH_CAPPED) {
+      // Aborted, or stopped (P sampled a stop token as its one token): D gets no params, as in
+      // the seed. Handed to the workers to save (WRITE), its writes may still read its blocks:
+      // freed when the workers report it done sending (the seed freed a stopped one at once,
+      // letting a reused block's new contents reach D). Otherwise nothing touches them.
+      return lent && mode == TransferMode.WRITE
           ? new FinishDecision(true, null)
           : FinishDecision.FREE_NOW;
     }

@@ -404,11 +404,10 @@ final class PortSession implements Runnable {
    * rules drifted from the node's is heard of (in the next build_connector_meta's op_errors).
    */
   private static void checkAnswered(PortArgs a, String id, MatchedTokens m) throws PortException {
-    Map<String, Object> answered = a.optionalMap("answered");
-    if (answered == null) {
+    PortArgs told = answered(a);
+    if (told == null) {
       return;
     }
-    PortArgs told = PortArgs.of("answered", answered);
     long count = told.integer("count", 0, Integer.MAX_VALUE);
     boolean async = told.bool("async", false);
     if (count != m.count() || async != m.async()) {
@@ -416,6 +415,12 @@ final class PortSession implements Runnable {
           + count + ", " + async + "), the node's answer is (" + m.count() + ", " + m.async()
           + ")");
     }
+  }
+
+  /** What a client that answered the engine itself says it answered, if it did. */
+  private static @Nullable PortArgs answered(PortArgs a) throws PortException {
+    Map<String, Object> answered = a.optionalMap("answered");
+    return answered == null ? null : PortArgs.of("answered", answered);
   }
 
   private Object afterAlloc(PortArgs a) throws PortException {
@@ -494,11 +499,10 @@ final class PortSession implements Runnable {
    */
   private static void checkFinishAnswered(PortArgs a, String id, boolean nodesDelay,
       @Nullable Map<String, Object> nodesParams) throws PortException {
-    Map<String, Object> answered = a.optionalMap("answered");
-    if (answered == null) {
+    PortArgs told = answered(a);
+    if (told == null) {
       return;
     }
-    PortArgs told = PortArgs.of("answered", answered);
     boolean delay = told.bool("delay_free", false);
     Map<String, Object> raw = told.optionalMap("kv_transfer_params");
     Map<String, Object> params;
