@@ -5,11 +5,11 @@ sides share the machine's drift. One P node and one D node, a reference engine b
 JVMs with the JVM's default compilers and collector (not the test cluster's fast-start flags).
 
 usage: python3 scripts/router-overhead.py [--mode write|read] [--requests N] [--rounds R]
-       [--max-tokens T] [--prompt-tokens P]
+       [--max-tokens T] [--prompt-tokens P] [--router-jvm-options "-Dx=y ..."]
 Prints each round's medians, a PROBES line (p50 ms of one forwarded GET with no engine work,
 through the router and straight to D, and of the router's own HTTP server alone, each on fresh
-connections and on one kept-alive connection), then one
-OVERHEAD JSON line: p50/p90/p99 per side (ms), the p50 ratio (router / direct) and the p50
+connections and on one kept-alive connection), a CPU line (each process's CPU per timed request,
+routed and direct), then one OVERHEAD JSON line: p50/p90/p99 per side (ms), the p50 ratio (router / direct) and the p50
 difference.
 """
 
@@ -35,19 +35,32 @@ sys.path.insert(0, os.path.join(ROOT, "scripts", "load"))
 from load_run import routed_engines, wait_until_routing  # noqa: E402
 from tests import cluster  # noqa: E402
 from tests.cluster import complete  # noqa: E402
+from tests.test_router_proxy import Router  # noqa: E402
 
 # The test cluster's JVMs start fast (C1 only, the serial collector); a router or node in service
 # runs with the JVM's defaults, as `kvferry router` and `kvferry node` start them.
 TEST_ONLY_FLAGS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 _start = cluster.JvmProcess.start
+# --router-jvm-options: more JVM options for the router's JVM alone (an A/B of its settings).
+ROUTER_OPTIONS: list[str] = []
 
 
 def _start_as_in_service(self: cluster.JvmProcess) -> None:
     self.cmd = [a for a in self.cmd if a not in TEST_ONLY_FLAGS]
+    if isinstance(self, Router) and ROUTER_OPTIONS:
+        jar = self.cmd.index("-jar")
+        self.cmd[jar:jar] = [o for o in ROUTER_OPTIONS if o not in self.cmd]
     _start(self)
 
 
 cluster.JvmProcess.start = _start_as_in_service  # type: ignore[method-assign]
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (its threads together)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(v: list[float], q: float) -> float:
@@ -63,11 +76,17 @@ def main() -> int:
     ap.add_argument("--warm-up", type=int, default=100, help="untimed requests per side first")
     ap.add_argument("--max-tokens", type=int, default=1)
     ap.add_argument("--prompt-tokens", type=int, default=100)
+    ap.add_argument("--router-jvm-options", default="", help="more JVM options for the router alone (space-separated)")
     args = ap.parse_args()
+    ROUTER_OPTIONS[:] = args.router_jvm_options.split()
     wd = tempfile.mkdtemp(prefix="kvferry-router-overhead-")
     print(f"router overhead: logs in {wd}", flush=True)
-    with routed_engines(wd, [("prefill", "p0"), ("decode", "d0")], args.mode) as (router, _, engines):
+    with routed_engines(wd, [("prefill", "p0"), ("decode", "d0")], args.mode) as (router, nodes, engines):
         p_engine, d_engine = engines
+        # Whose CPU each side's requests cost: on a machine with fewer cores than busy processes
+        # the router's own CPU is time the engines wait for.
+        pids = {"router": router.proc.pid, "p_node": nodes[0].proc.pid, "d_node": nodes[1].proc.pid,
+                "p_engine": p_engine.proc.pid, "d_engine": d_engine.proc.pid, "client": os.getpid()}
         p_id, d_id = p_engine.stats()["engine_id"], d_engine.stats()["engine_id"]
         wait_until_routing(router.url)
         rnd = random.Random(11)
@@ -94,12 +113,18 @@ def main() -> int:
                                                         "transfer_id": tid, "remote_engine_id": p_id})
             t.join(120)
 
-        def timed(fn, count: int) -> list[float]:
+        cpu_ms = {"router": dict.fromkeys(pids, 0.0), "direct": dict.fromkeys(pids, 0.0)}
+
+        def timed(fn, count: int, side: str | None = None) -> list[float]:
+            before = {k: cpu_s(pid) for k, pid in pids.items()}
             out = []
             for _ in range(count):
                 t0 = time.perf_counter()
                 fn()
                 out.append((time.perf_counter() - t0) * 1e3)
+            if side:
+                for k, pid in pids.items():
+                    cpu_ms[side][k] += (cpu_s(pid) - before[k]) * 1e3
             return out
 
         timed(via_router, args.warm_up)
@@ -108,7 +133,7 @@ def main() -> int:
         straight: list[float] = []
         per_round = max(1, args.requests // args.rounds)
         for r in range(args.rounds):
-            a, b = timed(via_router, per_round), timed(direct, per_round)
+            a, b = timed(via_router, per_round, "router"), timed(direct, per_round, "direct")
             routed += a
             straight += b
             print(f"round {r + 1}: router p50 {statistics.median(a):.3f} ms, direct p50 {statistics.median(b):.3f} ms",
@@ -149,6 +174,9 @@ def main() -> int:
 
         probe_ms.update({f"{name}_kept_alive": kept_alive(url) for name, url in probes.items()})
         print("PROBES (p50 ms) " + json.dumps(probe_ms), flush=True)
+        print("CPU (ms per timed request, by process) " + json.dumps(
+            {side: {k: round(v / len(routed), 3) for k, v in per.items()} | {"all": round(sum(per.values()) / len(routed), 3)}
+             for side, per in cpu_ms.items()}), flush=True)
         out = {"mode": args.mode, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
                "requests_each_way": len(routed),
                "router_p50_ms": pct(routed, 0.5), "router_p90_ms": pct(routed, 0.9), "router_p99_ms": pct(routed, 0.99),
