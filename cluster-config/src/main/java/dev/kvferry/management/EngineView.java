@@ -1,5 +1,7 @@
 package dev.kvferry.management;
 
+import static dev.kvferry.node.PekkoFutures.plain;
+
 import dev.kvferry.actors.EngineActor;
 import dev.kvferry.actors.connector.Role;
 import dev.kvferry.actors.engine.EngineIdentity;
@@ -52,11 +54,11 @@ public record EngineView(
       ActorSystem<?> system, Role role, Duration timeout) {
     ServiceKey<EngineActor.Command> key = EngineActor.serviceKey(role);
     Address self = selfAddress(system);
-    return AskPattern.<Receptionist.Command, Receptionist.Listing>ask(
+    return plain(AskPattern.<Receptionist.Command, Receptionist.Listing>ask(
             system.receptionist(),
             replyTo -> Receptionist.find(key, replyTo),
             timeout,
-            system.scheduler())
+            system.scheduler()))
         .thenApply(
             listing -> {
               List<EngineView> views = new ArrayList<>();
@@ -64,8 +66,7 @@ public record EngineView(
                 of(ref, self).ifPresent(views::add);
               }
               return views;
-            })
-        .toCompletableFuture();
+            });
   }
 
   /** Empty for a ref whose name is not an engine identity (not registered by kvferry). */

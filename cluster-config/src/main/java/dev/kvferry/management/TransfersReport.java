@@ -1,5 +1,7 @@
 package dev.kvferry.management;
 
+import static dev.kvferry.node.PekkoFutures.plain;
+
 import dev.kvferry.actors.EngineActor;
 import dev.kvferry.actors.TransferSnapshot;
 import dev.kvferry.actors.TransferView;
@@ -60,9 +62,8 @@ public record TransfersReport(
       }
       String label = worker.identity().label();
       asks.add(
-          AskPattern.<EngineActor.Command, TransferSnapshot>ask(
-                  worker.engineRef(), EngineActor.GetTransfers::new, timeout, system.scheduler())
-              .toCompletableFuture()
+          plain(AskPattern.<EngineActor.Command, TransferSnapshot>ask(
+                  worker.engineRef(), EngineActor.GetTransfers::new, timeout, system.scheduler()))
               .handle((snapshot, error) -> new WorkerAnswer(label, snapshot, error, timeout)));
     }
     return CompletableFuture.allOf(asks.toArray(CompletableFuture[]::new))

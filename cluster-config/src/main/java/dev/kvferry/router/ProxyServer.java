@@ -1,5 +1,7 @@
 package dev.kvferry.router;
 
+import static dev.kvferry.node.PekkoFutures.plain;
+
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
@@ -120,7 +122,7 @@ public final class ProxyServer implements AutoCloseable {
     } else if (request.method() == HttpMethods.POST
         && (path.equals("/v1/completions") || path.equals("/v1/chat/completions"))) {
       long arrived = System.nanoTime();
-      response = request.entity().toStrict(30_000, materializer)
+      response = plain(request.entity().toStrict(30_000, materializer))
           .thenCompose(e -> proxy(path, e.getData(), id, arrived));
     } else {
       request.discardEntityBytes(materializer);
@@ -138,8 +140,8 @@ public final class ProxyServer implements AutoCloseable {
       return CompletableFuture.completedFuture(json(StatusCodes.OK,
           JSON.createObjectNode().put("object", "list").set("data", JSON.createArrayNode())));
     }
-    return http.singleRequest(HttpRequest.GET(ds.get(0).url() + "/v1/models"))
-        .thenCompose(r -> r.entity().toStrict(10_000, materializer)
+    return plain(http.singleRequest(HttpRequest.GET(ds.get(0).url() + "/v1/models")))
+        .thenCompose(r -> plain(r.entity().toStrict(10_000, materializer))
             .thenApply(e -> HttpResponse.create().withStatus(r.status())
                 .withEntity(HttpEntities.create(ContentTypes.APPLICATION_JSON, e.getData()))));
   }
@@ -265,7 +267,7 @@ public final class ProxyServer implements AutoCloseable {
     CompletionStage<HttpResponse> answer = dBody.thenCompose(b -> leg(d, path, b, id))
         .thenCompose(r -> {
           if (!r.status().isSuccess()) {
-            return r.entity().toStrict(10_000, materializer).thenApply(e -> {
+            return plain(r.entity().toStrict(10_000, materializer)).thenApply(e -> {
               throw new LegFailed(d, "HTTP " + r.status().intValue() + ": "
                   + e.getData().utf8String());
             });
@@ -280,7 +282,7 @@ public final class ProxyServer implements AutoCloseable {
                 return chunk;
               })
               .watchTermination((mat, done) -> {
-                done.whenComplete((ok, e) -> {
+                plain(done).whenComplete((ok, e) -> {
                   end(d);
                   requests.labelValues(e == null ? "ok" : "client_gone").inc();
                 });
@@ -321,13 +323,13 @@ public final class ProxyServer implements AutoCloseable {
     HttpRequest r = HttpRequest.POST(e.url() + path)
         .withEntity(HttpEntities.create(ContentTypes.APPLICATION_JSON, bytes))
         .addHeader(RawHeader.create(REQUEST_ID, id));
-    return http.singleRequest(r).exceptionally(ex -> {
+    return plain(http.singleRequest(r)).exceptionally(ex -> {
       throw new LegFailed(e, "unreachable: " + ex.getMessage());
     });
   }
 
   private CompletionStage<ObjectNode> strictJson(HttpResponse r, HttpEndpoint e) {
-    return r.entity().toStrict(settings.legTimeout().toMillis(), materializer).thenApply(s -> {
+    return plain(r.entity().toStrict(settings.legTimeout().toMillis(), materializer)).thenApply(s -> {
       if (!r.status().isSuccess()) {
         throw new LegFailed(e, "HTTP " + r.status().intValue() + ": " + s.getData().utf8String());
       }

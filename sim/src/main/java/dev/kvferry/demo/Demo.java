@@ -6,6 +6,7 @@ import dev.kvferry.actors.connector.Role;
 import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.node.FreePorts;
+import dev.kvferry.node.PekkoFutures;
 import dev.kvferry.node.KvferryConfig;
 import dev.kvferry.router.RouterActor;
 import dev.kvferry.engine.RequestSpec;
@@ -295,9 +296,9 @@ public final class Demo implements AutoCloseable {
   /** Routes one request through the router; the reply comes when it ended on both sides. */
   public CompletionStage<RouterActor.Routed> route(RequestSpec spec, TransferMode mode,
       Duration timeout) {
-    return AskPattern.ask(routerRef,
+    return PekkoFutures.plain(AskPattern.ask(routerRef,
         (ActorRef<RouterActor.Routed> to) -> new RouterActor.Route(spec, mode, to),
-        timeout, client.scheduler());
+        timeout, client.scheduler()));
   }
 
   private String seed() {
@@ -365,10 +366,10 @@ public final class Demo implements AutoCloseable {
       for (RequestSpec spec : specs) {
         window.acquire();
         CompletionStage<RouterActor.Routed> reply =
-            AskPattern.ask(router,
+            PekkoFutures.plain(AskPattern.ask(router,
                 (ActorRef<RouterActor.Routed> to) ->
                     new RouterActor.Route(spec, TransferMode.parse(mode), to),
-                perRequest, client.scheduler());
+                perRequest, client.scheduler()));
         all.add(reply.handle((routed, error) -> {
           results.add(routed != null ? routed : new RouterActor.Routed(spec.requestId(), "", "", null,
               Outcome.Status.FAILED, 0, 0, "no answer from the router: " + error));
