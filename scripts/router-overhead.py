@@ -9,7 +9,8 @@ usage: python3 scripts/router-overhead.py [--mode write|read] [--requests N] [--
 Prints each round's medians, a PROBES line (p50 ms of one forwarded GET with no engine work,
 through the router and straight to D, and of the router's own HTTP server alone, each on fresh
 connections and on one kept-alive connection), a CPU line (each process's CPU per timed request,
-routed and direct), then one OVERHEAD JSON line: p50/p90/p99 per side (ms), the p50 ratio (router / direct) and the p50
+routed and direct, and the threads the router's JVM started per routed request, from jcmd), then
+one OVERHEAD JSON line: p50/p90/p99 per side (ms), the p50 ratio (router / direct) and the p50
 difference.
 """
 
@@ -20,7 +21,9 @@ import http.client
 import json
 import os
 import random
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -61,6 +64,17 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def threads_started(pid: int) -> int | None:
+    """Threads a JVM has started since it began (jcmd's java.threads.started); None without jcmd."""
+    try:
+        out = subprocess.run(["jcmd", str(pid), "PerfCounter.print"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"^java\.threads\.started=(\d+)", out, re.M)
+    return int(m.group(1)) if m else None
 
 
 def pct(v: list[float], q: float) -> float:
@@ -114,8 +128,13 @@ def main() -> int:
             t.join(120)
 
         cpu_ms = {"router": dict.fromkeys(pids, 0.0), "direct": dict.fromkeys(pids, 0.0)}
+        # Threads the router's JVM starts per routed request: none once warm (a thread per
+        # callback on Pekko's futures was found here; see dev.kvferry.node.PekkoFutures).
+        router_threads = {"started": 0, "known": True}
 
         def timed(fn, count: int, side: str | None = None) -> list[float]:
+            # jcmd's attach costs the router CPU: counted outside the CPU window.
+            threads_before = threads_started(router.proc.pid) if side == "router" else None
             before = {k: cpu_s(pid) for k, pid in pids.items()}
             out = []
             for _ in range(count):
@@ -125,6 +144,12 @@ def main() -> int:
             if side:
                 for k, pid in pids.items():
                     cpu_ms[side][k] += (cpu_s(pid) - before[k]) * 1e3
+            if side == "router":
+                threads_after = threads_started(router.proc.pid)
+                if threads_before is None or threads_after is None:
+                    router_threads["known"] = False
+                else:
+                    router_threads["started"] += threads_after - threads_before
             return out
 
         timed(via_router, args.warm_up)
@@ -176,7 +201,10 @@ def main() -> int:
         print("PROBES (p50 ms) " + json.dumps(probe_ms), flush=True)
         print("CPU (ms per timed request, by process) " + json.dumps(
             {side: {k: round(v / len(routed), 3) for k, v in per.items()} | {"all": round(sum(per.values()) / len(routed), 3)}
-             for side, per in cpu_ms.items()}), flush=True)
+             for side, per in cpu_ms.items()}
+            | {"router_threads_started_per_routed_request":
+               round(router_threads["started"] / len(routed), 2) if router_threads["known"] else None}),
+            flush=True)
         out = {"mode": args.mode, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
                "requests_each_way": len(routed),
                "router_p50_ms": pct(routed, 0.5), "router_p90_ms": pct(routed, 0.9), "router_p99_ms": pct(routed, 0.99),
