@@ -138,12 +138,16 @@ def test_answers_through_the_router_equal_the_undisaggregated_ones(deployment: D
                                      {"X-Request-Id": f"keep-me-{n}"})
         assert status == 200, body
         assert headers.get("x-request-id") == f"keep-me-{n}"
+        # A whole JSON answer is passed on whole, with its length, not re-sent in chunks.
+        assert "chunked" not in headers.get("transfer-encoding", ""), headers
+        assert int(headers["content-length"]) > 0, headers
         assert body["choices"][0]["token_ids"] == expected["token_ids"], n
         assert body["kvferry"]["kv_verified"] is True or body["kvferry"].get("verified_bytes", 1) > 0, body
         # Streaming: the same tokens, chunk by chunk, then [DONE].
-        status, _, streamed = post(deployment.router.url, "/v1/completions",
-                                   {"prompt": prompt(n, salt), "max_tokens": 6, "stream": True})
+        status, stream_headers, streamed = post(deployment.router.url, "/v1/completions",
+                                                {"prompt": prompt(n, salt), "max_tokens": 6, "stream": True})
         assert status == 200
+        assert stream_headers.get("transfer-encoding") == "chunked", stream_headers
         assert streamed["done"] and not streamed["errors"]
         assert streamed["token_ids"] == expected["token_ids"], n
     assert settle(deployment.p)["free_blocks"] == settle(deployment.p)["num_blocks"]

@@ -224,6 +224,7 @@ public final class ProxyServer implements AutoCloseable {
     }
     HttpEndpoint p = pair.get()[0];
     HttpEndpoint d = pair.get()[1];
+    boolean streamed = request.path("stream").asBoolean(false);
     begin(p);
     begin(d);
     String transferId = id + "-" + UUID.randomUUID();
@@ -271,6 +272,16 @@ public final class ProxyServer implements AutoCloseable {
               throw new LegFailed(d, "HTTP " + r.status().intValue() + ": "
                   + e.getData().utf8String());
             });
+          }
+          if (!streamed) {
+            // One JSON answer, whole at D's end: passed on whole, without a stream of chunks.
+            return plain(r.entity().toStrict(settings.legTimeout().toMillis(), materializer))
+                .thenApply(e -> {
+                  ttft.observe((System.nanoTime() - arrived) / 1e9);
+                  end(d);
+                  requests.labelValues("ok").inc();
+                  return HttpResponse.create().withStatus(r.status()).withEntity(e);
+                });
           }
           AtomicBoolean first = new AtomicBoolean(true);
           Source<ByteString, ?> bytes = r.entity().getDataBytes()
