@@ -51,8 +51,9 @@ import org.slf4j.LoggerFactory;
  * the engines the cluster lists ({@link EndpointDirectory}). Per request it picks a P and a D of
  * one transfer mode, fewest in flight first, each engine under a limit, and runs the two legs
  * with matching {@code kv_transfer_params}: WRITE sends both together, READ sends P's (one token)
- * first and D's with the params P returned. D's answer streams back as it comes; a client that
- * goes cancels D's leg, and D's abort tells P to end the transfer.
+ * first and D's with the params P returned. D's streamed answer streams back as it comes, and a
+ * client that goes mid-stream cancels D's leg (D's abort tells P to end the transfer); a whole
+ * JSON answer (no {@code "stream": true}) goes back whole, with its length.
  */
 public final class ProxyServer implements AutoCloseable {
 
