@@ -11,9 +11,9 @@ import java.util.concurrent.CompletionStage;
  * run the callback asynchronously on the JDK's common pool. On a machine of one or two cores that
  * pool has parallelism 1, and the JDK then starts a new thread for every such callback: the
  * router's proxy started five per request (docs/results/2026-12-03-router-jfr-threads.txt).
- * Elsewhere it is a hand-off to a second pool for each step. Callbacks on the plain future run on the thread that
- * completes it (a Pekko dispatcher thread), as callbacks on kvferry's own futures do; none of
- * them may block.
+ * Elsewhere it is a hand-off to a second pool for each step. Callbacks on the plain future run
+ * on the thread that completes it (a Pekko dispatcher thread), as callbacks on kvferry's own
+ * futures do; none of them may block.
  */
 public final class PekkoFutures {
 
