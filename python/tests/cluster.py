@@ -37,10 +37,25 @@ def skip_reason() -> str | None:
 needs_node = pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 
 
+# Ports free_port() has handed out in this process (as dev.kvferry.node.FreePorts does for the
+# JVMs). A port is free again once its probe socket closes, so the kernel may hand it out twice
+# before the first process binds it: a router's HTTP port once came back as a node's cluster port,
+# and the router failed to bind (docs/results/2026-12-03-router-plain-futures-ab.txt).
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now and not handed out before by this process."""
+    with _handed_out_lock:
+        for _ in range(100):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
+    raise OSError("no fresh loopback port after 100 attempts")
 
 
 class JvmProcess:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -18,6 +17,7 @@ torch = pytest.importorskip(
 pytest.importorskip("transformers", reason="kvferry.gpu_model needs transformers (not installed here)")
 
 from kvferry.gpu_model import ModelEngine, ModelSpec, PagedKvCache, build_model  # noqa: E402
+from tests.cluster import free_port  # noqa: E402
 
 SMALL = ModelSpec(layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=64, vocab=256, seed=7)
 SMALL_MLA = ModelSpec(arch="mla", layers=2, heads=4, head_dim=16, intermediate=64, vocab=256, seed=7,
@@ -103,12 +103,6 @@ def test_the_same_work_on_other_blocks_gives_the_same_kv_logits_and_tokens(spec)
             c.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.node
 @pytest.mark.parametrize("arch", ["llama", "mla"])
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -118,16 +112,16 @@ def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(t
                     "scripts/gpu-model.sh P_GPU D_GPU")
     if shutil.which("java") is None or not os.path.exists(JAR):
         pytest.skip(f"needs java and the kvferry jar ({JAR})")
-    router = _free_port()
+    router = free_port()
     gpu = ["--gpu", "0", "--transport", "cuda"] if device == "cuda" else ["--transport", "cma"]
     procs = [subprocess.Popen(["java", "-cp", JAR, "dev.kvferry.cli.KvferryCli", "router", "--port", str(router),
-                               "--management-port", str(_free_port()), "--seed-nodes", f"127.0.0.1:{router}"],
+                               "--management-port", str(free_port()), "--seed-nodes", f"127.0.0.1:{router}"],
                               stdout=open(tmp_path / "router.log", "w"), stderr=subprocess.STDOUT)]
     for role in ("prefill", "decode"):
         procs.append(subprocess.Popen(
             ["java", "-cp", JAR, "dev.kvferry.cli.KvferryCli", "node", "--role", role, "--engine-id", f"{role}-0",
              "--mode", "write,read", "--engine", "port", "--engine-socket", str(tmp_path / f"{role}.sock"),
-             "--tp-size", "1", "--port", str(_free_port()), "--management-port", str(_free_port()),
+             "--tp-size", "1", "--port", str(free_port()), "--management-port", str(free_port()),
              "--seed-nodes", f"127.0.0.1:{router}", *gpu],
             stdout=open(tmp_path / f"{role}.log", "w"), stderr=subprocess.STDOUT))
     try:
