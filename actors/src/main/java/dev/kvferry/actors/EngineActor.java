@@ -154,7 +154,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   private final DuplicateIdGuard duplicates;
 
   public static Behavior<Command> create(Setup setup) {
-    return Behaviors.setup(ctx -> new EngineActor(ctx, setup));
+    return ReadStamps.watchEngine(Behaviors.setup(ctx -> new EngineActor(ctx, setup)));
   }
 
   private EngineActor(ActorContext<Command> ctx, Setup setup) {

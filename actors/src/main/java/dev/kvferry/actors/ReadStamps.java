@@ -1,8 +1,13 @@
 package dev.kvferry.actors;
 
+import dev.kvferry.actors.connector.ReqMeta;
 import dev.kvferry.rdma.CopyStamps;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
+import org.apache.pekko.actor.typed.Behavior;
+import org.apache.pekko.actor.typed.BehaviorInterceptor;
+import org.apache.pekko.actor.typed.TypedActorContext;
+import org.apache.pekko.actor.typed.javadsl.Behaviors;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -23,6 +28,11 @@ public final class ReadStamps {
      * admission) or the worker's start_load_kv reached the connector (the engine port's thread).
      */
     START_LOAD,
+    /**
+     * D's EngineActor had finished the message before the StartLoad (the hand-over itself if it
+     * was idle then): from here to {@link #ENGINE} is the hop alone, before it the actor's work.
+     */
+    ENGINE_FREE,
     /** D's EngineActor took the StartLoad from its mailbox. */
     ENGINE,
     /** D's ReaderActor took it from its mailbox and asked for P's metadata. */
@@ -74,6 +84,37 @@ public final class ReadStamps {
       mark(transferId, Stage.LAYER0_PLANNED, planned);
     }
     mark(transferId, Stage.LAYER0_RETURNED, now);
+  }
+
+  /** {@code engine} as it is, or with stamps on wrapped to mark each StartLoad's ENGINE_FREE. */
+  static Behavior<EngineActor.Command> watchEngine(Behavior<EngineActor.Command> engine) {
+    return ON ? Behaviors.intercept(EngineFree::new, engine) : engine;
+  }
+
+  /** Notes when the EngineActor finishes each message; marks it on the StartLoads it takes. */
+  private static final class EngineFree
+      extends BehaviorInterceptor<EngineActor.Command, EngineActor.Command> {
+    private long lastDone;
+
+    EngineFree() {
+      super(EngineActor.Command.class);
+    }
+
+    @Override
+    public Behavior<EngineActor.Command> aroundReceive(TypedActorContext<EngineActor.Command> ctx,
+        EngineActor.Command message, ReceiveTarget<EngineActor.Command> target) {
+      if (message instanceof EngineActor.StartLoad load) {
+        for (ReqMeta r : load.metadata().reqsToRecv()) {
+          long[] at = stamps.get(r.transferId());
+          if (at != null) {
+            mark(r.transferId(), Stage.ENGINE_FREE, Math.max(at[0], lastDone));
+          }
+        }
+      }
+      Behavior<EngineActor.Command> next = target.apply(ctx, message);
+      lastDone = System.nanoTime();
+      return next;
+    }
   }
 
   /** Marks {@code stage} at {@code now} (a {@link System#nanoTime()} taken elsewhere). */
