@@ -1,6 +1,7 @@
 """D's READ start stamps on this host: one P node and one D node (READ, `-Dkvferry.stamps=true`), a
 reference engine beside each, and N requests sent as the router sends them (P's leg, then D's with
-the params P returned), one at a time. Prints the medians of D's stamps (scripts/read-stamps.py):
+the params P returned), one at a time; the JVMs start as the tests' do (C1 only, the serial
+collector). Prints the medians of D's stamps (scripts/read-stamps.py):
 each stage of a transfer's start in us after the load was handed to the workers.
 
 usage: python3 scripts/read-stamps-host.py [--requests N] [--prompt-tokens P]

@@ -5,7 +5,7 @@ sides share the machine's drift. One P node and one D node, a reference engine b
 JVMs with the JVM's default compilers and collector (not the test cluster's fast-start flags).
 
 usage: python3 scripts/router-overhead.py [--mode write|read] [--requests N] [--rounds R]
-       [--max-tokens T] [--prompt-tokens P] [--router-jvm-options "-Dx=y ..."]
+       [--max-tokens T] [--prompt-tokens P] [--router-jvm-options="-Dx=y ..."]
 Prints each round's medians, a PROBES line (p50 ms of one forwarded GET with no engine work,
 through the router and straight to D, and of the router's own HTTP server alone, each on fresh
 connections and on one kept-alive connection), a CPU line (each process's CPU per timed request,
@@ -36,27 +36,7 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 os.environ.setdefault("KVFERRY_JAR", os.path.join(ROOT, "cli", "target", "kvferry.jar"))
 sys.path.insert(0, os.path.join(ROOT, "scripts", "load"))
 from load_run import routed_engines, wait_until_routing  # noqa: E402
-from tests import cluster  # noqa: E402
 from tests.cluster import complete  # noqa: E402
-from tests.test_router_proxy import Router  # noqa: E402
-
-# The test cluster's JVMs start fast (C1 only, the serial collector); a router or node in service
-# runs with the JVM's defaults, as `kvferry router` and `kvferry node` start them.
-TEST_ONLY_FLAGS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
-_start = cluster.JvmProcess.start
-# --router-jvm-options: more JVM options for the router's JVM alone (an A/B of its settings).
-ROUTER_OPTIONS: list[str] = []
-
-
-def _start_as_in_service(self: cluster.JvmProcess) -> None:
-    self.cmd = [a for a in self.cmd if a not in TEST_ONLY_FLAGS]
-    if isinstance(self, Router) and ROUTER_OPTIONS:
-        jar = self.cmd.index("-jar")
-        self.cmd[jar:jar] = [o for o in ROUTER_OPTIONS if o not in self.cmd]
-    _start(self)
-
-
-cluster.JvmProcess.start = _start_as_in_service  # type: ignore[method-assign]
 
 
 def cpu_s(pid: int) -> float:
@@ -92,10 +72,11 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=100)
     ap.add_argument("--router-jvm-options", default="", help="more JVM options for the router alone (space-separated)")
     args = ap.parse_args()
-    ROUTER_OPTIONS[:] = args.router_jvm_options.split()
     wd = tempfile.mkdtemp(prefix="kvferry-router-overhead-")
     print(f"router overhead: logs in {wd}", flush=True)
-    with routed_engines(wd, [("prefill", "p0"), ("decode", "d0")], args.mode) as (router, nodes, engines):
+    # The JVMs as in service (the JVM's own compilers and collector), not with the tests' flags.
+    with routed_engines(wd, [("prefill", "p0"), ("decode", "d0")], args.mode, in_service=True,
+                        router_options=args.router_jvm_options.split()) as (router, nodes, engines):
         p_engine, d_engine = engines
         # Whose CPU each side's requests cost: on a machine with fewer cores than busy processes
         # the router's own CPU is time the engines wait for.

@@ -58,15 +58,22 @@ def free_port() -> int:
     raise OSError("no fresh loopback port after 100 attempts")
 
 
+# The tests' JVMs start fast: C1 only and the serial collector. A JVM started ``in_service`` runs
+# with the JVM's defaults instead, as `kvferry node` and `kvferry router` start them (benchmarks).
+FAST_START_FLAGS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+
+
 class JvmProcess:
     """One JVM from the jar (``args`` after ``-jar JAR``), its stdout and stderr appended to ``log``;
-    ``start()`` again after ``stop()`` or ``kill9()`` restarts it with the same command."""
+    ``start()`` again after ``stop()`` or ``kill9()`` restarts it with the same command.
+    ``jvm_options`` go before ``-jar``; ``in_service`` drops the fast-start flags."""
 
-    def __init__(self, log: str, args: list[str], config: dict[str, str] | None = None):
+    def __init__(self, log: str, args: list[str], config: dict[str, str] | None = None, *,
+                 jvm_options: list[str] | None = None, in_service: bool = False):
         self.log = log
         props = [f"-D{k}={v}" for k, v in (config or {}).items()]  # config overrides (system properties)
-        self.cmd = [JAVA or "java", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", *props,
-                    "-jar", JAR, *args]
+        flags = [] if in_service else list(FAST_START_FLAGS)
+        self.cmd = [JAVA or "java", "-Xmx384m", *flags, *(jvm_options or []), *props, "-jar", JAR, *args]
         self.proc: subprocess.Popen | None = None
         self.start()
 
@@ -100,7 +107,7 @@ class Node(JvmProcess):
 
     def __init__(self, workdir: str, role: str, *, engine_id: str, modes: str = "write,read", tp: int = 1,
                  seed_port: int | None = None, port: int | None = None, socket_path: str | None = None,
-                 config: dict[str, str] | None = None):
+                 config: dict[str, str] | None = None, in_service: bool = False):
         self.role = role
         self.port = port or free_port()
         self.socket = socket_path or os.path.join(workdir, f"{role}-{engine_id}.sock")
@@ -111,7 +118,7 @@ class Node(JvmProcess):
                          ["node", "--role", role, "--engine-id", engine_id, "--mode", modes, "--engine", "port",
                           "--engine-socket", self.socket, "--tp-size", str(tp), "--port", str(self.port),
                           "--management-port", str(management_port), "--seed-nodes", seeds],
-                         config)
+                         config, in_service=in_service)
 
     def wait_ready(self, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s

@@ -27,13 +27,14 @@ GEOMETRY = ["--layers", "2", "--kv-heads", "4", "--head-dim", "16", "--block-siz
 class Router(JvmProcess):
     """`kvferry router --http-port` as a JVM."""
 
-    def __init__(self, wd: str):
+    def __init__(self, wd: str, *, jvm_options: list[str] | None = None, in_service: bool = False):
         self.port = free_port()
         self.http_port = free_port()
         self.management_port = free_port()
         super().__init__(os.path.join(wd, f"router-{time.monotonic_ns()}.log"),
                          ["router", "--port", str(self.port), "--management-port", str(self.management_port),
-                          "--seed-nodes", f"127.0.0.1:{self.port}", "--http-port", str(self.http_port)])
+                          "--seed-nodes", f"127.0.0.1:{self.port}", "--http-port", str(self.http_port)],
+                         jvm_options=jvm_options, in_service=in_service)
         self.url = f"http://127.0.0.1:{self.http_port}"
 
 

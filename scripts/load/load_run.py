@@ -36,14 +36,18 @@ GEOMETRY = ["--layers", "4", "--kv-heads", "4", "--head-dim", "32", "--block-siz
 
 
 @contextlib.contextmanager
-def routed_engines(wd: str, names: list[tuple[str, str]], mode: str) -> Iterator[tuple[Router, list, list]]:
+def routed_engines(wd: str, names: list[tuple[str, str]], mode: str, *, in_service: bool = False,
+                   router_options: list[str] | None = None) -> Iterator[tuple[Router, list, list]]:
     """A router with its HTTP proxy, a node per (role, engine id) of ``names`` joined to it and a
-    reference engine beside each node, all stopped on the way out."""
-    router = Router(wd)
+    reference engine beside each node, all stopped on the way out. ``in_service``: the JVMs with
+    the JVM's defaults rather than the tests' fast-start flags; ``router_options``: more JVM
+    options for the router alone."""
+    router = Router(wd, jvm_options=router_options, in_service=in_service)
     nodes, engines = [], []
     try:
         for role, name in names:
-            nodes.append(Node(wd, role, engine_id=name, modes=mode, seed_port=router.port))
+            nodes.append(Node(wd, role, engine_id=name, modes=mode, seed_port=router.port,
+                              in_service=in_service))
         for n in nodes:
             n.wait_ready()
         for n in nodes:
