@@ -10,6 +10,9 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
+import shutil
+import subprocess
 import time
 import urllib.parse
 import urllib.request
@@ -193,6 +196,34 @@ def test_a_client_that_goes_mid_stream_leaves_no_block_in_use(deployment: Deploy
     # The router still serves.
     status, _, _ = post(deployment.router.url, "/v1/completions", {"prompt": prompt(10), "max_tokens": 2})
     assert status == 200
+
+
+def threads_started(pid: int) -> int:
+    """Threads a JVM has started since it began (jcmd's java.threads.started)."""
+    out = subprocess.run(["jcmd", str(pid), "PerfCounter.print"], capture_output=True, text=True,
+                         timeout=60).stdout
+    m = re.search(r"^java\.threads\.started=(\d+)", out, re.M)
+    assert m, out[-500:]
+    return int(m.group(1))
+
+
+@pytest.mark.skipif(shutil.which("jcmd") is None, reason="needs the JDK's jcmd")
+def test_the_router_starts_no_thread_per_request(deployment: Deployment) -> None:
+    # Callbacks on Pekko's futures ran on the JDK's common pool, which on one or two cores starts
+    # a thread per callback: five per proxied request (dev.kvferry.node.PekkoFutures). On more
+    # cores that pool keeps its threads, so this catches it only on small machines such as CI's.
+    def ask(stream: bool) -> None:
+        status, _, body = post(deployment.router.url, "/v1/completions",
+                               {"prompt": prompt(30, 9), "max_tokens": 2, "stream": stream})
+        assert status == 200, body
+
+    for stream in (False, True, False, True):  # pools and connections made first
+        ask(stream)
+    before = threads_started(deployment.router.proc.pid)
+    for i in range(20):
+        ask(i % 2 == 1)
+    started = threads_started(deployment.router.proc.pid) - before
+    assert started < 10, f"the router started {started} threads for 20 requests"
 
 
 def test_metrics_count_outcomes_and_time_to_first_token(deployment: Deployment) -> None:
