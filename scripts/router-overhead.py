@@ -21,9 +21,7 @@ import http.client
 import json
 import os
 import random
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,7 +34,7 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 os.environ.setdefault("KVFERRY_JAR", os.path.join(ROOT, "cli", "target", "kvferry.jar"))
 sys.path.insert(0, os.path.join(ROOT, "scripts", "load"))
 from load_run import routed_engines, wait_until_routing  # noqa: E402
-from tests.cluster import complete  # noqa: E402
+from tests.cluster import complete, jvm_threads_started  # noqa: E402
 
 
 def cpu_s(pid: int) -> float:
@@ -44,17 +42,6 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def threads_started(pid: int) -> int | None:
-    """Threads a JVM has started since it began (jcmd's java.threads.started); None without jcmd."""
-    try:
-        out = subprocess.run(["jcmd", str(pid), "PerfCounter.print"], capture_output=True, text=True,
-                             timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    m = re.search(r"^java\.threads\.started=(\d+)", out, re.M)
-    return int(m.group(1)) if m else None
 
 
 def pct(v: list[float], q: float) -> float:
@@ -115,7 +102,7 @@ def main() -> int:
 
         def timed(fn, count: int, side: str | None = None) -> list[float]:
             # jcmd's attach costs the router CPU: counted outside the CPU window.
-            threads_before = threads_started(router.proc.pid) if side == "router" else None
+            threads_before = jvm_threads_started(router.proc.pid) if side == "router" else None
             before = {k: cpu_s(pid) for k, pid in pids.items()}
             out = []
             for _ in range(count):
@@ -126,7 +113,7 @@ def main() -> int:
                 for k, pid in pids.items():
                     cpu_ms[side][k] += (cpu_s(pid) - before[k]) * 1e3
             if side == "router":
-                threads_after = threads_started(router.proc.pid)
+                threads_after = jvm_threads_started(router.proc.pid)
                 if threads_before is None or threads_after is None:
                     router_threads["known"] = False
                 else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -61,6 +62,17 @@ def free_port() -> int:
 # The tests' JVMs start fast: C1 only and the serial collector. A JVM started ``in_service`` runs
 # with the JVM's defaults instead, as `kvferry node` and `kvferry router` start them (benchmarks).
 FAST_START_FLAGS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+
+
+def jvm_threads_started(pid: int) -> int | None:
+    """Threads a JVM has started since it began (jcmd's java.threads.started); None without jcmd."""
+    try:
+        out = subprocess.run(["jcmd", str(pid), "PerfCounter.print"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"^java\.threads\.started=(\d+)", out, re.M)
+    return int(m.group(1)) if m else None
 
 
 class JvmProcess:

@@ -10,16 +10,15 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import shutil
-import subprocess
 import time
 import urllib.parse
 import urllib.request
 
 import pytest
 
-from .cluster import Engine, JvmProcess, Node, complete, free_port, needs_node, settle, workdir
+from .cluster import (Engine, JvmProcess, Node, complete, free_port, jvm_threads_started, needs_node, settle,
+                      workdir)
 
 pytestmark = needs_node
 
@@ -198,15 +197,6 @@ def test_a_client_that_goes_mid_stream_leaves_no_block_in_use(deployment: Deploy
     assert status == 200
 
 
-def threads_started(pid: int) -> int:
-    """Threads a JVM has started since it began (jcmd's java.threads.started)."""
-    out = subprocess.run(["jcmd", str(pid), "PerfCounter.print"], capture_output=True, text=True,
-                         timeout=60).stdout
-    m = re.search(r"^java\.threads\.started=(\d+)", out, re.M)
-    assert m, out[-500:]
-    return int(m.group(1))
-
-
 @pytest.mark.skipif(shutil.which("jcmd") is None, reason="needs the JDK's jcmd")
 def test_the_router_starts_no_thread_per_request(deployment: Deployment) -> None:
     # Callbacks on Pekko's futures ran on the JDK's common pool, which on one or two cores starts
@@ -219,10 +209,12 @@ def test_the_router_starts_no_thread_per_request(deployment: Deployment) -> None
 
     for stream in (False, True, False, True):  # pools and connections made first
         ask(stream)
-    before = threads_started(deployment.router.proc.pid)
+    before = jvm_threads_started(deployment.router.proc.pid)
     for i in range(20):
         ask(i % 2 == 1)
-    started = threads_started(deployment.router.proc.pid) - before
+    after = jvm_threads_started(deployment.router.proc.pid)
+    assert before is not None and after is not None, "jcmd could not read the router's counters"
+    started = after - before
     assert started < 10, f"the router started {started} threads for 20 requests"
 
 
