@@ -21,8 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "scripts", "load"))
 os.environ.setdefault("KVFERRY_JAR", os.path.join(ROOT, "cli", "target", "kvferry.jar"))
-from load_run import GEOMETRY  # noqa: E402
-from tests.cluster import Engine, Node, complete  # noqa: E402
+from load_run import GEOMETRY, legs_straight  # noqa: E402
+from tests.cluster import Engine, Node  # noqa: E402
 
 
 def main() -> int:
@@ -42,14 +42,12 @@ def main() -> int:
             engines.append(Engine(wd, f"{node.role}-read", *GEOMETRY, "--socket", node.socket,
                                   "--role", node.role, "--mode", "read"))
         p_engine, d_engine = engines
-        d_id = d_engine.stats()["engine_id"]
+        p_id, d_id = p_engine.stats()["engine_id"], d_engine.stats()["engine_id"]
         rnd = random.Random(3)
         for i in range(args.requests):
             prompt = [rnd.randrange(1, 250) for _ in range(args.prompt_tokens)]
-            to_p = {"do_remote_decode": True, "do_remote_prefill": False,
-                    "transfer_id": f"stamps-{i}-{time.monotonic_ns()}", "remote_engine_id": d_id}
-            forwarded = complete(p_engine.url, prompt, 1, to_p)["kv_transfer_params"]
-            complete(d_engine.url, prompt, 1, forwarded)
+            legs_straight(p_engine.url, d_engine.url, prompt, 1, mode="read", p_id=p_id, d_id=d_id,
+                          transfer_id=f"stamps-{i}-{time.monotonic_ns()}")
     finally:
         for e in engines:
             e.stop()

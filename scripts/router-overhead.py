@@ -24,7 +24,6 @@ import random
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -33,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 os.environ.setdefault("KVFERRY_JAR", os.path.join(ROOT, "cli", "target", "kvferry.jar"))
 sys.path.insert(0, os.path.join(ROOT, "scripts", "load"))
-from load_run import routed_engines, wait_until_routing  # noqa: E402
+from load_run import legs_straight, pct, routed_engines, wait_until_routing  # noqa: E402
 from tests.cluster import complete, jvm_threads_started  # noqa: E402
 
 
@@ -42,11 +41,6 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def pct(v: list[float], q: float) -> float:
-    v = sorted(v)
-    return round(v[min(len(v) - 1, int(q * len(v)))], 3)
 
 
 def main() -> int:
@@ -81,19 +75,8 @@ def main() -> int:
             complete(router.url, prompt(), args.max_tokens)
 
         def direct() -> None:
-            tid = f"direct-{next(counter)}-{time.monotonic_ns()}"
-            p = prompt()
-            to_p = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": tid,
-                    "remote_engine_id": d_id}
-            if args.mode == "read":
-                forwarded = complete(p_engine.url, p, 1, to_p)["kv_transfer_params"]
-                complete(d_engine.url, p, args.max_tokens, forwarded)
-                return
-            t = threading.Thread(target=lambda: complete(p_engine.url, p, 1, to_p))
-            t.start()
-            complete(d_engine.url, p, args.max_tokens, {"do_remote_prefill": True, "do_remote_decode": False,
-                                                        "transfer_id": tid, "remote_engine_id": p_id})
-            t.join(120)
+            legs_straight(p_engine.url, d_engine.url, prompt(), args.max_tokens, mode=args.mode, p_id=p_id,
+                          d_id=d_id, transfer_id=f"direct-{next(counter)}-{time.monotonic_ns()}")
 
         cpu_ms = {"router": dict.fromkeys(pids, 0.0), "direct": dict.fromkeys(pids, 0.0)}
         # Threads the router's JVM starts per routed request: none once warm (a thread per
@@ -175,9 +158,9 @@ def main() -> int:
             flush=True)
         out = {"mode": args.mode, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
                "requests_each_way": len(routed),
-               "router_p50_ms": pct(routed, 0.5), "router_p90_ms": pct(routed, 0.9), "router_p99_ms": pct(routed, 0.99),
-               "direct_p50_ms": pct(straight, 0.5), "direct_p90_ms": pct(straight, 0.9),
-               "direct_p99_ms": pct(straight, 0.99)}
+               "router_p50_ms": pct(routed, 0.5, 3), "router_p90_ms": pct(routed, 0.9, 3), "router_p99_ms": pct(routed, 0.99, 3),
+               "direct_p50_ms": pct(straight, 0.5, 3), "direct_p90_ms": pct(straight, 0.9, 3),
+               "direct_p99_ms": pct(straight, 0.99, 3)}
         out["p50_ratio_router_over_direct"] = round(out["router_p50_ms"] / out["direct_p50_ms"], 3)
         out["p50_added_ms"] = round(out["router_p50_ms"] - out["direct_p50_ms"], 3)
         print("OVERHEAD " + json.dumps(out), flush=True)

@@ -75,6 +75,32 @@ def wait_until_routing(router_url: str, timeout_s: float = 120) -> None:
             time.sleep(0.5)
 
 
+def legs_straight(p_url: str, d_url: str, prompt: list[int], max_tokens: int, *, mode: str, p_id: str,
+                  d_id: str, transfer_id: str, timeout: float = 120) -> dict:
+    """One request sent as the router sends it, straight to a P and a D engine (engine ids p_id,
+    d_id): WRITE, P's leg (one token) and D's together; READ, P's leg, then D's with the params P
+    returned. Returns D's answer."""
+    to_p = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": transfer_id,
+            "remote_engine_id": d_id}
+    if mode == "read":
+        forwarded = complete(p_url, prompt, 1, to_p, timeout=timeout)["kv_transfer_params"]
+        return complete(d_url, prompt, max_tokens, forwarded, timeout=timeout)
+    t = threading.Thread(target=lambda: complete(p_url, prompt, 1, to_p, timeout=timeout))
+    t.start()
+    try:
+        return complete(d_url, prompt, max_tokens, {"do_remote_prefill": True, "do_remote_decode": False,
+                                                    "transfer_id": transfer_id, "remote_engine_id": p_id},
+                        timeout=timeout)
+    finally:
+        t.join(timeout)
+
+
+def pct(v: list[float], q: float, digits: int = 2) -> float:
+    """The q-quantile of v (nearest rank), rounded."""
+    v = sorted(v)
+    return round(v[min(len(v) - 1, int(q * len(v)))], digits)
+
+
 def log(msg: str) -> None:
     print(msg, flush=True)
 
@@ -181,15 +207,8 @@ def router_overhead(router_url: str, engines: list, seed: int, concurrency: int,
         with lock:
             k = next(counter)
         pe, de = ps[k % len(ps)], ds[(k // len(ps)) % len(ds)]
-        tid = f"direct-{k}-{time.monotonic_ns()}"
-        box: dict = {}
-        t = threading.Thread(target=lambda: box.setdefault("p", complete(pe.url, p, 1, {
-            "do_remote_decode": True, "do_remote_prefill": False, "transfer_id": tid,
-            "remote_engine_id": ids[de.name]}, timeout=120)))
-        t.start()
-        complete(de.url, p, max_tokens, {"do_remote_prefill": True, "do_remote_decode": False,
-                                         "transfer_id": tid, "remote_engine_id": ids[pe.name]}, timeout=120)
-        t.join(120)
+        legs_straight(pe.url, de.url, p, max_tokens, mode="write", p_id=ids[pe.name], d_id=ids[de.name],
+                      transfer_id=f"direct-{k}-{time.monotonic_ns()}")
 
     def timed(fn, count: int, concurrency: int) -> list[float]:
         out: list[float] = []
@@ -212,10 +231,6 @@ def router_overhead(router_url: str, engines: list, seed: int, concurrency: int,
         for th in threads:
             th.join()
         return out
-
-    def pct(v: list[float], q: float) -> float:
-        v = sorted(v)
-        return round(v[min(len(v) - 1, int(q * len(v)))], 2)
 
     out: dict = {}
     # One client at a time shows the router's own cost; the load run's concurrency adds what

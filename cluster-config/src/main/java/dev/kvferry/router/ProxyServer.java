@@ -202,6 +202,12 @@ public final class ProxyServer implements AutoCloseable {
     inFlightGauge.labelValues(key(e), e.role().clusterRole()).set(counter(e).decrementAndGet());
   }
 
+  /** D's leg of a request is over: one fewer in flight on D, and the request counted by outcome. */
+  private void ended(HttpEndpoint d, String outcome) {
+    end(d);
+    requests.labelValues(outcome).inc();
+  }
+
   private CompletionStage<HttpResponse> proxy(String path, ByteString body, String id,
       long arrived) {
     ObjectNode request;
@@ -279,8 +285,7 @@ public final class ProxyServer implements AutoCloseable {
             return plain(r.entity().toStrict(settings.legTimeout().toMillis(), materializer))
                 .thenApply(e -> {
                   ttft.observe((System.nanoTime() - arrived) / 1e9);
-                  end(d);
-                  requests.labelValues("ok").inc();
+                  ended(d, "ok");
                   return HttpResponse.create().withStatus(r.status()).withEntity(e);
                 });
           }
@@ -295,8 +300,7 @@ public final class ProxyServer implements AutoCloseable {
               })
               .watchTermination((mat, done) -> {
                 plain(done).whenComplete((ok, e) -> {
-                  end(d);
-                  requests.labelValues(e == null ? "ok" : "client_gone").inc();
+                  ended(d, e == null ? "ok" : "client_gone");
                 });
                 return mat;
               });
@@ -306,8 +310,7 @@ public final class ProxyServer implements AutoCloseable {
     return answer.exceptionally(e -> {
       Throwable cause = e instanceof java.util.concurrent.CompletionException
           && e.getCause() != null ? e.getCause() : e;
-      end(d);
-      requests.labelValues("engine_error").inc();
+      ended(d, "engine_error");
       String why = cause instanceof LegFailed f ? String.valueOf(f.getMessage()) : String.valueOf(cause);
       log.warn("request {}: {}", id, why);
       return error(StatusCodes.BAD_GATEWAY, "server_error", why);
