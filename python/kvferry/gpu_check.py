@@ -385,6 +385,8 @@ class _EngineState:
     def _generate_agreement(self, prompt: list[int], tokens: list[int]) -> dict:
         import torch
 
+        if not hasattr(self.model, "generate"):
+            return {"error": "generate() is transformers', which is not installed here"}
         try:
             ids = torch.tensor([prompt], device=self.cache.device)
             with torch.inference_mode():
@@ -1107,7 +1109,11 @@ def main(argv: list[str] | None = None) -> int:
     p = _Proc(ctx, "prefill", args.p_device, args.p_socket, {**cfg, "cpus": p_cpus})
     d = _Proc(ctx, "decode", args.d_device, args.d_socket, {**cfg, "cpus": d_cpus})
     log(f"P: {p.info}; D: {d.info}")
-    log(f"model: {cfg['spec']}")
+    from .gpu_model import ModelSpec, model_source
+
+    source = model_source(ModelSpec(arch=args.arch))
+    report["model_source"] = source
+    log(f"model: {cfg['spec']}, built by {source}")
     rc = 0
     try:
         report["modes"] = []

@@ -16,6 +16,8 @@ Memory: on a GPU the cache is one allocation shared with the node by its CUDA IP
 /dev/shm file (``memory.kind = "host"``), as the reference engine's.
 
 torch and transformers are imported here only: the rest of the package works without them.
+Without transformers (CI: Debian packages torch, not transformers) the Llama is
+``kvferry.torch_llama``'s, the same shape and math in torch alone; the MLA model needs transformers.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 from .port import PortClient
 from .reference.cache import BlockPool
 from .reference.model import block_hashes
+from .torch_llama import attend
 
 PAGE = 4096
 
@@ -89,9 +92,34 @@ def build_model(spec: ModelSpec, device: torch.device) -> Any:
     return build_mla(spec, device) if spec.mla else build_llama(spec, device)
 
 
+def have_transformers() -> bool:
+    """Whether Hugging Face transformers can be imported here (a GPU host: yes; CI's Debian: no)."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def model_source(spec: ModelSpec) -> str:
+    """Which code builds ``spec``'s model on this host, for reports."""
+    if have_transformers():
+        return "transformers " + ("DeepseekV3ForCausalLM" if spec.mla else "LlamaForCausalLM")
+    return "kvferry.torch_llama (transformers is not installed)"
+
+
 def build_llama(spec: ModelSpec, device: torch.device) -> Any:
     """``LlamaForCausalLM`` with weights drawn from ``spec.seed`` on the CPU (the same bits in every
-    process), in bf16 on ``device``."""
+    process), in bf16 on ``device``. Without transformers (CI), ``kvferry.torch_llama``'s Llama of
+    the same shape and math."""
+    if not have_transformers():
+        from .torch_llama import LlamaShape, TorchLlamaForCausalLM
+
+        torch.manual_seed(spec.seed)
+        model = TorchLlamaForCausalLM(LlamaShape(
+            vocab=spec.vocab, hidden=spec.hidden, intermediate=spec.intermediate, layers=spec.layers,
+            heads=spec.heads, kv_heads=spec.kv_heads, head_dim=spec.head_dim))
+        return model.to(device=device, dtype=torch.bfloat16).eval()
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -108,7 +136,11 @@ def build_llama(spec: ModelSpec, device: torch.device) -> Any:
 
 def build_mla(spec: ModelSpec, device: torch.device) -> Any:
     """``DeepseekV3ForCausalLM`` (multi-head latent attention, no query compression, every MLP
-    dense) with weights drawn from ``spec.seed`` on the CPU, in bf16 on ``device``."""
+    dense) with weights drawn from ``spec.seed`` on the CPU, in bf16 on ``device``. Needs
+    transformers: kvferry has no MLA model of its own."""
+    if not have_transformers():
+        raise RuntimeError("the MLA model is transformers' DeepseekV3ForCausalLM, and transformers is not "
+                           "installed here; the Llama runs without it (kvferry.torch_llama)")
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     config = DeepseekV3Config(
@@ -261,7 +293,10 @@ class PagedLlama:
     before a layer reads the cache (D's wait_for_layer_load)."""
 
     def __init__(self, model: Any, spec: ModelSpec):
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+        if have_transformers():
+            from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+        else:
+            from .torch_llama import apply_rotary_pos_emb
 
         self.model = model
         self.spec = spec
@@ -307,7 +342,7 @@ class PagedLlama:
                 layer_written(i)
             kk = cache.k[i][all_slots].transpose(0, 1)[None].repeat_interleave(groups, dim=1)
             vv = cache.v[i][all_slots].transpose(0, 1)[None].repeat_interleave(groups, dim=1)
-            o = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, scale=a.scaling)
+            o = attend(q, kk, vv, mask, a.scaling)
             h = h + a.o_proj(o.transpose(1, 2).reshape(1, n, spec.hidden))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.model.lm_head(m.norm(h[:, -1:]))[0, -1]

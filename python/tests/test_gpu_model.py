@@ -1,7 +1,9 @@
-"""kvferry.gpu_model and kvferry.gpu_check: a transformers Llama over a paged KV cache, on the CPU
-with host memory (the reference engine's /dev/shm kind) and, where CUDA is, on the GPU through
-CUDA IPC. They need PyTorch and transformers; where those are missing (CI) every test here is
-skipped with that reason. The GPU run with numbers is scripts/gpu-model.sh on a GPU host."""
+"""kvferry.gpu_model and kvferry.gpu_check: a Llama over a paged KV cache, on the CPU with host
+memory (the reference engine's /dev/shm kind) and, where CUDA is, on the GPU through CUDA IPC. They
+need PyTorch (CI installs Debian's python3-torch); without it every test here is skipped with that
+reason. The Llama is transformers' where transformers is installed (a GPU host), else
+kvferry.torch_llama's (CI: Debian packages no transformers); the MLA model is transformers' only,
+so its cases skip without it. The GPU run with numbers is scripts/gpu-model.sh on a GPU host."""
 
 from __future__ import annotations
 
@@ -14,11 +16,14 @@ import pytest
 
 torch = pytest.importorskip(
     "torch", reason="kvferry.gpu_model needs PyTorch (not installed here; on a GPU host: scripts/gpu-model.sh)")
-pytest.importorskip("transformers", reason="kvferry.gpu_model needs transformers (not installed here)")
 
-from kvferry.gpu_model import ModelEngine, ModelSpec, PagedKvCache, build_model  # noqa: E402
+from kvferry.gpu_model import (  # noqa: E402
+    ModelEngine, ModelSpec, PagedKvCache, build_model, have_transformers, model_source)
 from tests.cluster import free_port  # noqa: E402
 
+needs_transformers = pytest.mark.skipif(
+    not have_transformers(), reason="the MLA model is transformers' DeepseekV3ForCausalLM; transformers is "
+                                    "not installed here (Debian packages none; a GPU host has it)")
 SMALL = ModelSpec(layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=64, vocab=256, seed=7)
 SMALL_MLA = ModelSpec(arch="mla", layers=2, heads=4, head_dim=16, intermediate=64, vocab=256, seed=7,
                       kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
@@ -56,9 +61,9 @@ def test_an_unknown_architecture_is_refused():
         ModelSpec(arch="gpt")
 
 
-@pytest.mark.parametrize("spec", [SMALL, SMALL_MLA], ids=["llama", "mla"])
+@pytest.mark.parametrize("spec", [SMALL, pytest.param(SMALL_MLA, marks=needs_transformers)], ids=["llama", "mla"])
 def test_the_paged_forward_follows_the_models_own_forward(spec):
-    """The paged attention is the model's attention: its last logits match transformers' forward
+    """The paged attention is the model's attention: its last logits match the model's own forward
     of the whole prompt up to bf16 rounding of the cached KV (not bitwise: other kernels)."""
     dev = torch.device("cpu")
     model = build_model(spec, dev)
@@ -77,7 +82,7 @@ def test_the_paged_forward_follows_the_models_own_forward(spec):
         cache.close()
 
 
-@pytest.mark.parametrize("spec", [SMALL, SMALL_MLA], ids=["llama", "mla"])
+@pytest.mark.parametrize("spec", [SMALL, pytest.param(SMALL_MLA, marks=needs_transformers)], ids=["llama", "mla"])
 def test_the_same_work_on_other_blocks_gives_the_same_kv_logits_and_tokens(spec):
     dev = torch.device("cpu")
     model = build_model(spec, dev)
@@ -104,7 +109,7 @@ def test_the_same_work_on_other_blocks_gives_the_same_kv_logits_and_tokens(spec)
 
 
 @pytest.mark.node
-@pytest.mark.parametrize("arch", ["llama", "mla"])
+@pytest.mark.parametrize("arch", ["llama", pytest.param("mla", marks=needs_transformers)])
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(tmp_path, device, arch):
     if device == "cuda" and not torch.cuda.is_available():
@@ -135,6 +140,7 @@ def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(t
             env={**os.environ, "PYTHONPATH": PYTHON_DIR}, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
         assert "KV equal byte for byte 4/4; first-token logits bitwise equal 4/4" in out.stdout, out.stdout
+        assert f"built by {model_source(ModelSpec(arch=arch))}" in out.stdout, out.stdout
     finally:
         for p in procs:
             p.terminate()
