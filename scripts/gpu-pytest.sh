@@ -15,4 +15,4 @@ PATH=$(dirname "$JAVA"):$PATH
 export PATH KVFERRY_JAR=$CP JAVA_TOOL_OPTIONS="${CUDA_PROPS[*]}"
 cd "$here/.."
 [ $# -gt 0 ] || set -- python/tests/test_gpu_model.py
-PYTHONPATH=$PWD/python python3 -m pytest -q -p no:cacheprovider -rs "$@"
+PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} python3 -m pytest -q -p no:cacheprovider -rs "$@"

@@ -129,6 +129,9 @@ def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(t
              "--tp-size", "1", "--port", str(free_port()), "--management-port", str(free_port()),
              "--seed-nodes", f"127.0.0.1:{router}", *gpu],
             stdout=open(tmp_path / f"{role}.log", "w"), stderr=subprocess.STDOUT))
+    # This package first, then whatever the caller put on the path (a GPU host's run that hides
+    # transformers puts its stand-in there).
+    python_path = os.pathsep.join(d for d in (PYTHON_DIR, os.environ.get("PYTHONPATH")) if d)
     try:
         dev = "cuda:0" if device == "cuda" else "cpu"
         out = subprocess.run(
@@ -137,7 +140,7 @@ def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(t
              "--p-device", dev, "--d-device", dev, "--prompts", "4", "--max-prompt-tokens", "600",
              "--decode-steps", "4", "--layers", "2", "--num-blocks", "1024", "--ttft-reps", "0",
              "--no-generate", "--no-mla-probe", "--arch", arch, "--json", str(tmp_path / "report.json")],
-            env={**os.environ, "PYTHONPATH": PYTHON_DIR}, capture_output=True, text=True, timeout=600)
+            env={**os.environ, "PYTHONPATH": python_path}, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
         assert "KV equal byte for byte 4/4; first-token logits bitwise equal 4/4" in out.stdout, out.stdout
         assert f"built by {model_source(ModelSpec(arch=arch))}" in out.stdout, out.stdout
