@@ -24,8 +24,8 @@ for line in r["summary"]["lines"]:
     print("  " + line)
 PY
 }
-for variant in torch-llama transformers; do
-  for i in 1 2 3 4; do
+for variant in ${VARIANTS:-torch-llama transformers}; do
+  for i in $(seq 1 ${RUNS:-4}); do
     base=$(mktemp -d)
     if [ $variant = torch-llama ]; then pp=$hide; else pp=; fi
     PYTHONPATH=$pp timeout 100 bash scripts/gpu-pytest.sh python/tests/test_gpu_model.py -k "bit_identical and cpu and llama" \
