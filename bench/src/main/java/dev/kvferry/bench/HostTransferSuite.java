@@ -133,30 +133,32 @@ public final class HostTransferSuite {
   }
 
   /**
-   * Rows for tcp (contiguous and scattered 32 KiB blocks) at every prompt length, against one
-   * iperf3 figure measured in this run.
+   * Rows for tcp (contiguous and scattered 32 KiB blocks) at every prompt length, each against
+   * iperf3 run beside it: one iperf3 run before each of the row's runs, so the peer's figure (their
+   * median) comes from the same minutes as kvferry's. On this project's VM loopback moved 2-3x
+   * within minutes (docs/performance.md), more than the goal's margin.
    */
   public List<BenchRow> tcp() {
     List<BenchRow> rows = new ArrayList<>();
-    IperfFigure peer = iperf3(1);
-    Double iperf = peer.gbps();
-    String note = peer.note();
     for (int s = 0; s < promptTokens.length; s++) {
       int tokens = promptTokens[s];
       int blocks = Geometry.transferBlocks(tokens);
       Measured contiguous = new Measured();
       Measured scattered = new Measured();
+      PeerBeside peer = new PeerBeside(1);
       for (int r = 0; r < repeats; r++) {
         progress.printf("  tcp %s, run %d of %d%n", Geometry.tokens(tokens), r + 1, repeats);
+        peer.run();
         contiguous.add("tcp", blocks, Layout.CONTIGUOUS);
         scattered.add("tcp", blocks, Layout.SCATTERED);
       }
+      Double iperf = peer.median();
       rows.add(contiguous.row(BenchRow.higherIsBetter(
           "host P->D tcp loopback contiguous " + Geometry.tokens(tokens), "GB/s",
-          contiguous.median(), iperf, TCP_GOAL, note)));
+          contiguous.median(), iperf, TCP_GOAL, peer.note())));
       rows.add(scattered.row(BenchRow.higherIsBetter(
           "host P->D tcp loopback scattered " + Geometry.tokens(tokens), "GB/s",
-          scattered.median(), iperf, TCP_GOAL, join(note, SCATTERED_NOTE))));
+          scattered.median(), iperf, TCP_GOAL, join(peer.note(), SCATTERED_NOTE))));
       put("kvferry tcp contiguous", s, contiguous.median());
       put("kvferry tcp scattered", s, scattered.median());
       put("iperf3 single stream (peer)", s, iperf);
@@ -166,27 +168,28 @@ public final class HostTransferSuite {
 
   /**
    * Rows for tcp with each batch striped over {@link #TCP_STREAMS} connections (contiguous 32 KiB
-   * blocks) at every prompt length, against one iperf3 figure with as many parallel streams.
+   * blocks) at every prompt length, each against iperf3 with as many parallel streams run beside
+   * it (as in {@link #tcp()}).
    */
   public List<BenchRow> tcpStreams() {
     List<BenchRow> rows = new ArrayList<>();
-    IperfFigure peer = iperf3(TCP_STREAMS);
-    Double iperf = peer.gbps();
-    String note = peer.note();
     for (int s = 0; s < promptTokens.length; s++) {
       int tokens = promptTokens[s];
       int blocks = Geometry.transferBlocks(tokens);
       Measured striped = new Measured();
+      PeerBeside peer = new PeerBeside(TCP_STREAMS);
       for (int r = 0; r < repeats; r++) {
         progress.printf("  tcp %s, %d streams, run %d of %d%n", Geometry.tokens(tokens),
             TCP_STREAMS, r + 1, repeats);
+        peer.run();
         striped.add(new HostTransferBench.Config(Geometry.BLOCK_BYTES, blocks, rounds, "tcp",
             Layout.CONTIGUOUS).withTcpStreams(TCP_STREAMS));
       }
+      Double iperf = peer.median();
       rows.add(striped.row(BenchRow.higherIsBetter(
           "host P->D tcp loopback contiguous " + Geometry.tokens(tokens) + ", " + TCP_STREAMS
               + " streams", "GB/s", striped.median(), iperf, TCP_GOAL,
-          join(note, "peer: iperf3 -P " + TCP_STREAMS + "; batches under "
+          join(peer.note(), "peer: iperf3 -P " + TCP_STREAMS + "; batches under "
               + (dev.kvferry.rdma.TcpTransport.MIN_STRIPE_BYTES >> 20) + " MiB go on one stream"))));
       put("kvferry tcp contiguous, " + TCP_STREAMS + " streams", s, striped.median());
       put("iperf3 -P " + TCP_STREAMS + " (peer)", s, iperf);
@@ -194,23 +197,42 @@ public final class HostTransferSuite {
     return rows;
   }
 
-  /** The peer's median GB/s over {@code repeats} runs, or null and why it is missing. */
-  private record IperfFigure(Double gbps, String note) {}
+  /**
+   * One row's iperf3 runs, each just before one of kvferry's; its figure is their median. A
+   * missing tool or a failed run leaves the figure null and says why in the row's note.
+   */
+  private final class PeerBeside {
+    private final int parallel;
+    private final List<Double> runs = new ArrayList<>();
+    private String why = "";
 
-  private IperfFigure iperf3(int parallel) {
-    try {
-      String iperf3 = peers.iperf3();
-      List<Double> runs = new ArrayList<>();
-      for (int r = 0; r < repeats; r++) {
-        progress.printf("  iperf3 -P %d on loopback, run %d of %d%n", parallel, r + 1, repeats);
+    PeerBeside(int parallel) {
+      this.parallel = parallel;
+    }
+
+    void run() {
+      if (!why.isEmpty()) {
+        return; // missing or failed once: the row goes without the peer
+      }
+      try {
+        String iperf3 = peers.iperf3();
+        progress.printf("    iperf3 -P %d on loopback%n", parallel);
         runs.add(iperf3Gbps(iperf3, parallel));
         progress.printf(java.util.Locale.ROOT, "    iperf3: %.3f GB/s%n", runs.get(runs.size() - 1));
+      } catch (PeerTools.MissingPeerException e) {
+        why = String.valueOf(e.getMessage());
+      } catch (IOException | RuntimeException e) {
+        why = "iperf3 failed: " + e.getMessage();
       }
-      return new IperfFigure(Samples.median(runs), "");
-    } catch (PeerTools.MissingPeerException e) {
-      return new IperfFigure(null, e.getMessage());
-    } catch (IOException | RuntimeException e) {
-      return new IperfFigure(null, "iperf3 failed: " + e.getMessage());
+    }
+
+    Double median() {
+      return why.isEmpty() && !runs.isEmpty() ? Samples.median(runs) : null;
+    }
+
+    String note() {
+      return why.isEmpty() ? "peer: iperf3, one run before each of this row's (median of "
+          + runs.size() + ")" : why;
     }
   }
 
