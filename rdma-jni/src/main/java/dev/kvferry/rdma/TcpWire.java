@@ -47,8 +47,6 @@ final class TcpWire {
   static final int ACK_HEADER_BYTES = 3;
   static final byte ACK_OK = 0;
   static final byte ACK_ERROR = 1;
-  /** Experiment: bytes per scattering read at most (0: as many as the entries hold). */
-  static final long READ_CHUNK_BYTES = Long.getLong("kvferry.tcp.read-chunk-bytes", 0L);
 
   private TcpWire() {}
 
@@ -173,13 +171,11 @@ final class TcpWire {
       }
       int k = 0;
       long skip = done;
-      long budget = fromChannel && READ_CHUNK_BYTES > 0 ? READ_CHUNK_BYTES : Long.MAX_VALUE;
-      for (int j = i; j < count && k < iov.length && budget > 0; j++) {
-        long length = Math.min(lengths[j] - skip, budget);
+      for (int j = i; j < count && k < iov.length; j++) {
+        long length = lengths[j] - skip;
         if (length > 0) {
           iov[k] = slots.slot(k, offsets[j] + skip, (int) length);
           k++;
-          budget -= length;
         }
         skip = 0;
       }
