@@ -189,17 +189,22 @@ final class PeerFixture implements AutoCloseable {
 
   /** Waits until {@code engineId} is listed in the local Receptionist. */
   void awaitListed(Role role, String engineId) {
+    awaitListed(role, engineId, 1);
+  }
+
+  /** Waits until the receptionist lists at least {@code workers} workers of {@code engineId}. */
+  void awaitListed(Role role, String engineId, int workers) {
     TestProbe<Receptionist.Listing> probe = kit.createTestProbe();
+    String name = java.net.URLEncoder.encode(engineId, java.nio.charset.StandardCharsets.UTF_8);
     probe.awaitAssert(
         Duration.ofSeconds(10),
         () -> {
           kit.system().receptionist().tell(Receptionist.find(EngineActor.serviceKey(role), probe.ref()));
           Receptionist.Listing l = probe.receiveMessage();
-          assertTrue(
-              l.getServiceInstances(EngineActor.serviceKey(role)).stream()
-                  .anyMatch(r -> r.path().name().endsWith(java.net.URLEncoder.encode(
-                      engineId, java.nio.charset.StandardCharsets.UTF_8))),
-              engineId + " not listed yet");
+          long listed = l.getServiceInstances(EngineActor.serviceKey(role)).stream()
+              .filter(r -> r.path().name().endsWith(name))
+              .count();
+          assertTrue(listed >= workers, engineId + ": " + listed + " of " + workers + " listed yet");
           return null;
         });
   }

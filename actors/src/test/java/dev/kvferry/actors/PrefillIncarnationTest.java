@@ -60,6 +60,9 @@ class PrefillIncarnationTest {
 
     // The engine attaches again: its new worker is listed beside the old one, then the old stops.
     fx.startPeerUnder("again", prefill, fx::peerMetadata);
+    // Its registration is asynchronous: stopped before it is listed, the old worker would leave
+    // the engine unlisted for a moment, and D rightly ends a receive whose P engine left.
+    fx.awaitListed(Role.PREFILL, "prefill-0", 2);
     fx.kit.stop(old);
     PeerProtocol.RemoteBlocks again = nextBlocks();
     assertEquals("tx-r1", again.transferId());
