@@ -189,7 +189,7 @@ public final class HostTransferSuite {
       rows.add(striped.row(BenchRow.higherIsBetter(
           "host P->D tcp loopback contiguous " + Geometry.tokens(tokens) + ", " + TCP_STREAMS
               + " streams", "GB/s", striped.median(), iperf, TCP_GOAL,
-          join(peer.note(), "peer: iperf3 -P " + TCP_STREAMS + "; batches under "
+          join(peer.note(), "batches under "
               + (dev.kvferry.rdma.TcpTransport.MIN_STRIPE_BYTES >> 20) + " MiB go on one stream"))));
       put("kvferry tcp contiguous, " + TCP_STREAMS + " streams", s, striped.median());
       put("iperf3 -P " + TCP_STREAMS + " (peer)", s, iperf);
@@ -231,8 +231,8 @@ public final class HostTransferSuite {
     }
 
     String note() {
-      return why.isEmpty() ? "peer: iperf3, one run before each of this row's (median of "
-          + runs.size() + ")" : why;
+      return why.isEmpty() ? "peer: iperf3" + (parallel > 1 ? " -P " + parallel : "")
+          + ", one run before each of this row's (median of " + runs.size() + ")" : why;
     }
   }
 
