@@ -22,6 +22,7 @@ Without transformers (CI: Debian packages torch, not transformers) the Llama is
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import time
@@ -92,8 +93,10 @@ def build_model(spec: ModelSpec, device: torch.device) -> Any:
     return build_mla(spec, device) if spec.mla else build_llama(spec, device)
 
 
+@functools.lru_cache(maxsize=None)
 def have_transformers() -> bool:
-    """Whether Hugging Face transformers can be imported here (a GPU host: yes; CI's Debian: no)."""
+    """Whether Hugging Face transformers can be imported here (a GPU host: yes; CI's Debian: no).
+    Asked once per process: a failed import searches the whole path again each time."""
     try:
         import transformers  # noqa: F401
     except ImportError:
