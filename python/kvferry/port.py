@@ -364,6 +364,7 @@ class PortClient:
         reply_spin_us: float | None = None,
         finished_ahead: bool | None = None,
         local_answers: bool | None = None,
+        build_ahead: bool | None = None,
     ):
         """``load_events`` (a worker on GPU memory): ask for the node's load-event ring; then
         ``wait_for_layer_load`` makes the current stream of ``event_device`` (a torch device or
@@ -384,6 +385,15 @@ class PortClient:
         has seen (``get_num_new_matched_tokens``, ``request_finished``), sending the op one-way
         with the answer for the node to check; off, every such op is a round trip (a diagnostic,
         and the baseline of the A/Bs in docs/engine-port.md).
+
+        ``build_ahead`` (a scheduler; default ``KVFERRY_PORT_BUILD_AHEAD``, else on; only with
+        ``local_answers`` and without ``send_plain``, against a node whose hello offers
+        ``client_steps``): ``build_connector_meta`` names the step itself, makes the handle the
+        node would (the step's load and save counts follow the node's rules from what this client
+        has seen) and returns it without waiting for the reply, which is read at the next call:
+        errors of earlier one-way ops, and of the build itself, come one step later. Where the
+        client cannot know the counts (params it cannot vouch for, an entry without
+        ``num_computed_tokens``, D reading at the step rather than at admission), it asks.
 
         ``finished_ahead`` (a worker; by default when ``engine`` says role ``prefill``):
         ``get_finished`` sends this step's ask and answers with the reply to the last step's, which
@@ -434,6 +444,30 @@ class PortClient:
                 raise ValueError(f"KVFERRY_PORT_LOCAL_ANSWERS must be 0 or 1, not {raw!r}")
             local_answers = raw == "1"
         self.local_answers = local_answers
+        if build_ahead is None:
+            raw = os.environ.get("KVFERRY_PORT_BUILD_AHEAD", "") or "1"
+            if raw not in ("0", "1"):
+                raise ValueError(f"KVFERRY_PORT_BUILD_AHEAD must be 0 or 1, not {raw!r}")
+            build_ahead = raw == "1"
+        self.build_ahead = build_ahead
+        # Scheduler, steps built ahead: the last step this connection built (the node's engine
+        # incarnation and the step's number, from the node's handle or this client's); the id of
+        # a build sent ahead whose reply is not read yet, and that reply once read early.
+        self._last_step: tuple[int, int] | None = None
+        self._build_in_flight: int | None = None
+        self._build_early: tuple[int, dict[str, Any]] | None = None
+        # Why this connection stopped building ahead (an ahead build was refused), if it did.
+        self.build_ahead_off: str | None = None
+        # What the node's build_connector_meta does with each request, mirrored to know a step's
+        # counts: by id, which params first named it ("decode": P's, saved; "prefill": D's,
+        # loaded; "unsure": only the node can judge) and its prompt length as first named; the
+        # requests update_state_after_alloc named since the last build (the node's reqsNeedSave
+        # and reqsNeedRecv); P's requests whose last chunk is still to come, with their prompt
+        # length; and requests whose place there this client lost track of.
+        self._kv_kinds: dict[str, tuple[str, int]] = {}
+        self._alloc_since_build: dict[str, None] = {}
+        self._pending_save: dict[str, int] = {}
+        self._unsure_pending: set[str] = set()
         # Per op, the calls this client answered itself (the op went one-way with the answer).
         self.local_answer_counts: dict[str, int] = {}
         if reply_spin_us is None:
@@ -568,6 +602,13 @@ class PortClient:
         self._receiving.clear()
         self._sending.clear()
         self._finish_template = None
+        self._last_step = None
+        self._build_in_flight = None
+        self._build_early = None
+        self._kv_kinds.clear()
+        self._alloc_since_build.clear()
+        self._pending_save.clear()
+        self._unsure_pending.clear()
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -725,6 +766,7 @@ class PortClient:
         ahead) and keeps them: they come before any later request's reply on the connection."""
         self._drain_layer_waits()
         self._read_finished_ahead()
+        self._read_build_ahead()
 
     # -- get_finished asked ahead --
 
@@ -873,6 +915,9 @@ class PortClient:
             self._plain.add(request_id)
         else:
             self._plain.discard(request_id)
+            if self.side == "scheduler" and request_id not in self._kv_kinds:
+                # The node keeps the params of the first call that names any.
+                self._kv_kinds[request_id] = (vouched or "unsure", num_prompt_tokens)
         return result
 
     def _answers_here(self) -> bool:
@@ -914,6 +959,8 @@ class PortClient:
             return
         if request_id in self._receiving:
             self._receiving[request_id][1] = True  # the node's one transfer per request is taken
+        if self.side == "scheduler" and not plain:
+            self._alloc_since_build[request_id] = None
         self._one_way(
             "update_state_after_alloc",
             {"request_id": request_id, "block_ids": list(block_ids), "num_external_tokens": num_external_tokens},
@@ -934,18 +981,43 @@ class PortClient:
         named with ``do_remote_decode`` (P's chunked prefill) and not finished yet. At hundreds of
         running requests the rest cost most of the step's port time and change nothing. Of
         ``scheduled_new_reqs`` those of requests named without kv_transfer_params are left out
-        unless ``send_plain`` is set: the node never heard of them."""
+        unless ``send_plain`` is set: the node never heard of them.
+
+        With ``build_ahead`` (the default, see the constructor) a step whose counts this client
+        knows is not waited for: the handle is this client's, the op goes out with it, and its
+        reply (the op errors, or a refusal of the build itself as an op error of
+        ``build_connector_meta``) is raised by the next step's call."""
         wanted = self._cached_wanted
         if not self.send_plain and self._plain:
             plain = self._plain
             scheduled_new_reqs = [r for r in scheduled_new_reqs if r["request_id"] not in plain]
-        ok = self._call(
-            "build_connector_meta",
-            {"scheduled_new_reqs": scheduled_new_reqs,
-             "scheduled_cached_reqs": [c for c in scheduled_cached_reqs if c["request_id"] in wanted]},
-        )
-        metadata = bytes(ok["metadata"])
-        self.last_op_errors = list(ok.get("op_errors") or [])
+        cached = [c for c in scheduled_cached_reqs if c["request_id"] in wanted]
+        args: dict[str, Any] = {"scheduled_new_reqs": scheduled_new_reqs, "scheduled_cached_reqs": cached}
+        # The last build sent ahead: its reply (errors of the ops before it, or its own) counts
+        # as this step's news, and an error there means this step asks.
+        op_errors = self._settle_build_ahead()
+        counts = self._step_counts(scheduled_new_reqs, cached)
+        last = self._last_step
+        if counts is not None and last is not None and self._builds_ahead():
+            engine, step = last[0], last[1] + 1
+            loads, saves = counts
+            began = time.perf_counter()
+            try:
+                self._read_replies_due()
+                self._build_in_flight = self._send_request(
+                    "build_connector_meta", {**args, "step": step, "answered": {"loads": loads, "saves": saves}})
+            finally:
+                self._timed("build_connector_meta", began)
+            self._last_step = (engine, step)
+            self._count_local("build_connector_meta")
+            metadata = msgpack.packb({"engine": engine, "step": step, "loads": loads, "saves": saves},
+                                     use_bin_type=True)
+        else:
+            ok = self._call("build_connector_meta", args)
+            metadata = bytes(ok["metadata"])
+            self._learn_step(metadata)
+            op_errors += list(ok.get("op_errors") or [])
+        self.last_op_errors = op_errors
         if any(e.get("op") == "request_finished" for e in self.last_op_errors):
             self._finish_template = None  # the node disagreed with an answer: ask from now on
         if raise_op_errors and self.last_op_errors:
@@ -953,6 +1025,100 @@ class PortClient:
             e.metadata = metadata  # type: ignore[attr-defined]
             raise e
         return metadata
+
+    # -- steps built ahead --
+
+    def _builds_ahead(self) -> bool:
+        info = self.node_info or {}
+        return (self.side == "scheduler" and self.build_ahead and self.local_answers and not self.send_plain
+                and self.build_ahead_off is None and bool(info.get("client_steps")))
+
+    def _learn_step(self, metadata: bytes) -> None:
+        """Keeps the engine and step a node's handle names: this client's next step follows it."""
+        try:
+            m = msgpack.unpackb(metadata, raw=False)
+        except Exception:  # msgpack raises several types; a foreign handle: never build ahead
+            m = None
+        if isinstance(m, dict) and isinstance(m.get("engine"), int) and isinstance(m.get("step"), int):
+            self._last_step = (m["engine"], m["step"])
+        else:
+            self._last_step = None
+
+    def _read_build_ahead(self) -> None:
+        """Reads the reply to the build sent ahead, if one is out, and keeps it."""
+        request_id = self._build_in_flight
+        if request_id is not None:
+            self._build_in_flight = None
+            self._build_early = (request_id, self._read_reply("build_connector_meta"))
+
+    def _settle_build_ahead(self) -> list[dict[str, Any]]:
+        """The op errors the last build sent ahead brought back; a refusal of that build itself
+        comes as one of them, and this connection asks for its steps from then on."""
+        self._read_build_ahead()
+        early, self._build_early = self._build_early, None
+        if early is None:
+            return []
+        try:
+            ok = self._answer("build_connector_meta", early[0], early[1])
+        except PortError as e:
+            if e.fatal:
+                raise
+            self.build_ahead_off = e.message
+            self._last_step = None  # learnt again from the next handle the node makes
+            return [{"op": "build_connector_meta", "code": e.code, "message": e.message}]
+        return list(ok.get("op_errors") or [])
+
+    def _step_counts(self, new_reqs: list[dict[str, Any]], cached: list[dict[str, Any]]) -> tuple[int, int] | None:
+        """The ``(loads, saves)`` the node's metadata for this step will carry, by its rules
+        (ConnectorScheduler.buildConnectorMeta), or None where this client cannot know them.
+        Called for every step, asked or not, so that what it mirrors stays in step with the node."""
+        info = self.node_info or {}
+        role, mode = info.get("role"), info.get("mode")
+        known = role in ("prefill", "decode") and mode in ("read", "write")
+        saves = 0
+        if role == "prefill" and mode == "write":
+            # A chunked prefill's request is saved in the step that computes its last tokens.
+            for c in cached:
+                rid = c["request_id"]
+                if rid in self._unsure_pending:
+                    known = False
+                    continue
+                prompt = self._pending_save.get(rid)
+                if prompt is None:
+                    continue
+                computed = c.get("num_computed_tokens")
+                if computed is None:  # the node falls back to its block count
+                    known = False
+                    del self._pending_save[rid]
+                    self._unsure_pending.add(rid)
+                elif computed >= prompt:
+                    saves += 1
+                    del self._pending_save[rid]
+        computed_after = {r["request_id"]: r.get("num_computed_tokens") for r in new_reqs}
+        for rid in self._alloc_since_build:
+            kind, prompt = self._kv_kinds.get(rid, ("unsure", 0))
+            if kind == "prefill":
+                # D's reads: at admission (none in the step's metadata) or, in WRITE, P's writes.
+                if mode == "read" and not info.get("reads_at_admission"):
+                    known = False
+                continue
+            if kind != "decode":
+                known = False
+                if rid in self._kv_kinds:
+                    self._unsure_pending.add(rid)
+                continue
+            computed = computed_after.get(rid)
+            if computed is None:
+                known = False
+                self._pending_save.pop(rid, None)
+                self._unsure_pending.add(rid)
+            elif computed >= prompt:
+                saves += mode == "write"
+            else:
+                self._pending_save[rid] = prompt
+                self._unsure_pending.discard(rid)
+        self._alloc_since_build.clear()
+        return (0, saves) if known else None
 
     @staticmethod
     def _op_error(op_errors: list[dict[str, Any]]) -> PortError:
@@ -982,6 +1148,9 @@ class PortClient:
         self._cached_wanted.discard(request_id)
         self._receiving.pop(request_id, None)
         transfer_id = self._sending.pop(request_id, None)
+        self._kv_kinds.pop(request_id, None)
+        self._pending_save.pop(request_id, None)  # the node drops it from its pending saves
+        self._unsure_pending.discard(request_id)
         if request_id in self._plain and self.side == "scheduler":
             self._plain.discard(request_id)
             if self.send_plain:

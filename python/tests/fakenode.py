@@ -46,6 +46,10 @@ class FakeNode:
         self.loads = 0
         # The metadata's saves count; None leaves the key out (a node from before it).
         self.saves: int | None = 0
+        # Offer client_steps in the scheduler's hello (a node that lets the client name its steps
+        # and build them ahead); handles then also name the engine, as a real node's do.
+        self.client_steps = False
+        self.reads_at_admission = True
         # Worker hellos that ask for load_events get these handles back (a node on GPU memory).
         self.load_event_handles: list[bytes] = []
         self.layer_load: Callable[[dict], dict] = lambda a: {"ok": True}
@@ -77,6 +81,14 @@ class FakeNode:
         while len(self.ops(side, rank)) < n and time.monotonic() < deadline:
             time.sleep(0.01)
         return self.ops(side, rank)
+
+    def await_calls(self, op: str, n: int, timeout_s: float = 5.0) -> list[dict]:
+        """``calls(op)`` once it holds ``n`` calls, or at ``timeout_s`` (a build sent ahead is
+        logged when this node's thread reads it)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.calls(op)) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.calls(op)
 
     def drop_connections(self) -> None:
         for c in list(self._conns):
@@ -195,6 +207,9 @@ class FakeNode:
                      "tp_size": 1, "transport": "none"}
             if a.get("load_events"):
                 reply["load_events"] = list(self.load_event_handles)
+            if self.client_steps and a["side"] == "scheduler":
+                reply["client_steps"] = True
+                reply["reads_at_admission"] = self.reads_at_admission
             return reply
         if state["side"] is None:
             raise Refuse("hello_required", "say hello first")
@@ -210,9 +225,19 @@ class FakeNode:
         if op == "update_state_after_alloc":
             return {}
         if op == "build_connector_meta":
+            if "step" in a and a["step"] != self.steps + 1:
+                raise Refuse("bad_args", f"step {a['step']}: the next step is {self.steps + 1}")
             self.steps += 1
             counts = {"loads": self.loads} if self.saves is None else {"loads": self.loads, "saves": self.saves}
-            meta = msgpack.packb({"step": self.steps, **counts}, use_bin_type=True)
+            head = {"engine": 7} if self.client_steps else {}
+            meta = msgpack.packb({**head, "step": self.steps, **counts}, use_bin_type=True)
+            if "step" in a:
+                told = a.get("answered") or {}
+                meta = msgpack.packb({**head, "step": self.steps, "loads": told.get("loads"),
+                                      "saves": told.get("saves")}, use_bin_type=True)
+                if (told.get("loads"), told.get("saves")) != (self.loads, self.saves):
+                    raise Refuse("bad_args", f"the client answered {told}, the node's are loads {self.loads}, "
+                                             f"saves {self.saves}")
             self.metadata.add(meta)
             return {"metadata": meta, "op_errors": state.pop("op_errors", [])}
         if op == "request_finished":

@@ -162,6 +162,9 @@ def test_kv_moves_tp2_to_tp1_every_byte_verified_and_tokens_match_the_baseline(c
     p_local, d_local = settle(pair.p)["local_answers"], settle(pair.d)["local_answers"]
     assert p_local.get("request_finished", 0) >= 5 and p_local.get("get_num_new_matched_tokens", 0) >= 6, p_local
     assert d_local.get("get_num_new_matched_tokens", 0) >= 6, d_local
+    # Steps built ahead (the client named the step and made the handle; the node, which checks
+    # each step's counts, refused none): all but each connection's first, where counts are known.
+    assert p_local.get("build_connector_meta", 0) >= 6 and d_local.get("build_connector_meta", 0) >= 6, (p_local, d_local)
 
 
 def test_a_prefix_d_already_holds_is_not_transferred_again(cluster, pair, mode):

@@ -988,3 +988,111 @@ def test_a_prefill_engines_worker_asks_ahead_unless_told_not_to(tmp_path, role, 
     assert worker_client(node.path, engine={"role": role}, finished_ahead=False).finished_ahead is False
     assert PortClient(node.path, "scheduler", engine={"role": role}).finished_ahead is False
     node.close()
+
+
+# -- steps built ahead (build_ahead) --
+
+P_PARAMS = {"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d0"}
+
+
+def ahead_scheduler(node: FakeNode, **kw) -> PortClient:
+    node.client_steps = True
+    c = PortClient(node.path, "scheduler", engine={"role": "prefill", "mode": "write"}, **kw)
+    c.hello()
+    return c
+
+
+def test_a_step_is_built_ahead_once_the_node_named_one_and_its_reply_is_read_at_the_next_call(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = ahead_scheduler(node)
+    first = c.build_connector_meta([], [])  # asked: the node's handle names the engine and the step
+    assert msgpack.unpackb(first) == {"engine": 7, "step": 1, "loads": 0, "saves": 0}
+    second = c.build_connector_meta([], [])
+    assert msgpack.unpackb(second) == {"engine": 7, "step": 2, "loads": 0, "saves": 0}
+    assert c.local_answer_counts.get("build_connector_meta") == 1
+    assert [a.get("step") for a in node.await_calls("build_connector_meta", 2)] == [None, 2]
+    assert c._build_in_flight is not None  # its reply is read by the next call
+    assert c.ping() == {"node": "fake"}
+    assert c._build_in_flight is None and c._build_early is not None
+    w = worker_client(node.path)
+    w.hello()
+    w.bind_connector_metadata(second)  # the node knows the client's handle as its own
+    assert w.get_finished()["op_errors"] == []
+    node.close()
+
+
+def test_a_chunked_prefills_save_is_counted_in_the_step_of_its_last_chunk(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = ahead_scheduler(node)
+    c.build_connector_meta([], [])
+    assert c.get_num_new_matched_tokens("a", 40, P_PARAMS, 0) == (0, False)
+    c.update_state_after_alloc("a", [1, 2], 0)
+    meta = c.build_connector_meta([{"request_id": "a", "block_ids": [1, 2], "num_computed_tokens": 32}], [])
+    assert msgpack.unpackb(meta)["saves"] == 0
+    c.ping()
+    node.saves = 1
+    meta = c.build_connector_meta([], [{"request_id": "a", "new_block_ids": [3], "num_computed_tokens": 40}])
+    assert msgpack.unpackb(meta)["saves"] == 1
+    c.ping()  # the node has read the build sent ahead (it answers in order)
+    node.saves = 0
+    c.build_connector_meta([], [])
+    assert c.local_answer_counts.get("build_connector_meta") == 3 and c.build_ahead_off is None
+    assert [a.get("answered") for a in node.await_calls("build_connector_meta", 4)][1:] == [
+        {"loads": 0, "saves": 0}, {"loads": 0, "saves": 1}, {"loads": 0, "saves": 0}]
+    node.close()
+
+
+def test_a_refused_ahead_build_comes_back_as_an_op_error_and_the_client_asks_from_then_on(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = ahead_scheduler(node)
+    c.build_connector_meta([], [])
+    node.saves = 1  # the node saves where this client's mirror of its rules says nothing is saved
+    c.build_connector_meta([], [])
+    assert c.ping() == {"node": "fake"}  # reads the refusal and keeps it for the next build
+    node.saves = 0
+    with pytest.raises(BadArgs, match="the client answered") as e:
+        c.build_connector_meta([], [])
+    assert e.value.op == "build_connector_meta" and e.value.metadata  # this step's handle, asked
+    assert c.build_ahead_off is not None and "the client answered" in c.build_ahead_off
+    c.build_connector_meta([], [])
+    assert [a.get("step") for a in node.await_calls("build_connector_meta", 4)] == [None, 2, None, None]
+    node.close()
+
+
+def test_steps_are_asked_where_the_client_cannot_know_the_counts(tmp_path):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = ahead_scheduler(node)
+    c.build_connector_meta([], [])
+    odd = {**P_PARAMS, "something_else": 1}  # params only the node can judge
+    c.get_num_new_matched_tokens("u", 40, odd, 0)
+    c.update_state_after_alloc("u", [1], 0)
+    c.build_connector_meta([{"request_id": "u", "block_ids": [1], "num_computed_tokens": 40}], [])
+    c.get_num_new_matched_tokens("a", 40, P_PARAMS, 0)
+    c.update_state_after_alloc("a", [2], 0)
+    c.build_connector_meta([{"request_id": "a", "block_ids": [2]}], [])  # no num_computed_tokens
+    c.build_connector_meta([], [{"request_id": "a", "num_computed_tokens": 40}])  # "a"'s place unknown
+    assert [a.get("step") for a in node.await_calls("build_connector_meta", 4)] == [None, None, None, None]
+    c.request_finished("a", [2], "stopped")
+    c.build_connector_meta([], [])
+    assert node.await_calls("build_connector_meta", 5)[-1].get("step") == 5
+    node.close()
+
+
+def test_build_ahead_is_off_without_the_nodes_offer_or_when_turned_off(tmp_path, monkeypatch):
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = PortClient(node.path, "scheduler", engine={"role": "prefill", "mode": "write"})
+    c.hello()
+    for _ in range(3):
+        c.build_connector_meta([], [])
+    assert c.local_answer_counts.get("build_connector_meta") is None  # a node that does not offer it
+    node.close()
+    node = FakeNode(str(tmp_path / "m.sock"))
+    monkeypatch.setenv("KVFERRY_PORT_BUILD_AHEAD", "0")
+    c = ahead_scheduler(node)
+    for _ in range(3):
+        c.build_connector_meta([], [])
+    assert c.local_answer_counts.get("build_connector_meta") is None
+    monkeypatch.setenv("KVFERRY_PORT_BUILD_AHEAD", "yes")
+    with pytest.raises(ValueError, match="KVFERRY_PORT_BUILD_AHEAD"):
+        PortClient(node.path, "scheduler")
+    node.close()

@@ -42,6 +42,8 @@ final class PortEngine {
   private static final Logger log = LoggerFactory.getLogger(PortEngine.class);
   /** Steps whose metadata a late worker can still bind. */
   static final int KEPT_STEPS = 1024;
+  /** How long a worker's bind waits for a step its scheduler named but the node has not built. */
+  static final Duration BIND_WAIT = Duration.ofSeconds(5);
   /** Exported load events per layer of a worker (LoadEventRing). */
   static final int LOAD_EVENTS_PER_LAYER = 2;
 
@@ -81,6 +83,19 @@ final class PortEngine {
         }
       };
   private long nextStep;
+  /**
+   * Steps a client named itself in build_connector_meta and the node refused, with why: a worker
+   * binding one fails at once with the reason instead of waiting for a step that never comes.
+   */
+  private final Map<Long, String> refusedSteps =
+      new LinkedHashMap<>(16, 0.75f, false) {
+        private static final long serialVersionUID = 1L;
+
+        @Override
+        protected boolean removeEldestEntry(Map.Entry<Long, String> eldest) {
+          return size() > KEPT_STEPS;
+        }
+      };
 
   PortEngine(PortHost host, EnginePortServer server, int incarnation, TransferMode mode) {
     this.host = host;
@@ -342,8 +357,25 @@ final class PortEngine {
 
   /** Keeps this step's metadata for the workers; returns the opaque bytes that name it. */
   synchronized byte[] putStep(ConnectorMetadata metadata) {
-    long step = nextStep++;
+    return putStep(nextStep, metadata);
+  }
+
+  /** The number the next step's metadata gets: a client that names its step must name this. */
+  synchronized long nextStep() {
+    return nextStep;
+  }
+
+  /**
+   * Keeps the metadata of {@code step}, which must be {@link #nextStep()} (a client named it in
+   * build_connector_meta, or the node numbers it), and wakes workers waiting to bind it.
+   */
+  synchronized byte[] putStep(long step, ConnectorMetadata metadata) {
+    if (step != nextStep) {
+      throw new IllegalStateException("step " + step + " is not the next step " + nextStep);
+    }
+    nextStep = step + 1;
     steps.put(step, metadata);
+    notifyAll();
     try {
       // "loads" lets a worker's client skip start_load_kv's round trip when nothing loads;
       // "saves" lets it skip the step's save_kv_layer and wait_for_save frames when nothing is
@@ -355,6 +387,24 @@ final class PortEngine {
     }
   }
 
+  /**
+   * A step a client named was refused (a wrong number, or its build failed): workers binding it
+   * fail with {@code why}, and the number is never given to another step.
+   */
+  synchronized void refuseStep(long step, String why) {
+    refusedSteps.put(step, why);
+    if (step >= nextStep) {
+      nextStep = step + 1;
+    }
+    notifyAll();
+  }
+
+  /**
+   * The metadata a handle names. A client that names its steps sends build_connector_meta without
+   * waiting for the reply, and its engine hands the handle to the workers at once: a worker's
+   * bind may then arrive before the scheduler's build was read, so a step not built yet is waited
+   * for, up to {@link #BIND_WAIT}.
+   */
   synchronized ConnectorMetadata step(byte[] handle) throws PortException {
     Map<String, Object> m;
     try {
@@ -369,10 +419,40 @@ final class PortEngine {
       throw new PortException(PortError.UNKNOWN_METADATA,
           "metadata of an earlier attachment of engine " + engineId);
     }
+    long deadline = System.nanoTime() + BIND_WAIT.toNanos();
+    while (s >= nextStep) {
+      checkOpen();
+      long left = deadline - System.nanoTime();
+      if (left <= 0) {
+        throw new PortException(PortError.UNKNOWN_METADATA, "step " + s + " of engine " + engineId
+            + " was not built within " + BIND_WAIT.toMillis() + " ms of its bind (the last step"
+            + " built is " + (nextStep - 1) + ")");
+      }
+      try {
+        TimeUnit.NANOSECONDS.timedWait(this, left);
+      } catch (InterruptedException ex) {
+        Thread.currentThread().interrupt();
+        throw new PortException(PortError.NODE_STOPPING, "interrupted");
+      }
+    }
     ConnectorMetadata meta = steps.get(s);
     if (meta == null) {
+      String refused = refusedSteps.get(s);
+      if (refused != null) {
+        throw new PortException(PortError.UNKNOWN_METADATA, "step " + s + " of engine " + engineId
+            + " was refused: " + refused);
+      }
       throw new PortException(PortError.UNKNOWN_METADATA, "step " + s + " of engine " + engineId
           + " is unknown or older than the last " + KEPT_STEPS + " steps");
+    }
+    // The worker's client skips load waits and save frames by the handle's counts: a handle whose
+    // counts are not the step's binds nothing rather than run a step the engine does not follow.
+    if (!(m.get("loads") instanceof Long loads) || !(m.get("saves") instanceof Long saves)
+        || loads != meta.reqsToRecv().size() || saves != meta.reqsToSave().size()) {
+      throw new PortException(PortError.UNKNOWN_METADATA, "step " + s + " of engine " + engineId
+          + ": the handle's counts (loads " + m.get("loads") + ", saves " + m.get("saves")
+          + ") are not the step's (" + meta.reqsToRecv().size() + ", "
+          + meta.reqsToSave().size() + ")");
     }
     return meta;
   }

@@ -289,6 +289,12 @@ final class PortSession implements Runnable {
     r.put("dp_rank", server.host().dpRank());
     r.put("tp_size", e.tpSize());
     r.put("transport", server.host().transportName());
+    if (s == Side.SCHEDULER) {
+      // What a client needs to name its steps itself (build_connector_meta's step): the counts
+      // its handles carry follow from these.
+      r.put("client_steps", true);
+      r.put("reads_at_admission", server.host().connector().readsAtAdmission());
+    }
     if (loadEventHandles != null) {
       // Asked for: the ring (empty where loads are not GPU-ordered: host memory, another
       // transport, not D in READ mode), so the client knows which wait it gets.
@@ -430,8 +436,41 @@ final class PortSession implements Runnable {
     return Map.of();
   }
 
+  /**
+   * build_connector_meta. A client may name the step itself ({@code step}, which must be the next
+   * one) with the counts its handle carries ({@code answered}: {@code loads}, {@code saves}), and
+   * hand its own handle to the workers without waiting for this reply (docs/engine-port.md). The
+   * node then builds that step; counts other than its own are refused, the step kept as the node
+   * built it. A named step whose build fails is refused for the workers' binds too.
+   */
   private Object buildMeta(PortArgs a) throws PortException {
+    if (!a.has("step")) {
+      return buildMeta(a, null);
+    }
+    long step = a.integer("step", 0, Long.MAX_VALUE);
+    PortEngine e = requireSide(Side.SCHEDULER);
+    try {
+      long next = e.nextStep();
+      if (step != next) {
+        throw PortException.badArgs("build_connector_meta named step " + step + ", but the next"
+            + " step of engine " + e.engineId() + " is " + next);
+      }
+      return buildMeta(a, step);
+    } catch (PortException ex) {
+      if (e.nextStep() <= step) { // not built: workers binding it must not wait for it
+        e.refuseStep(step, String.valueOf(ex.getMessage()));
+      }
+      throw ex;
+    }
+  }
+
+  private Object buildMeta(PortArgs a, @Nullable Long named) throws PortException {
     ConnectorScheduler s = scheduler();
+    PortArgs told = named == null ? null : answered(a);
+    if (named != null && told == null) {
+      throw PortException.badArgs("build_connector_meta named step " + named + " without the"
+          + " counts its handle carries (args.answered: loads, saves)");
+    }
     List<SchedulerOutput.NewRequest> fresh = new ArrayList<>();
     for (PortArgs r : a.mapList("scheduled_new_reqs")) {
       fresh.add(new SchedulerOutput.NewRequest(r.string("request_id"),
@@ -442,9 +481,21 @@ final class PortSession implements Runnable {
       cached.add(new SchedulerOutput.CachedRequest(r.string("request_id"),
           r.intList("new_block_ids", true), r.optionalInt("num_computed_tokens", 0, -1)));
     }
+    long toldLoads = told == null ? 0 : told.integer("loads", 0, Integer.MAX_VALUE);
+    long toldSaves = told == null ? 0 : told.integer("saves", 0, Integer.MAX_VALUE);
     ConnectorMetadata meta = s.buildConnectorMeta(new SchedulerOutput(fresh, cached));
+    PortEngine e = requireSide(Side.SCHEDULER);
     Map<String, Object> out = new LinkedHashMap<>();
-    out.put("metadata", requireSide(Side.SCHEDULER).putStep(meta));
+    out.put("metadata", named == null ? e.putStep(meta) : e.putStep(named, meta));
+    if (told != null && (toldLoads != meta.reqsToRecv().size()
+        || toldSaves != meta.reqsToSave().size())) {
+      // The workers act on the client's counts (whether to wait for loads, send saves): say so
+      // now. The op errors held for this reply stay for the next one.
+      throw PortException.badArgs("build_connector_meta of step " + named + ": the client"
+          + " answered loads " + toldLoads + ", saves " + toldSaves + "; the node's are "
+          + meta.reqsToRecv().size() + " and " + meta.reqsToSave().size()
+          + " (the step is kept as the node built it)");
+    }
     // One-way scheduler ops (update_state_after_alloc sent without an id) report here.
     out.put("op_errors", drainOpErrors());
     return out;

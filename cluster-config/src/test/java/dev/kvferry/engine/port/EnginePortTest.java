@@ -508,6 +508,94 @@ class EnginePortTest {
     assertNull(again.get("kv_transfer_params"));
   }
 
+  /**
+   * A client may name its step in build_connector_meta and hand its own handle to the workers
+   * before the node read the build: a bind that comes first waits for the step; counts other than
+   * the node's are refused (and a handle carrying them binds nothing); a wrong step number is
+   * refused and its binds fail at once rather than wait.
+   */
+  @Test
+  void aStepTheClientNamesIsBoundWhicheverFrameComesFirst() throws Exception {
+    int port = FreePorts.next();
+    Path socket = dir.resolve("p.sock");
+    node("prefill", "p0", "write", socket, port, port);
+    PortTestClient pw = worker(socket, kvFile(), "write");
+    PortTestClient ps = client(socket);
+    Map<String, Object> hello = ps.ok("hello",
+        Map.of("version", 1, "side", "scheduler", "engine", Map.of("mode", "write")));
+    assertEquals(true, hello.get("client_steps"), hello.toString());
+    assertEquals(true, hello.get("reads_at_admission"), hello.toString());
+    ps.ok("get_num_new_matched_tokens", Map.of("request_id", "a", "num_prompt_tokens", 40,
+        "num_computed_tokens", 0, "kv_transfer_params", Map.of("do_remote_decode", true,
+            "transfer_id", "t-a", "remote_engine_id", "d0")));
+    ps.ok("update_state_after_alloc",
+        Map.of("request_id", "a", "block_ids", List.of(1, 2, 3), "num_external_tokens", 0));
+    // Asked: the node's handle names the engine and the step the client's next ones follow.
+    Map<String, Object> first = PortFrames.decodeMap((byte[]) ps.ok("build_connector_meta",
+        Map.of("scheduled_new_reqs", List.of(Map.of("request_id", "a", "block_ids",
+            List.of(1, 2, 3), "num_computed_tokens", 16)), "scheduled_cached_reqs", List.of()))
+        .get("metadata"));
+    long engine = ((Number) first.get("engine")).longValue();
+    long next = ((Number) first.get("step")).longValue() + 1;
+    assertEquals(0L, ((Number) first.get("saves")).longValue(), "not the last chunk yet");
+
+    // The worker's bind of the next step arrives first; its start_load_kv answers once the
+    // scheduler's build (a chunk that is not the last: nothing saved) was read.
+    pw.oneWay("bind_connector_metadata", Map.of("metadata", handle(engine, next, 0, 0)));
+    java.util.concurrent.CompletableFuture<Map<String, Object>> started =
+        java.util.concurrent.CompletableFuture.supplyAsync(() -> {
+          try {
+            return pw.ok("start_load_kv", Map.of());
+          } catch (IOException | PortException e) {
+            throw new IllegalStateException(e);
+          }
+        });
+    Thread.sleep(100); // not needed for the outcome; makes the bind the one that waits
+    Map<String, Object> built = ps.ok("build_connector_meta", Map.of("step", next,
+        "answered", Map.of("loads", 0, "saves", 0), "scheduled_new_reqs", List.of(),
+        "scheduled_cached_reqs", List.of(Map.of("request_id", "a", "num_computed_tokens", 32))));
+    assertEquals(List.of(), built.get("op_errors"));
+    assertEquals(0L, ((Number) started.get(30, java.util.concurrent.TimeUnit.SECONDS)
+        .get("loads")).longValue());
+    assertEquals(List.of(), pw.ok("get_finished", Map.of()).get("op_errors"));
+
+    // The last chunk saves: a client that answered no saves is refused, and the worker that
+    // binds its handle binds nothing and hears why.
+    Map<String, Object> wrong = ps.call("build_connector_meta", Map.of("step", next + 1,
+        "answered", Map.of("loads", 0, "saves", 0), "scheduled_new_reqs", List.of(),
+        "scheduled_cached_reqs", List.of(Map.of("request_id", "a", "num_computed_tokens", 40))));
+    assertEquals("bad_args", PortTestClient.errorCode(wrong), wrong.toString());
+    assertTrue(wrong.toString().contains("saves 0; the node's are 0 and 1"), wrong.toString());
+    pw.oneWay("bind_connector_metadata", Map.of("metadata", handle(engine, next + 1, 0, 0)));
+    assertEquals(0L, ((Number) pw.ok("start_load_kv", Map.of()).get("loads")).longValue());
+    List<?> bindErrors = (List<?>) pw.ok("get_finished", Map.of()).get("op_errors");
+    assertEquals(1, bindErrors.size(), bindErrors.toString());
+    assertTrue(bindErrors.toString().contains("the handle's counts (loads 0, saves 0) are not the"
+        + " step's (0, 1)"), bindErrors.toString());
+
+    // A step number out of line is refused; binding it fails at once with the reason, and the
+    // number is never given to another step.
+    long skipped = next + 5;
+    Map<String, Object> outOfLine = ps.call("build_connector_meta", Map.of("step", skipped,
+        "answered", Map.of("loads", 0, "saves", 0), "scheduled_new_reqs", List.of(),
+        "scheduled_cached_reqs", List.of()));
+    assertEquals("bad_args", PortTestClient.errorCode(outOfLine), outOfLine.toString());
+    assertTrue(outOfLine.toString().contains("the next step of engine"), outOfLine.toString());
+    pw.oneWay("bind_connector_metadata", Map.of("metadata", handle(engine, skipped, 0, 0)));
+    pw.ok("start_load_kv", Map.of());
+    List<?> refused = (List<?>) pw.ok("get_finished", Map.of()).get("op_errors");
+    assertTrue(refused.toString().contains("was refused"), refused.toString());
+    Map<String, Object> after = PortFrames.decodeMap((byte[]) ps.ok("build_connector_meta",
+        Map.of("scheduled_new_reqs", List.of(), "scheduled_cached_reqs", List.of()))
+        .get("metadata"));
+    assertEquals(skipped + 1, ((Number) after.get("step")).longValue());
+  }
+
+  private static byte[] handle(long engine, long step, int loads, int saves) throws IOException {
+    return PortFrames.encode(Map.of("engine", engine, "step", step, "loads", loads,
+        "saves", saves));
+  }
+
   /** One engine step: metadata from the scheduler, bound and started by the worker. */
   /**
    * One engine step as the Python client takes it: the save frames go only when the metadata's
