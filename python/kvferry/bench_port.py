@@ -16,6 +16,8 @@ prompt (so nothing is saved) and finish `length_capped`, as P's requests do, sen
 whose engine role is `prefill`, sends them (`get_num_new_matched_tokens` one-way, and
 `request_finished` one-way once the node's first answer showed D's params);
 `--matched-round-trip` makes the client ask the node both as round trips (`local_answers` off).
+`build_connector_meta` goes a step ahead where the client knows the step's counts (PortClient
+`build_ahead`); `--build-round-trip` makes it a round trip each step.
 The timed steps follow WARM_UP_S seconds of the same steps.
 `--gap-ms G` also times pings that each follow G ms of sleep, as an engine's calls follow a
 forward pass: both the node's thread and the client's have gone to sleep by then
@@ -62,7 +64,7 @@ def _pings_after_sleep(client: PortClient, gap_ms: float, count: int) -> list[fl
 
 def run(socket_path: str, requests: int, new: int, layers: int, steps: int, round_trips: int,
         send_plain: bool = False, gaps_ms: tuple[float, ...] = (), finished_ahead: bool = True,
-        p_params: bool = False, matched_round_trip: bool = False) -> dict:
+        p_params: bool = False, matched_round_trip: bool = False, build_ahead: bool = True) -> dict:
     geometry = {"layout": "standard", "num_blocks": 64, "block_size": 16, "kv_heads": 1, "head_dim": 8,
                 "dtype_bytes": 2}
     layer_bytes = 2 * 64 * 16 * 1 * 8 * 2
@@ -82,7 +84,7 @@ def run(socket_path: str, requests: int, new: int, layers: int, steps: int, roun
         # get_num_new_matched_tokens and request_finished itself; without it the client asks.
         engine = {"role": "prefill"} if p_params else None
         scheduler = PortClient(socket_path, "scheduler", engine=engine, send_plain=send_plain,
-                               local_answers=not matched_round_trip)
+                               local_answers=not matched_round_trip, build_ahead=build_ahead)
         scheduler.connect()
         try:
             out = _measure(scheduler, worker, requests, new, layers, steps, round_trips, p_params)
@@ -92,6 +94,7 @@ def run(socket_path: str, requests: int, new: int, layers: int, steps: int, roun
                 out[f"ping_after_{gap:g}ms_p90_us"] = round(_percentile(after_gap, 0.9), 1)
             out["client_spin_us"] = round(scheduler.reply_spin_s * 1e6, 1)
             out["finished_ahead"] = finished_ahead
+            out["builds_ahead"] = scheduler.local_answer_counts.get("build_connector_meta", 0)
             if p_params:
                 out["p_params"] = True
                 out["matched_round_trip"] = matched_round_trip
@@ -181,12 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--matched-round-trip", action="store_true",
                    help="with --p-params: get_num_new_matched_tokens and request_finished as round trips "
                         "(the client's local answers off)")
+    p.add_argument("--build-round-trip", action="store_true",
+                   help="build_connector_meta as a round trip in every step (the default builds a step ahead "
+                        "where the client knows its counts: PortClient build_ahead)")
     a = p.parse_args(argv)
     if a.matched_round_trip and not a.p_params:
         p.error("--matched-round-trip needs --p-params")
     print(json.dumps(run(a.socket, a.requests, a.new, a.layers, a.steps, a.round_trips, a.send_plain,
                          tuple(a.gap_ms), finished_ahead=not a.finished_round_trip,
-                         p_params=a.p_params, matched_round_trip=a.matched_round_trip)))
+                         p_params=a.p_params, matched_round_trip=a.matched_round_trip,
+                         build_ahead=not a.build_round_trip)))
     return 0
 
 
