@@ -337,6 +337,14 @@ def _vouched(params: Any) -> str | None:
     return side
 
 
+def _env_switch(name: str) -> bool:
+    """A switch from the environment: "1" (or unset, or empty) on, "0" off, anything else an error."""
+    raw = os.environ.get(name, "") or "1"
+    if raw not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, not {raw!r}")
+    return raw == "1"
+
+
 class PortClient:
     """One connection to a node: the scheduler side or one TP rank's worker.
 
@@ -438,18 +446,8 @@ class PortClient:
         # connection ending ends the engine, and this one with it).
         self._finish_template: dict[str, Any] | None = None
         self.send_plain = send_plain
-        if local_answers is None:
-            raw = os.environ.get("KVFERRY_PORT_LOCAL_ANSWERS", "") or "1"
-            if raw not in ("0", "1"):
-                raise ValueError(f"KVFERRY_PORT_LOCAL_ANSWERS must be 0 or 1, not {raw!r}")
-            local_answers = raw == "1"
-        self.local_answers = local_answers
-        if build_ahead is None:
-            raw = os.environ.get("KVFERRY_PORT_BUILD_AHEAD", "") or "1"
-            if raw not in ("0", "1"):
-                raise ValueError(f"KVFERRY_PORT_BUILD_AHEAD must be 0 or 1, not {raw!r}")
-            build_ahead = raw == "1"
-        self.build_ahead = build_ahead
+        self.local_answers = _env_switch("KVFERRY_PORT_LOCAL_ANSWERS") if local_answers is None else local_answers
+        self.build_ahead = _env_switch("KVFERRY_PORT_BUILD_AHEAD") if build_ahead is None else build_ahead
         # Scheduler, steps built ahead: the last step this connection built (the node's engine
         # incarnation and the step's number, from the node's handle or this client's); the id of
         # a build sent ahead whose reply is not read yet, and that reply once read early.

@@ -73,29 +73,25 @@ final class PortEngine {
   private boolean detaching;
   /** The scheduler's requests by id, from get_num_new_matched_tokens to request_finished. */
   private final Map<String, ConnectorRequest> requests = new HashMap<>();
-  private final Map<Long, ConnectorMetadata> steps =
-      new LinkedHashMap<>(16, 0.75f, false) {
-        private static final long serialVersionUID = 1L;
-
-        @Override
-        protected boolean removeEldestEntry(Map.Entry<Long, ConnectorMetadata> eldest) {
-          return size() > KEPT_STEPS;
-        }
-      };
+  private final Map<Long, ConnectorMetadata> steps = lastSteps();
   private long nextStep;
   /**
    * Steps a client named itself in build_connector_meta and the node refused, with why: a worker
    * binding one fails at once with the reason instead of waiting for a step that never comes.
    */
-  private final Map<Long, String> refusedSteps =
-      new LinkedHashMap<>(16, 0.75f, false) {
-        private static final long serialVersionUID = 1L;
+  private final Map<Long, String> refusedSteps = lastSteps();
 
-        @Override
-        protected boolean removeEldestEntry(Map.Entry<Long, String> eldest) {
-          return size() > KEPT_STEPS;
-        }
-      };
+  /** A map by step number that keeps the last {@link #KEPT_STEPS} entries put. */
+  private static <V> Map<Long, V> lastSteps() {
+    return new LinkedHashMap<>(16, 0.75f, false) {
+      private static final long serialVersionUID = 1L;
+
+      @Override
+      protected boolean removeEldestEntry(Map.Entry<Long, V> eldest) {
+        return size() > KEPT_STEPS;
+      }
+    };
+  }
 
   PortEngine(PortHost host, EnginePortServer server, int incarnation, TransferMode mode) {
     this.host = host;
