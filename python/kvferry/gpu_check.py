@@ -280,8 +280,16 @@ class _EngineState:
         after = self._cache_after_decode(e, b, r["blocks"], b_blocks, len(prompt), steps,
                                          d_tokens == b_tokens)
         if p_kv is not None and kv_range is not None:
-            after["d_kv_still_p"] = bool(torch.equal(
-                e.cache.gather(r["blocks"], *kv_range).view(torch.int16).to(p_kv.device), p_kv))
+            # Only the positions D does not compute itself: in WRITE the range holds the last
+            # prompt token too, whose KV D's first step writes again with its own kernels (the
+            # engine without kvferry does the same; bitwise equal to P's only for some shapes).
+            lo, hi = kv_range
+            kept = min(hi, len(prompt) - 1) - lo
+            if kept > 0:
+                axis = 1 if e.cache.spec.mla else 2
+                after["d_kv_still_p"] = bool(torch.equal(
+                    e.cache.gather(r["blocks"], lo, lo + kept).view(torch.int16).to(p_kv.device),
+                    p_kv.narrow(axis, 0, kept)))
             after["baseline_kv_is_p"] = baseline_kv_is_p
         ctl = None
         t_c0 = t_c1 = time.perf_counter()
