@@ -525,6 +525,7 @@ class PortClient:
         """Connects and says hello (``version``, else 1 if the node refuses it); returns the
         node's hello reply."""
         self._close_socket()
+        self.build_ahead_off = None  # a refusal ends building ahead for its connection only
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.connect_timeout_s)
         try:
