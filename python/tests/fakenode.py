@@ -49,6 +49,7 @@ class FakeNode:
         # Offer client_steps in the scheduler's hello (a node that lets the client name its steps
         # and build them ahead); handles then also name the engine, as a real node's do.
         self.client_steps = False
+        self.mode = "write"  # the mode the hello reply names
         self.reads_at_admission = True
         # Worker hellos that ask for load_events get these handles back (a node on GPU memory).
         self.load_event_handles: list[bytes] = []
@@ -203,7 +204,7 @@ class FakeNode:
             with self.lock:
                 self.hellos.append(a)
             reply = {"version": a["version"], "node": "fake", "engine_id": (a.get("engine") or {}).get("engine_id", "fake-0"),
-                     "role": (a.get("engine") or {}).get("role", "prefill"), "mode": "write", "dp_rank": 0,
+                     "role": (a.get("engine") or {}).get("role", "prefill"), "mode": self.mode, "dp_rank": 0,
                      "tp_size": 1, "transport": "none"}
             if a.get("load_events"):
                 reply["load_events"] = list(self.load_event_handles)

@@ -1096,3 +1096,26 @@ def test_build_ahead_is_off_without_the_nodes_offer_or_when_turned_off(tmp_path,
     with pytest.raises(ValueError, match="KVFERRY_PORT_BUILD_AHEAD"):
         PortClient(node.path, "scheduler")
     node.close()
+
+
+D_PARAMS = {"do_remote_prefill": True, "transfer_id": "t", "remote_engine_id": "p0", "remote_block_ids": [1, 2]}
+
+
+@pytest.mark.parametrize("mode,at_admission,ahead", [("read", True, True), ("write", False, True),
+                                                      ("read", False, False)])
+def test_a_decode_step_that_receives_is_built_ahead_only_where_its_loads_are_known(tmp_path, mode, at_admission,
+                                                                                    ahead):
+    """D's loads are the step's only when READ reads at the step; at admission (the node's default)
+    and in WRITE the step loads nothing, and the client builds it ahead."""
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.client_steps, node.mode, node.reads_at_admission = True, mode, at_admission
+    c = PortClient(node.path, "scheduler", engine={"role": "decode", "mode": mode})
+    c.hello()
+    c.build_connector_meta([], [])
+    c.get_num_new_matched_tokens("r", 40, D_PARAMS, 0)
+    c.update_state_after_alloc("r", [5, 6, 7], 39 if mode == "read" else 40)
+    c.build_connector_meta([{"request_id": "r", "block_ids": [5, 6, 7], "num_computed_tokens": 40}], [])
+    c.build_connector_meta([], [])  # nothing allocated since: loads nothing either way
+    steps = [a.get("step") for a in node.await_calls("build_connector_meta", 3)]
+    assert steps == ([None, 2, 3] if ahead else [None, None, 3]), steps
+    node.close()

@@ -589,6 +589,13 @@ class EnginePortTest {
         Map.of("scheduled_new_reqs", List.of(), "scheduled_cached_reqs", List.of()))
         .get("metadata"));
     assertEquals(skipped + 1, ((Number) after.get("step")).longValue());
+
+    // A step no build names: the bind waits out PortEngine.BIND_WAIT, then binds nothing and
+    // says so; the worker's connection serves on.
+    pw.oneWay("bind_connector_metadata", Map.of("metadata", handle(engine, skipped + 50, 0, 0)));
+    pw.ok("start_load_kv", Map.of());
+    List<?> never = (List<?>) pw.ok("get_finished", Map.of()).get("op_errors");
+    assertTrue(never.toString().contains("was not built within"), never.toString());
   }
 
   private static byte[] handle(long engine, long step, int loads, int saves) throws IOException {
