@@ -447,7 +447,7 @@ final class PortSession implements Runnable {
     if (!a.has("step")) {
       return buildMeta(a, null);
     }
-    long step = a.integer("step", 0, Long.MAX_VALUE);
+    long step = a.integer("step", 0, Long.MAX_VALUE - 1); // its successor must be a step too
     PortEngine e = requireSide(Side.SCHEDULER);
     try {
       long next = e.nextStep();
