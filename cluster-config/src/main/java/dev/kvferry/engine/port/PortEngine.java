@@ -431,13 +431,15 @@ final class PortEngine {
         throw new PortException(PortError.NODE_STOPPING, "interrupted");
       }
     }
+    // A refusal goes first: a client out of line may have named an older step's number, and its
+    // handle must not bind that step's metadata (its saves would run again).
+    String refused = refusedSteps.get(s);
+    if (refused != null) {
+      throw new PortException(PortError.UNKNOWN_METADATA, "step " + s + " of engine " + engineId
+          + " was refused: " + refused);
+    }
     ConnectorMetadata meta = steps.get(s);
     if (meta == null) {
-      String refused = refusedSteps.get(s);
-      if (refused != null) {
-        throw new PortException(PortError.UNKNOWN_METADATA, "step " + s + " of engine " + engineId
-            + " was refused: " + refused);
-      }
       throw new PortException(PortError.UNKNOWN_METADATA, "step " + s + " of engine " + engineId
           + " is unknown or older than the last " + KEPT_STEPS + " steps");
     }

@@ -449,12 +449,15 @@ final class PortSession implements Runnable {
     }
     long step = a.integer("step", 0, Long.MAX_VALUE - 1); // its successor must be a step too
     PortEngine e = requireSide(Side.SCHEDULER);
+    long next = e.nextStep();
+    if (step != next) {
+      // Out of line (a client's bug): whatever its handle names, workers must not bind it.
+      PortException wrong = PortException.badArgs("build_connector_meta named step " + step
+          + ", but the next step of engine " + e.engineId() + " is " + next);
+      e.refuseStep(step, String.valueOf(wrong.getMessage()));
+      throw wrong;
+    }
     try {
-      long next = e.nextStep();
-      if (step != next) {
-        throw PortException.badArgs("build_connector_meta named step " + step + ", but the next"
-            + " step of engine " + e.engineId() + " is " + next);
-      }
       return buildMeta(a, step);
     } catch (PortException ex) {
       if (e.nextStep() <= step) { // not built: workers binding it must not wait for it

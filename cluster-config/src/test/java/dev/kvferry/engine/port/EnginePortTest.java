@@ -589,6 +589,16 @@ class EnginePortTest {
         Map.of("scheduled_new_reqs", List.of(), "scheduled_cached_reqs", List.of()))
         .get("metadata"));
     assertEquals(skipped + 1, ((Number) after.get("step")).longValue());
+    // An older number named again is refused too, and its handle does not bind the step built
+    // under that number before.
+    Map<String, Object> older = ps.call("build_connector_meta", Map.of("step", next,
+        "answered", Map.of("loads", 0, "saves", 0), "scheduled_new_reqs", List.of(),
+        "scheduled_cached_reqs", List.of()));
+    assertEquals("bad_args", PortTestClient.errorCode(older), older.toString());
+    pw.oneWay("bind_connector_metadata", Map.of("metadata", handle(engine, next, 0, 0)));
+    pw.ok("start_load_kv", Map.of());
+    List<?> stale = (List<?>) pw.ok("get_finished", Map.of()).get("op_errors");
+    assertTrue(stale.toString().contains("was refused"), stale.toString());
 
     // A step no build names: the bind waits out PortEngine.BIND_WAIT, then binds nothing and
     // says so; the worker's connection serves on.
