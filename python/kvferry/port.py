@@ -345,6 +345,35 @@ def _env_switch(name: str) -> bool:
     return raw == "1"
 
 
+class _ReplyLater:
+    """A request sent ahead whose reply is read later: its id while the reply is on the wire, then
+    the reply once read (another call's reply comes after it on the connection, so that call reads
+    it first and keeps it here)."""
+
+    __slots__ = ("op", "request_id", "reply")
+
+    def __init__(self, op: str):
+        self.op = op
+        self.request_id: int | None = None
+        self.reply: tuple[int, dict[str, Any]] | None = None
+
+    def read(self, client: "PortClient") -> None:
+        """Reads the reply off the connection if it is still there, and keeps it."""
+        if self.request_id is not None:
+            request_id, self.request_id = self.request_id, None
+            self.reply = (request_id, client._read_reply(self.op))
+
+    def take(self, client: "PortClient") -> tuple[int, dict[str, Any]] | None:
+        """The reply (read now if need be), or None when nothing was sent ahead; forgets it."""
+        self.read(client)
+        reply, self.reply = self.reply, None
+        return reply
+
+    def clear(self) -> None:
+        self.request_id = None
+        self.reply = None
+
+
 class PortClient:
     """One connection to a node: the scheduler side or one TP rank's worker.
 
@@ -452,8 +481,7 @@ class PortClient:
         # incarnation and the step's number, from the node's handle or this client's); the id of
         # a build sent ahead whose reply is not read yet, and that reply once read early.
         self._last_step: tuple[int, int] | None = None
-        self._build_in_flight: int | None = None
-        self._build_early: tuple[int, dict[str, Any]] | None = None
+        self._build_later = _ReplyLater("build_connector_meta")
         # Why this connection stopped building ahead (an ahead build was refused), if it did.
         self.build_ahead_off: str | None = None
         # What the node's build_connector_meta does with each request, mirrored to know a step's
@@ -497,10 +525,8 @@ class PortClient:
         if finished_ahead is None:
             finished_ahead = side == "worker" and self.engine.get("role") == "prefill"
         self.finished_ahead = finished_ahead
-        # The id of the get_finished asked ahead and not read yet, and its reply once read early
-        # (another call's reply comes after it on the connection).
-        self._finished_in_flight: int | None = None
-        self._finished_early: tuple[int, dict[str, Any]] | None = None
+        # The get_finished asked ahead, its reply read at the next step's.
+        self._finished_later = _ReplyLater("get_finished")
         # Scheduler: one-way ops of requests kvferry does not move, held as [op, args] until the
         # connection's next send (at the latest the step's build_connector_meta), then sent as one
         # batch frame (version 1: a frame each, written together): one system call, one wake-up
@@ -593,8 +619,7 @@ class PortClient:
         self._layer_replies.clear()
         # A get_finished asked ahead on a lost connection is lost with it: the node answers what
         # it still holds to the next connection's asks.
-        self._finished_in_flight = None
-        self._finished_early = None
+        self._finished_later.clear()
         # Held ops belong to this connection: a reconnected one starts with its hello.
         self._held.clear()
         # What this client knew of the node's requests: a node that comes back knows none of them.
@@ -602,8 +627,7 @@ class PortClient:
         self._sending.clear()
         self._finish_template = None
         self._last_step = None
-        self._build_in_flight = None
-        self._build_early = None
+        self._build_later.clear()
         self._kv_kinds.clear()
         self._alloc_since_build.clear()
         self._pending_save.clear()
@@ -762,25 +786,19 @@ class PortClient:
 
     def _read_replies_due(self) -> None:
         """Reads the replies to requests sent ahead (pipelined layer waits, a get_finished asked
-        ahead) and keeps them: they come before any later request's reply on the connection."""
+        ahead, a build sent ahead) and keeps them: they come before any later request's reply on
+        the connection."""
         self._drain_layer_waits()
-        self._read_finished_ahead()
-        self._read_build_ahead()
+        self._finished_later.read(self)
+        self._build_later.read(self)
 
     # -- get_finished asked ahead --
-
-    def _read_finished_ahead(self) -> None:
-        """Reads the reply to the get_finished asked ahead, if one is out, and keeps it."""
-        request_id = self._finished_in_flight
-        if request_id is not None:
-            self._finished_in_flight = None
-            self._finished_early = (request_id, self._read_reply("get_finished"))
 
     def _finished_ahead(self, args: dict[str, Any] | None) -> dict[str, Any]:
         """The last ask's answer (empty sets the first time); this step's ask goes out now."""
         self._read_replies_due()
-        early, self._finished_early = self._finished_early, None
-        self._finished_in_flight = self._send_request("get_finished", args)
+        early = self._finished_later.take(self)
+        self._finished_later.request_id = self._send_request("get_finished", args)
         if early is None:
             return {}
         return self._answer("get_finished", early[0], early[1])
@@ -1002,15 +1020,13 @@ class PortClient:
             loads, saves = counts
             began = time.perf_counter()
             try:
-                self._read_replies_due()
-                self._build_in_flight = self._send_request(
+                self._build_later.request_id = self._send_request(
                     "build_connector_meta", {**args, "step": step, "answered": {"loads": loads, "saves": saves}})
             finally:
                 self._timed("build_connector_meta", began)
             self._last_step = (engine, step)
             self._count_local("build_connector_meta")
-            metadata = msgpack.packb({"engine": engine, "step": step, "loads": loads, "saves": saves},
-                                     use_bin_type=True)
+            metadata = self._packer.pack({"engine": engine, "step": step, "loads": loads, "saves": saves})
         else:
             ok = self._call("build_connector_meta", args)
             metadata = bytes(ok["metadata"])
@@ -1043,18 +1059,10 @@ class PortClient:
         else:
             self._last_step = None
 
-    def _read_build_ahead(self) -> None:
-        """Reads the reply to the build sent ahead, if one is out, and keeps it."""
-        request_id = self._build_in_flight
-        if request_id is not None:
-            self._build_in_flight = None
-            self._build_early = (request_id, self._read_reply("build_connector_meta"))
-
     def _settle_build_ahead(self) -> list[dict[str, Any]]:
         """The op errors the last build sent ahead brought back; a refusal of that build itself
         comes as one of them, and this connection asks for its steps from then on."""
-        self._read_build_ahead()
-        early, self._build_early = self._build_early, None
+        early = self._build_later.take(self)
         if early is None:
             return []
         try:
@@ -1093,7 +1101,8 @@ class PortClient:
                 elif computed >= prompt:
                     saves += 1
                     del self._pending_save[rid]
-        computed_after = {r["request_id"]: r.get("num_computed_tokens") for r in new_reqs}
+        computed_after = ({r["request_id"]: r.get("num_computed_tokens") for r in new_reqs}
+                          if self._alloc_since_build else {})
         for rid in self._alloc_since_build:
             kind, prompt = self._kv_kinds.get(rid, ("unsure", 0))
             if kind == "prefill":

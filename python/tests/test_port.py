@@ -1011,9 +1011,9 @@ def test_a_step_is_built_ahead_once_the_node_named_one_and_its_reply_is_read_at_
     assert msgpack.unpackb(second) == {"engine": 7, "step": 2, "loads": 0, "saves": 0}
     assert c.local_answer_counts.get("build_connector_meta") == 1
     assert [a.get("step") for a in node.await_calls("build_connector_meta", 2)] == [None, 2]
-    assert c._build_in_flight is not None  # its reply is read by the next call
+    assert c._build_later.request_id is not None  # its reply is read by the next call
     assert c.ping() == {"node": "fake"}
-    assert c._build_in_flight is None and c._build_early is not None
+    assert c._build_later.request_id is None and c._build_later.reply is not None
     w = worker_client(node.path)
     w.hello()
     w.bind_connector_metadata(second)  # the node knows the client's handle as its own

@@ -23,8 +23,11 @@ import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Objects;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
+import java.util.function.BooleanSupplier;
+import java.util.function.Supplier;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.jspecify.annotations.Nullable;
 import org.slf4j.Logger;
@@ -327,13 +330,26 @@ final class PortEngine {
 
   /** The scheduler once every TP rank's worker said hello, waiting up to {@code timeout}. */
   synchronized ConnectorScheduler awaitScheduler(Duration timeout) throws PortException {
+    awaitWhile(() -> scheduler == null, timeout, () -> new PortException(PortError.WORKERS_MISSING,
+        "engine " + engineId + ": " + workers().size() + " of " + tpSize
+            + " TP workers said hello within " + timeout));
+    checkOpen();
+    return Objects.requireNonNull(scheduler);
+  }
+
+  /**
+   * Waits on this engine's monitor (the caller holds it) while {@code waiting} holds, up to
+   * {@code timeout}; throws {@code late}'s exception then, and NODE_STOPPING once the engine
+   * detaches.
+   */
+  private void awaitWhile(BooleanSupplier waiting, Duration timeout, Supplier<PortException> late)
+      throws PortException {
     long deadline = System.nanoTime() + timeout.toNanos();
-    while (scheduler == null) {
+    while (waiting.getAsBoolean()) {
       checkOpen();
       long left = deadline - System.nanoTime();
       if (left <= 0) {
-        throw new PortException(PortError.WORKERS_MISSING, "engine " + engineId + ": "
-            + workers().size() + " of " + tpSize + " TP workers said hello within " + timeout);
+        throw late.get();
       }
       try {
         TimeUnit.NANOSECONDS.timedWait(this, left);
@@ -342,8 +358,6 @@ final class PortEngine {
         throw new PortException(PortError.NODE_STOPPING, "interrupted");
       }
     }
-    checkOpen();
-    return scheduler;
   }
 
   /** Scheduler connection only: its thread alone touches the request map. */
@@ -415,22 +429,10 @@ final class PortEngine {
       throw new PortException(PortError.UNKNOWN_METADATA,
           "metadata of an earlier attachment of engine " + engineId);
     }
-    long deadline = System.nanoTime() + BIND_WAIT.toNanos();
-    while (s >= nextStep) {
-      checkOpen();
-      long left = deadline - System.nanoTime();
-      if (left <= 0) {
-        throw new PortException(PortError.UNKNOWN_METADATA, "step " + s + " of engine " + engineId
-            + " was not built within " + BIND_WAIT.toMillis() + " ms of its bind (the last step"
-            + " built is " + (nextStep - 1) + ")");
-      }
-      try {
-        TimeUnit.NANOSECONDS.timedWait(this, left);
-      } catch (InterruptedException ex) {
-        Thread.currentThread().interrupt();
-        throw new PortException(PortError.NODE_STOPPING, "interrupted");
-      }
-    }
+    awaitWhile(() -> s >= nextStep, BIND_WAIT, () -> new PortException(
+        PortError.UNKNOWN_METADATA, "step " + s + " of engine " + engineId + " was not built within "
+            + BIND_WAIT.toMillis() + " ms of its bind (the last step built is " + (nextStep - 1)
+            + ")"));
     // A refusal goes first: a client out of line may have named an older step's number, and its
     // handle must not bind that step's metadata (its saves would run again).
     String refused = refusedSteps.get(s);

@@ -518,7 +518,7 @@ class EnginePortTest {
   void aStepTheClientNamesIsBoundWhicheverFrameComesFirst() throws Exception {
     int port = FreePorts.next();
     Path socket = dir.resolve("p.sock");
-    node("prefill", "p0", "write", socket, port, port);
+    EngineNode n = node("prefill", "p0", "write", socket, port, port);
     PortTestClient pw = worker(socket, kvFile(), "write");
     PortTestClient ps = client(socket);
     Map<String, Object> hello = ps.ok("hello",
@@ -550,7 +550,14 @@ class EnginePortTest {
             throw new IllegalStateException(e);
           }
         });
-    Thread.sleep(100); // not needed for the outcome; makes the bind the one that waits
+    // The bind is the one that waits: the worker's port thread is parked in PortEngine.step.
+    probe(n).awaitAssert(Duration.ofSeconds(10), Duration.ofMillis(10), () -> {
+      assertTrue(Thread.getAllStackTraces().entrySet().stream().anyMatch(
+          t -> t.getKey().getState() == Thread.State.TIMED_WAITING && java.util.Arrays.stream(
+              t.getValue()).anyMatch(f -> f.getClassName().equals(PortEngine.class.getName())
+                  && f.getMethodName().equals("step"))), "no bind waiting for its step yet");
+      return null;
+    });
     Map<String, Object> built = ps.ok("build_connector_meta", Map.of("step", next,
         "answered", Map.of("loads", 0, "saves", 0), "scheduled_new_reqs", List.of(),
         "scheduled_cached_reqs", List.of(Map.of("request_id", "a", "num_computed_tokens", 32))));
