@@ -10,7 +10,8 @@
 # Java and kvferry come from the bundle (scripts/gpu-bundle.sh; jre.tgz beside this script or
 # .device/ at the repository root), as for the other scripts/gpu-*.sh. The Python package is
 # python/ at the repository root or beside this script. Output: the console, and with $OUT set
-# $OUT/gpu-model-p<P>-d<D>/ (console.txt, report.json, the nodes' logs).
+# $OUT/gpu-model-p<P>-d<D>/ (console.txt, report.json, the nodes' logs). Exit status: the
+# check's (0 every check passed, 1 one failed), or 3 when the router or a node exited during it.
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 P_GPU D_GPU [kvferry.gpu_check flags]" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
@@ -67,11 +68,36 @@ if command -v top >/dev/null; then
 fi
 
 set +e
-PYTHONPATH=$py${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 python3 -c \
+# The check in a session of its own (setsid), so its engine processes can be stopped with it.
+PYTHONPATH=$py${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 setsid python3 -c \
   'import sys; from kvferry.gpu_check import main; sys.exit(main(sys.argv[1:]))' \
   --p-socket "$work/prefill.sock" --d-socket "$work/decode.sock" \
-  --p-device "cuda:$P" --d-device "cuda:$D" --json "$logs/report.json" "$@" 2>&1 | tee "$logs/console.txt"
-rc=${PIPESTATUS[0]}
+  --p-device "cuda:$P" --d-device "cuda:$D" --json "$logs/report.json" "$@" \
+  > >(tee "$logs/console.txt") 2>&1 &
+check=$!
+# A JVM that exits during the check (a port taken, a crash) fails the run at once, with its log's
+# tail, instead of leaving the engines to wait out their timeouts.
+names=(router prefill decode)
+died=""
+while kill -0 "$check" 2>/dev/null && [ -z "$died" ]; do
+  for i in 0 1 2; do
+    if ! kill -0 "${pids[$i]}" 2>/dev/null; then died=${names[$i]}; break; fi
+  done
+  [ -n "$died" ] || sleep 1
+done
+if [ -n "$died" ]; then
+  echo "gpu-model: the $died JVM exited during the check; the last lines of $died.log:" \
+    | tee -a "$logs/console.txt" >&2
+  tail -20 "$logs/$died.log" | tee -a "$logs/console.txt" >&2
+  kill -TERM "$check" 2>/dev/null  # the check's finally stops its engine processes
+  for _ in $(seq 20); do kill -0 "$check" 2>/dev/null || break; sleep 1; done
+  kill -KILL -- "-$check" 2>/dev/null
+  wait "$check" 2>/dev/null
+  rc=3
+else
+  wait "$check"
+  rc=$?
+fi
 set -e
 for f in router prefill decode; do
   grep -E "ERROR|WARN|Exception" "$logs/$f.log" | head -20 | sed "s/^/[$f] /" || true

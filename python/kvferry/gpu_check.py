@@ -1114,7 +1114,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    import signal
+
     import torch.multiprocessing as tmp
+
+    # SIGTERM (gpu-model.sh when a node died, a timeout) unwinds like an error, so the engine
+    # processes are stopped in the finally below rather than left holding their GPUs.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     def log(msg: str) -> None:
         print(msg, flush=True)

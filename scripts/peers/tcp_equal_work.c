@@ -65,7 +65,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   pthread_t t;
-  pthread_create(&t, NULL, receiver, NULL);
+  int err = pthread_create(&t, NULL, receiver, NULL);
+  if (err != 0) { fprintf(stderr, "pthread_create: %s\n", strerror(err)); return 1; }
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) { perror("connect"); return 1; }
   char *src = malloc(size);
