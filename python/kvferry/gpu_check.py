@@ -34,7 +34,7 @@ PROMPT_MIN, PROMPT_MAX = 16, 4096
 def _engine_main(conn: Any, role: str, device: str, socket_path: str | None, cfg: dict) -> None:
     import torch
 
-    from .gpu_model import ModelEngine, ModelSpec, PagedKvCache, build_model
+    from .gpu_model import ModelSpec, PagedKvCache, build_model
 
     try:
         if cfg.get("cpus"):
@@ -164,8 +164,6 @@ class _EngineState:
                           snapshot: bool = True) -> dict:
         """Waits for the KV, snapshots it for the check (not timed; ``snapshot``), then computes
         the last prompt token; ``quiet_ms`` (a diagnostic) waits that long in between, untimed."""
-        import torch
-
         e = self._e()
         r = self.reqs[rid]
         prompt, adm = r["prompt"], r["adm"]
