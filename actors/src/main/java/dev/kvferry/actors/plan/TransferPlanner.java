@@ -32,6 +32,14 @@ public final class TransferPlanner {
    */
   private static final int MAX_REMOTE_BITMAP_WORDS = 1 << 16;
 
+  /**
+   * Remote ids spanning at most this many ids (a 256 KiB table) are checked for repeats with
+   * {@link #remoteStamps}: each id is a load and a store of its own slot, where setting bits in a
+   * bitmap chains every id through the few words they share (a store, then the next id's load
+   * of the same word).
+   */
+  private static final int MAX_REMOTE_STAMP_SPAN = 1 << 16;
+
   // Invariant between calls: every bit of both bitmaps is clear.
   private long[] localIdBits = new long[0];
   private long[] remoteIdBits = new long[0];
@@ -40,6 +48,10 @@ public final class TransferPlanner {
   private int[] sortedRemoteIds = new int[0];
   private long[] packedIds = new long[0];
   private int[] remoteIdsCopy = new int[0];
+  // Slot r - minRemote holds the call's stamp once id r was seen in that call; older calls'
+  // stamps are other numbers, so nothing is cleared between calls. 0 is never a stamp.
+  private int[] remoteStamps = new int[0];
+  private int stamp;
 
   /**
    * Plans the copies of one layer; all layers of one geometry share the plan.
@@ -90,11 +102,17 @@ public final class TransferPlanner {
     }
 
     // Pass 2: no remote id twice (strictly increasing local ids cannot repeat).
+    long remoteSpan = (long) maxRemote - minRemote + 1;
     long remoteSpanWords = (maxRemote >>> 6) - (minRemote >>> 6) + 1L;
-    boolean remoteDistinct =
-        remoteSpanWords <= MAX_REMOTE_BITMAP_WORDS
-            ? remoteIdsDistinctThroughBitmap(remoteBlockIds, minRemote, (int) remoteSpanWords)
-            : remoteIdsDistinctBySorting(remoteBlockIds);
+    boolean remoteDistinct;
+    if (remoteSpan <= MAX_REMOTE_STAMP_SPAN) {
+      remoteDistinct = remoteIdsDistinctThroughStamps(remoteBlockIds, minRemote, (int) remoteSpan);
+    } else if (remoteSpanWords <= MAX_REMOTE_BITMAP_WORDS) {
+      remoteDistinct =
+          remoteIdsDistinctThroughBitmap(remoteBlockIds, minRemote, (int) remoteSpanWords);
+    } else {
+      remoteDistinct = remoteIdsDistinctBySorting(remoteBlockIds);
+    }
     if (!remoteDistinct) {
       throw firstProblem(localNumBlocks, remoteNumBlocks, localBlockIds, remoteBlockIds);
     }
@@ -323,6 +341,27 @@ public final class TransferPlanner {
       sizes[count] = (prevL + 1 - startL) * blockBytes;
     }
     return count + 1;
+  }
+
+  /** Ids lie within {@code span} ids from {@code minRemote}. */
+  private boolean remoteIdsDistinctThroughStamps(int[] remoteBlockIds, int minRemote, int span) {
+    int[] stamps = remoteStamps;
+    if (stamps.length < span) {
+      stamps = remoteStamps = new int[span]; // all 0: no stamp
+    }
+    int mark = ++stamp;
+    if (mark == 0) { // wrapped after 2^32 calls: old stamps could repeat from here on
+      Arrays.fill(stamps, 0);
+      mark = stamp = 1;
+    }
+    for (int r : remoteBlockIds) {
+      int i = r - minRemote;
+      if (stamps[i] == mark) {
+        return false;
+      }
+      stamps[i] = mark;
+    }
+    return true;
   }
 
   /** Ids lie within {@code spanWords} words from {@code minRemote}. Leaves the bitmap clear. */

@@ -178,6 +178,34 @@ class TransferPlannerTest {
   }
 
   @Test
+  void aRemoteIdOfAnEarlierRequestIsNoRepeatInTheNextButOneWithinItIs() throws Exception {
+    // The remote repeat check marks ids per call and clears nothing between calls.
+    planner.plan(TEN_BLOCKS, 10, new int[] {0, 1}, new int[] {5, 6});
+    TransferBatch batch = planner.plan(TEN_BLOCKS, 10, new int[] {0, 1}, new int[] {6, 7});
+    assertArrayEquals(new long[] {6 * BLOCK, 16 * BLOCK}, batch.remoteOffsets());
+
+    assertEquals(
+        "remote block id 7 at position 1 repeats position 0; each block may appear once per"
+            + " request",
+        rejection(10, new int[] {0, 1}, new int[] {7, 7}));
+    // After the rejection the same ids, now distinct, plan again.
+    planner.plan(TEN_BLOCKS, 10, new int[] {0, 1}, new int[] {7, 8});
+  }
+
+  @Test
+  void checksRemoteIdsSpreadWiderThanTheStampTableThroughTheBitmap() throws Exception {
+    // 100,001 ids from the lowest to the highest: past the stamps' span, within the bitmap's.
+    assertEquals(
+        "remote block id 100000 at position 2 repeats position 1; each block may appear once per"
+            + " request",
+        rejection(200_000, new int[] {0, 1, 2}, new int[] {0, 100_000, 100_000}));
+    TransferBatch batch =
+        planner.plan(TEN_BLOCKS, 200_000, new int[] {0, 1, 2}, new int[] {0, 100_000, 1});
+    assertArrayEquals(new long[] {0, 100_000 * BLOCK, BLOCK, 200_000 * BLOCK,
+        300_000 * BLOCK, 200_001 * BLOCK}, batch.remoteOffsets());
+  }
+
+  @Test
   void refusesARemoteEngineWithoutBlocks() {
     IllegalArgumentException e =
         assertThrows(
