@@ -40,6 +40,13 @@ public final class TransferPlanner {
    */
   private static final int MAX_REMOTE_STAMP_SPAN = 1 << 16;
 
+  /**
+   * Plans of at most this many copies are merged in one pass into scratch arrays (3 x 32 KiB) and
+   * copied out; larger ones count first and write into their own arrays, as a second pass through
+   * memory costs more than the count there.
+   */
+  private static final int MAX_SCRATCH_COPIES = 4096;
+
   // Invariant between calls: every bit of both bitmaps is clear.
   private long[] localIdBits = new long[0];
   private long[] remoteIdBits = new long[0];
@@ -52,6 +59,9 @@ public final class TransferPlanner {
   // stamps are other numbers, so nothing is cleared between calls. 0 is never a stamp.
   private int[] remoteStamps = new int[0];
   private int stamp;
+  private long[] scratchLocalOffsets = new long[0];
+  private long[] scratchRemoteOffsets = new long[0];
+  private long[] scratchSizes = new long[0];
 
   /**
    * Plans the copies of one layer; all layers of one geometry share the plan.
@@ -134,6 +144,17 @@ public final class TransferPlanner {
 
     int regions = local.regionsPerLayer();
     long blockBytes = local.blockBytes();
+    int most = regions * n;
+    if (most <= MAX_SCRATCH_COPIES) {
+      // Small plans: one pass into scratch arrays that stay in cache, then exact copies (fresh
+      // arrays filled by a copy are not zeroed first).
+      long[] lo = scratchLocalOffsets = grow(scratchLocalOffsets, most);
+      long[] ro = scratchRemoteOffsets = grow(scratchRemoteOffsets, most);
+      long[] sz = scratchSizes = grow(scratchSizes, most);
+      int copies = merge(ls, rs, n, regions, localNumBlocks, remoteNumBlocks, blockBytes, lo, ro, sz);
+      return new TransferBatch(
+          Arrays.copyOf(lo, copies), Arrays.copyOf(ro, copies), Arrays.copyOf(sz, copies));
+    }
     int copies =
         merge(ls, rs, n, regions, localNumBlocks, remoteNumBlocks, blockBytes, null, null, null);
     long[] localOffsets = new long[copies];
