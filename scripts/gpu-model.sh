@@ -19,7 +19,19 @@ P=$1 D=$2
 shift 2
 work=$(mktemp -d)
 pids=()
+check=""
+# The check runs in a session of its own, out of reach of a `timeout` that signals this script's
+# process group: SIGTERM lets it stop its engine processes, and after 20 s its whole session goes.
+stop_check() {
+  [ -n "$check" ] || return 0
+  kill -TERM "$check" 2>/dev/null || true
+  for _ in $(seq 20); do kill -0 "$check" 2>/dev/null || break; sleep 1; done
+  kill -KILL -- "-$check" 2>/dev/null || true
+  wait "$check" 2>/dev/null || true
+  check=""
+}
 cleanup() {
+  stop_check
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$work"
@@ -89,14 +101,12 @@ if [ -n "$died" ]; then
   echo "gpu-model: the $died JVM exited during the check; the last lines of $died.log:" \
     | tee -a "$logs/console.txt" >&2
   tail -20 "$logs/$died.log" | tee -a "$logs/console.txt" >&2
-  kill -TERM "$check" 2>/dev/null  # the check's finally stops its engine processes
-  for _ in $(seq 20); do kill -0 "$check" 2>/dev/null || break; sleep 1; done
-  kill -KILL -- "-$check" 2>/dev/null
-  wait "$check" 2>/dev/null
+  stop_check
   rc=3
 else
   wait "$check"
   rc=$?
+  check=""
 fi
 set -e
 for f in router prefill decode; do
