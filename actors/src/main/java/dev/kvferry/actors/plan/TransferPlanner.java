@@ -144,8 +144,8 @@ public final class TransferPlanner {
 
     int regions = local.regionsPerLayer();
     long blockBytes = local.blockBytes();
-    int most = regions * n;
-    if (most <= MAX_SCRATCH_COPIES) {
+    if ((long) regions * n <= MAX_SCRATCH_COPIES) {
+      int most = regions * n;
       // Small plans: one pass into scratch arrays that stay in cache, then exact copies (fresh
       // arrays filled by a copy are not zeroed first).
       long[] lo = scratchLocalOffsets = grow(scratchLocalOffsets, most);
