@@ -19,6 +19,7 @@ P=$1 D=$2
 shift 2
 work=$(mktemp -d)
 pids=()
+watched=()  # NAME:PID of the router and the nodes, watched while the check runs
 check=""
 # The check runs in a session of its own, out of reach of a `timeout` that signals this script's
 # process group: SIGTERM lets it stop its engine processes, and after 20 s its whole session goes.
@@ -63,11 +64,13 @@ router_port=$base
 kvferry router --port $router_port --management-port $((base + 10)) --seed-nodes 127.0.0.1:$router_port \
   > "$logs/router.log" 2>&1 &
 pids+=($!)
+watched+=("router:$!")
 node() {  # role gpu port mgmt
   KVFERRY_GC_LOG=$logs/$1-gc.log KVFERRY_JVM_OPTS=${KVFERRY_NODE_JAVA_OPTS:-} kvferry node --role "$1" --engine-id "$1-0" --mode write,read --engine port \
     --engine-socket "$work/$1.sock" --tp-size 1 --gpu "$2" --transport cuda --port "$3" \
     --management-port "$4" --seed-nodes 127.0.0.1:$router_port > "$logs/$1.log" 2>&1 &
   pids+=($!)
+  watched+=("$1:$!")
 }
 node prefill "$P" $((base + 1)) $((base + 11))
 node decode "$D" $((base + 2)) $((base + 12))
@@ -89,11 +92,10 @@ PYTHONPATH=$py${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 setsid python3 -c \
 check=$!
 # A JVM that exits during the check (a port taken, a crash) fails the run at once, with its log's
 # tail, instead of leaving the engines to wait out their timeouts.
-names=(router prefill decode)
 died=""
 while kill -0 "$check" 2>/dev/null && [ -z "$died" ]; do
-  for i in 0 1 2; do
-    if ! kill -0 "${pids[$i]}" 2>/dev/null; then died=${names[$i]}; break; fi
+  for w in "${watched[@]}"; do
+    if ! kill -0 "${w#*:}" 2>/dev/null; then died=${w%%:*}; break; fi
   done
   [ -n "$died" ] || sleep 1
 done

@@ -350,22 +350,28 @@ class _ReplyLater:
     the reply once read (another call's reply comes after it on the connection, so that call reads
     it first and keeps it here)."""
 
-    __slots__ = ("op", "request_id", "reply")
+    __slots__ = ("client", "op", "request_id", "reply")
 
-    def __init__(self, op: str):
+    def __init__(self, client: "PortClient", op: str):
+        self.client = client
         self.op = op
         self.request_id: int | None = None
         self.reply: tuple[int, dict[str, Any]] | None = None
 
-    def read(self, client: "PortClient") -> None:
+    def sent(self, request_id: int) -> None:
+        """The request went out; the last one's reply was taken (one is out at a time)."""
+        assert self.request_id is None and self.reply is None, f"an earlier {self.op} is not taken"
+        self.request_id = request_id
+
+    def read(self) -> None:
         """Reads the reply off the connection if it is still there, and keeps it."""
         if self.request_id is not None:
             request_id, self.request_id = self.request_id, None
-            self.reply = (request_id, client._read_reply(self.op))
+            self.reply = (request_id, self.client._read_reply(self.op))
 
-    def take(self, client: "PortClient") -> tuple[int, dict[str, Any]] | None:
+    def take(self) -> tuple[int, dict[str, Any]] | None:
         """The reply (read now if need be), or None when nothing was sent ahead; forgets it."""
-        self.read(client)
+        self.read()
         reply, self.reply = self.reply, None
         return reply
 
@@ -481,7 +487,7 @@ class PortClient:
         # incarnation and the step's number, from the node's handle or this client's); the id of
         # a build sent ahead whose reply is not read yet, and that reply once read early.
         self._last_step: tuple[int, int] | None = None
-        self._build_later = _ReplyLater("build_connector_meta")
+        self._build_later = _ReplyLater(self, "build_connector_meta")
         # Why this connection stopped building ahead (an ahead build was refused), if it did.
         self.build_ahead_off: str | None = None
         # What the node's build_connector_meta does with each request, mirrored to know a step's
@@ -526,7 +532,7 @@ class PortClient:
             finished_ahead = side == "worker" and self.engine.get("role") == "prefill"
         self.finished_ahead = finished_ahead
         # The get_finished asked ahead, its reply read at the next step's.
-        self._finished_later = _ReplyLater("get_finished")
+        self._finished_later = _ReplyLater(self, "get_finished")
         # Scheduler: one-way ops of requests kvferry does not move, held as [op, args] until the
         # connection's next send (at the latest the step's build_connector_meta), then sent as one
         # batch frame (version 1: a frame each, written together): one system call, one wake-up
@@ -789,16 +795,16 @@ class PortClient:
         ahead, a build sent ahead) and keeps them: they come before any later request's reply on
         the connection."""
         self._drain_layer_waits()
-        self._finished_later.read(self)
-        self._build_later.read(self)
+        self._finished_later.read()
+        self._build_later.read()
 
     # -- get_finished asked ahead --
 
     def _finished_ahead(self, args: dict[str, Any] | None) -> dict[str, Any]:
         """The last ask's answer (empty sets the first time); this step's ask goes out now."""
         self._read_replies_due()
-        early = self._finished_later.take(self)
-        self._finished_later.request_id = self._send_request("get_finished", args)
+        early = self._finished_later.take()
+        self._finished_later.sent(self._send_request("get_finished", args))
         if early is None:
             return {}
         return self._answer("get_finished", early[0], early[1])
@@ -1020,8 +1026,8 @@ class PortClient:
             loads, saves = counts
             began = time.perf_counter()
             try:
-                self._build_later.request_id = self._send_request(
-                    "build_connector_meta", {**args, "step": step, "answered": {"loads": loads, "saves": saves}})
+                self._build_later.sent(self._send_request(
+                    "build_connector_meta", {**args, "step": step, "answered": {"loads": loads, "saves": saves}}))
             finally:
                 self._timed("build_connector_meta", began)
             self._last_step = (engine, step)
@@ -1062,7 +1068,7 @@ class PortClient:
     def _settle_build_ahead(self) -> list[dict[str, Any]]:
         """The op errors the last build sent ahead brought back; a refusal of that build itself
         comes as one of them, and this connection asks for its steps from then on."""
-        early = self._build_later.take(self)
+        early = self._build_later.take()
         if early is None:
             return []
         try:
