@@ -68,17 +68,52 @@ final class DoneWordWatcher implements AutoCloseable {
    */
   record Ticket(String name, int slots, int slot, long value) {}
 
-  /** A watched transfer; {@code nearSince} is the watcher thread's own (0: no near hint yet). */
+  /**
+   * Most words one transfer may take: one per P worker that writes into this D worker (P's TP
+   * size over D's); beyond it the transfer waits for messages.
+   */
+  static final int MAX_PARTS = 64;
+
+  /**
+   * A watched transfer: one word per P worker writing it, each with its own slot and value; it
+   * is done once every word holds its value. {@code nearSince} is the watcher thread's own (0: no
+   * near hint yet).
+   */
   private static final class Pending {
     final String transferId;
-    final int slot;
-    final long value;
+    final int[] slots;
+    final long[] values;
     long nearSince;
 
-    Pending(String transferId, int slot, long value) {
+    Pending(String transferId, int[] slots, long[] values) {
       this.transferId = transferId;
-      this.slot = slot;
-      this.value = value;
+      this.slots = slots;
+      this.values = values;
+    }
+
+    /** Whether every writer's word holds its value. */
+    boolean landed(SharedDoneWords words) {
+      for (int i = 0; i < slots.length; i++) {
+        if (words.get(slots[i]) < values[i]) {
+          return false;
+        }
+      }
+      return true;
+    }
+
+    /**
+     * Whether every writer's word says at most {@link LayerWriter#NEAR_LAYERS} layers are still
+     * to land, or holds its value (P's hints): only then is a spin worth it.
+     */
+    boolean near(SharedDoneWords words) {
+      for (int i = 0; i < slots.length; i++) {
+        long word = words.get(slots[i]);
+        if (word < values[i]
+            && !SharedDoneWords.nearlyDone(word, values[i], LayerWriter.NEAR_LAYERS)) {
+          return false;
+        }
+      }
+      return true;
     }
   }
 
@@ -172,25 +207,49 @@ final class DoneWordWatcher implements AutoCloseable {
     return deleted;
   }
 
-  /** Watches a word for {@code transferId}; P stores {@link Ticket#value} there when done. */
+  /** Watches a word for {@code transferId}, written by one P worker. */
   Ticket register(String transferId) {
-    Pending p;
+    return register(transferId, 1)[0];
+  }
+
+  /**
+   * Watches {@code parts} words for {@code transferId}, one per P worker writing it (each stores
+   * its {@link Ticket#value} in its own slot); reported once all of them hold their values.
+   *
+   * @throws IllegalArgumentException unless 1 <= parts <= {@link #MAX_PARTS}
+   */
+  Ticket[] register(String transferId, int parts) {
+    if (parts < 1 || parts > MAX_PARTS) {
+      throw new IllegalArgumentException(
+          "a transfer takes 1 to " + MAX_PARTS + " done words, not " + parts);
+    }
+    int[] slots = new int[parts];
+    long[] values = new long[parts];
     synchronized (this) {
-      long value = ++sequence;
-      int slot = (int) (value % SLOTS);
-      // A transfer still pending on this slot 4096 registrations later would see the new value:
-      // it goes back to waiting for its WriteDone message instead.
-      Pending stale = bySlot[slot];
-      if (stale != null) {
-        pending.remove(stale.transferId, stale);
+      for (int i = 0; i < parts; i++) {
+        values[i] = ++sequence;
+        slots[i] = (int) (values[i] % SLOTS);
+        // A transfer still pending on this slot 4096 words later would see the new value:
+        // it goes back to waiting for its WriteDone messages instead.
+        Pending stale = bySlot[slots[i]];
+        if (stale != null) {
+          pending.remove(stale.transferId, stale);
+        }
       }
-      p = new Pending(transferId, slot, value);
-      bySlot[slot] = p;
+      Pending p = new Pending(transferId, slots, values);
+      for (int slot : slots) {
+        bySlot[slot] = p;
+      }
       pending.put(transferId, p);
       rebuildWatching();
     }
     LockSupport.unpark(thread);
-    return new Ticket(words.path().getFileName().toString(), SLOTS, p.slot, p.value);
+    String name = words.path().getFileName().toString();
+    Ticket[] tickets = new Ticket[parts];
+    for (int i = 0; i < parts; i++) {
+      tickets[i] = new Ticket(name, SLOTS, slots[i], values[i]);
+    }
+    return tickets;
   }
 
   /** How many transfers a hint showed near their end (tests). */
@@ -231,9 +290,8 @@ final class DoneWordWatcher implements AutoCloseable {
       boolean spinNear = false;
       long now = System.nanoTime();
       for (Pending p : watching) {
-        long word = words.get(p.slot);
-        if (word < p.value) {
-          if (SharedDoneWords.nearlyDone(word, p.value, LayerWriter.NEAR_LAYERS)) {
+        if (!p.landed(words)) {
+          if (p.near(words)) {
             if (p.nearSince == 0) {
               p.nearSince = now;
               nearHints++;

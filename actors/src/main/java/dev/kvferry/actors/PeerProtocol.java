@@ -22,9 +22,9 @@ public interface PeerProtocol {
    * D to P, WRITE: D's blocks for a transfer (the seed's "remote_blocks" notification), from D's
    * worker {@code decodeTpRank}.
    *
-   * @param doneWord where P's transport stores done words (cuda, cma, tcp) and one P worker
-   *     writes: where P tells D that its writes landed before WriteDone arrives; null: messages
-   *     only
+   * @param doneWord where P's transport stores done words (cuda, cma, tcp): where this P worker
+   *     tells D that its writes landed before WriteDone arrives (each P worker writing the
+   *     transfer gets a word of its own); null: messages only
    * @param decodeWorkerUid the actor uid of the sending worker's incarnation: P writes into the
    *     memory of that incarnation only (an engine attached again under the same id has other
    *     memory, and its old incarnation can stay listed for a moment); 0: whichever is listed

@@ -5,11 +5,12 @@ import java.util.function.Consumer;
 import org.jspecify.annotations.Nullable;
 
 /**
- * D's done words for one {@link ReceiverActor}: hands a word out with a receive's blocks (one P
- * worker writing over a transport that stores words), watches for it, and on sight reports the
- * receive done in the engine's {@link FinishedSink} at once (two mailbox hops before the
- * receiver's own message arrives); then tells the receiver, which forgets the transfer as on a
- * WriteDone. Used from the receiver's thread only; the watcher runs on its own.
+ * D's done words for one {@link ReceiverActor}: hands a word out to each P worker writing a
+ * receive, with its blocks (over a transport that stores words), watches for them, and once all
+ * have landed reports the receive done in the engine's {@link FinishedSink} at once (two mailbox
+ * hops before the receiver's own messages arrive); then tells the receiver, which forgets the
+ * transfer as on the last WriteDone. Used from the receiver's thread only; the watcher runs on
+ * its own.
  */
 final class ReceiveDoneWords implements AutoCloseable {
   private final String label;
@@ -32,12 +33,13 @@ final class ReceiveDoneWords implements AutoCloseable {
   }
 
   /**
-   * A done word for receive {@code transferId} of {@code requestId}, or null where words cannot
-   * be used. The first one creates the watcher and hands its words to our transport (tcp: the
-   * listener stores into them).
+   * Done words for receive {@code transferId} of {@code requestId}, one per P worker writing it
+   * ({@code writers}, in the order their blocks messages go out), or null where words cannot be
+   * used. The watcher reports the receive once every word holds its value. The first call creates
+   * the watcher and hands its words to our transport (tcp: the listener stores into them).
    */
-  PeerProtocol.@Nullable DoneWord handOut(String transferId, String requestId) {
-    if (!peersCanStore) {
+  PeerProtocol.DoneWord @Nullable [] handOut(String transferId, String requestId, int writers) {
+    if (!peersCanStore || writers < 1 || writers > DoneWordWatcher.MAX_PARTS) {
       return null;
     }
     if (watcher == null && !unavailable) {
@@ -57,9 +59,14 @@ final class ReceiveDoneWords implements AutoCloseable {
     if (w == null) {
       return null;
     }
-    sink.expectWord(transferId, requestId); // before the word can land
-    DoneWordWatcher.Ticket t = w.register(transferId);
-    return new PeerProtocol.DoneWord(t.name(), t.slots(), t.slot(), t.value());
+    sink.expectWord(transferId, requestId); // before the words can land
+    DoneWordWatcher.Ticket[] tickets = w.register(transferId, writers);
+    PeerProtocol.DoneWord[] words = new PeerProtocol.DoneWord[tickets.length];
+    for (int i = 0; i < tickets.length; i++) {
+      DoneWordWatcher.Ticket t = tickets[i];
+      words[i] = new PeerProtocol.DoneWord(t.name(), t.slots(), t.slot(), t.value());
+    }
+    return words;
   }
 
   /** The transfer ended otherwise: its word, if it comes, completes nothing. */

@@ -9,6 +9,7 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Objects;
 import java.util.Optional;
 import org.agrona.collections.IntHashSet;
 import org.apache.pekko.actor.typed.ActorRef;
@@ -43,7 +44,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
 
   public record DirectoryChanged(EngineDirectory directory) implements Command {}
 
-  /** From the {@link DoneWordWatcher}: the one P worker's copies of a transfer landed. */
+  /** From the {@link DoneWordWatcher}: every P worker's copies of a transfer landed. */
   private record DoneWordSeen(String transferId) implements Command {}
 
   /** A receive this worker began and has not ended. */
@@ -53,8 +54,11 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     @Nullable IntHashSet mayWrite;
     /** Why it is ending; non-null: P was asked to abandon and we wait for mayWrite to empty. */
     @Nullable String failure;
-    /** What P's workers were told (null until then): told again to a worker's new incarnation. */
-    PeerProtocol.@Nullable RemoteBlocks blocks;
+    /**
+     * What each P worker was told, by its TP rank (null until then; each carries that worker's
+     * own done word): told again to a worker's new incarnation.
+     */
+    @Nullable Map<Integer, PeerProtocol.RemoteBlocks> blocks;
     /** The incarnation each P worker's blocks went to, by its TP rank. */
     final Map<Integer, ActorRef<EngineActor.Command>> toldWorkers = new HashMap<>(2);
 
@@ -155,12 +159,16 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       return;
     }
     int[] sources = PeerPlanning.sourcesFor(self, prefillTp, mla);
-    PeerProtocol.DoneWord word =
-        sources.length == 1 ? doneWords.handOut(r.transferId(), r.requestId()) : null;
+    // One done word per P worker, each in its own slot: the receive is done once all landed.
+    PeerProtocol.DoneWord[] words =
+        doneWords.handOut(r.transferId(), r.requestId(), sources.length);
+    Map<Integer, PeerProtocol.RemoteBlocks> told = new HashMap<>(sources.length * 2);
+    for (int i = 0; i < sources.length; i++) {
+      told.put(sources[i], remoteBlocks(r, words == null ? null : words[i]));
+    }
+    // Each worker's message differs only in its word: one stands for all in the size check.
     PeerProtocol.RemoteBlocks blocks =
-        new PeerProtocol.RemoteBlocks(
-            r.transferId(), r.requestId(), r.localBlockIds(), self.engineId(), self.dpRank(),
-            self.tpRank(), word, engineUid);
+        sources.length == 0 ? remoteBlocks(r, null) : Objects.requireNonNull(told.get(sources[0]));
     Optional<String> tooBig =
         messageLimit.whyNotSendable(blocks, r.localBlockIds().length,
             () -> "the list of " + r.localBlockIds().length + " block ids of request "
@@ -183,11 +191,16 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       due.add(source);
     }
     in.mayWrite = due;
-    in.blocks = blocks;
+    in.blocks = told;
     WriteStamps.mark(WriteStamps.Stage.BLOCKS_TOLD);
     for (int source : sources) {
-      outbox.send(r.remoteEngineId(), source, blocks);
+      outbox.send(r.remoteEngineId(), source, Objects.requireNonNull(told.get(source)));
     }
+  }
+
+  private PeerProtocol.RemoteBlocks remoteBlocks(ReqMeta r, PeerProtocol.@Nullable DoneWord word) {
+    return new PeerProtocol.RemoteBlocks(r.transferId(), r.requestId(), r.localBlockIds(),
+        self.engineId(), self.dpRank(), self.tpRank(), word, engineUid);
   }
 
   /** A receive ends here: its id begins nothing again. */
@@ -214,12 +227,19 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
   }
 
   private Behavior<Command> onDoneWordSeen(DoneWordSeen m) {
-    // Words are handed out only for one writer, so its rank is the one still due; nothing is due
-    // once its WriteDone overtook the word.
+    // Every P worker's word landed: each one still due is done (a worker whose WriteDone
+    // overtook the words is not due any more).
     Incoming in = incoming.get(m.transferId());
     IntHashSet due = in == null ? null : in.mayWrite;
-    if (due != null && due.size() == 1) {
-      writerDone(m.transferId(), due.iterator().nextValue());
+    if (due != null) {
+      int[] ranks = new int[due.size()];
+      int n = 0;
+      for (IntHashSet.IntIterator it = due.iterator(); it.hasNext(); ) {
+        ranks[n++] = it.nextValue();
+      }
+      for (int rank : ranks) { // writerDone takes each out of due
+        writerDone(m.transferId(), rank);
+      }
     }
     return this;
   }
@@ -363,11 +383,12 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
    */
   private void tellNewIncarnations(EngineDirectory now) {
     for (Incoming in : incoming.values()) {
-      PeerProtocol.RemoteBlocks blocks = in.blocks;
+      Map<Integer, PeerProtocol.RemoteBlocks> blocks = in.blocks;
       IntHashSet due = in.mayWrite;
       String p = in.request.remoteEngineId();
+      String transferId = in.request.transferId();
       if (blocks == null || due == null || in.failure != null || !now.contains(p)
-          || doneWords.reportedDone(blocks.transferId())) { // the blocks are the engine's now
+          || doneWords.reportedDone(transferId)) { // the blocks are the engine's now
         continue;
       }
       List<Integer> gone = new ArrayList<>();
@@ -380,8 +401,8 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       for (int rank : gone) {
         getContext().getLog().info("{}: P worker {} (rank {}) that was told transfer {}'s blocks"
             + " stopped; telling its engine's next incarnation", self.label(),
-            in.toldWorkers.remove(rank).path(), rank, blocks.transferId());
-        outbox.send(p, rank, blocks);
+            in.toldWorkers.remove(rank).path(), rank, transferId);
+        outbox.send(p, rank, Objects.requireNonNull(blocks.get(rank)));
       }
     }
   }

@@ -86,6 +86,50 @@ class DoneWordWatcherTest {
 
   @ParameterizedTest(name = "belled {0}")
   @ValueSource(booleans = {false, true})
+  void aTransferOfThreeWritersIsReportedOnceEveryWordHoldsItsValue(boolean belled)
+      throws Exception {
+    open(belled);
+    DoneWordWatcher.Ticket[] parts = watcher.register("tx-three", 3);
+    assertEquals(3, parts.length);
+    assertEquals(3, java.util.Arrays.stream(parts).mapToInt(DoneWordWatcher.Ticket::slot)
+        .distinct().count(), "each writer has a slot of its own");
+    store(parts[2], parts[2].value());
+    store(parts[0], parts[0].value());
+    assertEquals(null, seen.poll(300, TimeUnit.MILLISECONDS), "one writer is still writing");
+    store(parts[1], parts[1].value());
+    assertEquals("tx-three", seen.poll(10, TimeUnit.SECONDS));
+    assertEquals(null, seen.poll(200, TimeUnit.MILLISECONDS), "reported once");
+  }
+
+  @Test
+  void aTransferSpinsOnlyOnceEveryWritersHintSaysItIsNear() throws Exception {
+    open(false);
+    DoneWordWatcher.Ticket[] parts = watcher.register("tx-hints", 2);
+    store(parts[0], SharedDoneWords.progressValue(parts[0].value(), LayerWriter.NEAR_LAYERS));
+    store(parts[1], SharedDoneWords.progressValue(parts[1].value(), 8));
+    KIT.createTestProbe().expectNoMessage(Duration.ofMillis(200));
+    assertEquals(0, watcher.nearHints(), "one writer is 8 layers behind");
+    store(parts[1], SharedDoneWords.progressValue(parts[1].value(), LayerWriter.NEAR_LAYERS));
+    KIT.createTestProbe().awaitAssert(Duration.ofSeconds(10), () -> {
+      assertEquals(1, watcher.nearHints(), "both writers near their last layer");
+      return null;
+    });
+    assertEquals(null, seen.poll(200, TimeUnit.MILLISECONDS), "hints complete nothing");
+  }
+
+  @Test
+  void aTransferTakesOneToMaxPartsWords() {
+    open(false);
+    org.junit.jupiter.api.Assertions.assertThrows(IllegalArgumentException.class,
+        () -> watcher.register("tx-none", 0));
+    org.junit.jupiter.api.Assertions.assertThrows(IllegalArgumentException.class,
+        () -> watcher.register("tx-many", DoneWordWatcher.MAX_PARTS + 1));
+    assertEquals(DoneWordWatcher.MAX_PARTS,
+        watcher.register("tx-max", DoneWordWatcher.MAX_PARTS).length);
+  }
+
+  @ParameterizedTest(name = "belled {0}")
+  @ValueSource(booleans = {false, true})
   void aForgottenTransferIsNotReported(boolean belled) throws Exception {
     open(belled);
     DoneWordWatcher.Ticket t = watcher.register("tx-gone");

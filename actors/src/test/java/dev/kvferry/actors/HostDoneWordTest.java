@@ -142,6 +142,56 @@ class HostDoneWordTest {
     decodeCompletesFromTheWordAlone("tcp");
   }
 
+  /**
+   * P at TP 2 writes a D worker at TP 1: both P workers write into its blocks, each told a word of
+   * its own; the receive is done once both words are stored, and not on the first.
+   */
+  private void decodeCompletesFromTwoWritersWordsOnlyOnceBothLanded(String kind) throws Exception {
+    Pair t = transports(kind);
+    for (int rank = 0; rank < 2; rank++) {
+      fx.startPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, rank, 2, TransferMode.WRITE),
+          fx::peerMetadata);
+    }
+    fx.awaitListed(Role.PREFILL, "prefill-0", 2);
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0",
+        ConnectorSettings.DEFAULTS, t.d(), fx.peerLayers);
+    d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
+        new ReqMeta("r4", "tx-r4", new int[] {1, 2}, null, "prefill-0", 0)));
+    PeerProtocol.DoneWord first = fishPeer(PeerProtocol.RemoteBlocks.class).doneWord();
+    PeerProtocol.DoneWord second = fishPeer(PeerProtocol.RemoteBlocks.class).doneWord();
+    assertNotNull(first, kind + ": each P worker is offered a word");
+    assertNotNull(second, kind + ": each P worker is offered a word");
+    assertTrue(first.slot() != second.slot(), "two writers share slot " + first.slot());
+
+    PeerDoneWords theirs = closeLater(t.p().openPeerDoneWords(first.file(), first.slots()));
+    List<TransferStatus> writes = writeEveryLayer(t.d(), t.p());
+    RegionDescriptor layer0 = t.d().describe(fx.peerLayers.get(0));
+    TransferStatus one = theirs.storeAfter(writes, fx.localLayers.get(0), layer0, first.slot(),
+        first.value());
+    assertTrue(one.completion().get(10, TimeUnit.SECONDS).succeeded(), one::toString);
+    fx.kit.createTestProbe().expectNoMessage(Duration.ofMillis(300));
+    assertTrue(d.getFinished().isEmpty(), "done on one of two writers' words");
+
+    TransferStatus two = theirs.storeAfter(List.of(), fx.localLayers.get(0), layer0,
+        second.slot(), second.value());
+    assertTrue(two.completion().get(10, TimeUnit.SECONDS).succeeded(), two::toString);
+    // No WriteDone from either P worker: their words alone complete the receive.
+    Finished f = fx.awaitFinished(d, x -> x.doneReceiving().contains("r4"));
+    assertEquals(Set.of("r4"), f.doneReceiving(), f.toString());
+    assertTrue(f.failed().isEmpty(), f.toString());
+    assertDecodeHoldsPrefillsBytes();
+  }
+
+  @Test
+  void decodeCompletesACmaReceiveFromTwoPrefillWorkersWordsOnlyOnceBothLanded() throws Exception {
+    decodeCompletesFromTwoWritersWordsOnlyOnceBothLanded("cma");
+  }
+
+  @Test
+  void decodeCompletesATcpReceiveFromTwoPrefillWorkersWordsOnlyOnceBothLanded() throws Exception {
+    decodeCompletesFromTwoWritersWordsOnlyOnceBothLanded("tcp");
+  }
+
   /** D announces a receive with a done word over cma; the test as P writes every layer, no word. */
   private ConnectorWorker writtenOverCmaWithoutItsWord(String requestId) throws Exception {
     Pair t = transports("cma");
