@@ -211,6 +211,15 @@ def get(url: str, path: str) -> dict:
         return json.loads(r.read())
 
 
+def metric(url: str, name: str) -> float:
+    """One unlabelled series of a node's `/metrics` (Prometheus text format)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"no {name} in {url}/metrics")
+
+
 def complete(url: str, prompt: list[int], max_tokens: int, params: dict | None = None,
              request_id: str | None = None, timeout: float = 120) -> dict:
     body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens}

@@ -18,7 +18,7 @@ import pytest
 
 from kvferry.port import EngineBusy, NodeUnavailable, PortClient
 
-from .cluster import Engine, Node, complete, needs_node, settle, workdir
+from .cluster import Engine, Node, complete, metric, needs_node, settle, workdir
 
 pytestmark = needs_node
 
@@ -145,6 +145,8 @@ def assert_no_leak(*engines: Engine, timeout_s: float = 60) -> None:
 
 
 def test_kv_moves_tp2_to_tp1_every_byte_verified_and_tokens_match_the_baseline(cluster, pair, mode):
+    by_word = "kvferry_receives_done_by_word_total"
+    words_before = metric(cluster.d_node.management_url, by_word)
     for n in (5, 16, 17, 64, 130, 300):  # shorter than a block, exact blocks, chunked prefill
         p = prompt(n)
         p_out, d_out = pair.run(p)
@@ -156,6 +158,11 @@ def test_kv_moves_tp2_to_tp1_every_byte_verified_and_tokens_match_the_baseline(c
         assert d_out["choices"][0]["token_ids"] == baseline_tokens(cluster, p), (mode, n)
         if mode == "read":
             assert p_out["kv_transfer_params"]["do_remote_prefill"] is True
+    if mode == "write":
+        # Both P workers write D's one worker, each with a done word of its own: D learns from
+        # the words (each word is stored before its worker's WriteDone is sent, so the words win
+        # nearly always; at least one receive shows the path works with two writers).
+        assert metric(cluster.d_node.management_url, by_word) > words_before
     assert_no_leak(pair.p, pair.d)
     # The clients answered these ops themselves (P's finish after its connection's first; both
     # sides' admission), and the node, which checks each answer, refused none (above).

@@ -108,6 +108,7 @@ public final class FinishedSink {
     doneReceiving(c.requestId);
     observer.transferEnded(
         TransferObserver.Outcome.RECEIVED, 0, System.nanoTime() - c.startedNanos);
+    observer.receiveDoneByWord();
     return true;
   }
 

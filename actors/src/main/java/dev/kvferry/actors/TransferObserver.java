@@ -22,5 +22,11 @@ public interface TransferObserver {
    */
   void transferEnded(Outcome outcome, long bytes, long durationNanos);
 
+  /**
+   * D, WRITE: a receive was reported done from P's done words, ahead of P's WriteDone messages
+   * (also counted as {@link Outcome#RECEIVED} through {@link #transferEnded}).
+   */
+  default void receiveDoneByWord() {}
+
   TransferObserver NONE = (outcome, bytes, durationNanos) -> {};
 }

@@ -50,6 +50,12 @@ public final class NodeMetrics implements TransferObserver {
           .help("Transfers that did not deliver their KV cache (outcome failed or expired)")
           .register(registry);
 
+  private final Counter doneByWord =
+      Counter.builder()
+          .name("kvferry_receives_done_by_word_total")
+          .help("Receives (D, WRITE) reported done from P's done words, before P's WriteDone")
+          .register(registry);
+
   // 100 us to about 52 s: a layer of a short prompt up to a transfer near its timeout.
   private final Histogram transferLatency =
       Histogram.builder()
@@ -97,6 +103,11 @@ public final class NodeMetrics implements TransferObserver {
     if (durationNanos >= 0) {
       transferLatency.labelValues(label).observe(durationNanos / 1e9);
     }
+  }
+
+  @Override
+  public void receiveDoneByWord() {
+    doneByWord.inc();
   }
 
   /** Records one request's latency, for engines and routers that time whole requests. */

@@ -20,6 +20,14 @@ class NodeMetricsTest {
     }
     assertTrue(text.contains("kvferry_transfer_bytes_total 0.0"), text);
     assertTrue(text.contains("kvferry_transfer_failures_total 0.0"), text);
+    assertTrue(text.contains("kvferry_receives_done_by_word_total 0.0"), text);
+  }
+
+  @Test
+  void countsReceivesTheirDoneWordsReported() {
+    metrics.receiveDoneByWord();
+    metrics.receiveDoneByWord();
+    assertTrue(metrics.scrape().contains("kvferry_receives_done_by_word_total 2.0"));
   }
 
   @Test
