@@ -250,18 +250,21 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
   }
 
   private void writerDone(String transferId, int producerTpRank) {
-    forgetDoneWord(transferId);
     Incoming in = incoming.get(transferId);
     if (in == null) {
+      forgetDoneWord(transferId);
       tracker.tell(new RequestTrackerActor.ReceiveSucceeded(transferId, 0)); // ignored if ended
       return;
     }
     if (in.mayWrite != null) {
       in.mayWrite.remove(producerTpRank);
       if (!in.mayWrite.isEmpty()) {
-        return; // other P workers still write their heads
+        // Other P workers still write their heads, and their words may still end the receive
+        // first: a worker stores its word before it sends WriteDone, so this one's has landed.
+        return;
       }
     }
+    forgetDoneWord(transferId);
     WriteStamps.mark(WriteStamps.Stage.WRITER_DONE_SEEN);
     endIncoming(transferId);
     outbox.drop(transferId, rank -> {});

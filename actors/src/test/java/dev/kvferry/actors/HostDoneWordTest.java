@@ -144,7 +144,8 @@ class HostDoneWordTest {
 
   /**
    * P at TP 2 writes a D worker at TP 1: both P workers write into its blocks, each told a word of
-   * its own; the receive is done once both words are stored, and not on the first.
+   * its own; the receive is done once both words are stored, not on the first with its worker's
+   * WriteDone, and without the second worker's WriteDone.
    */
   private void decodeCompletesFromTwoWritersWordsOnlyOnceBothLanded(String kind) throws Exception {
     Pair t = transports(kind);
@@ -157,11 +158,14 @@ class HostDoneWordTest {
         ConnectorSettings.DEFAULTS, t.d(), fx.peerLayers);
     d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
         new ReqMeta("r4", "tx-r4", new int[] {1, 2}, null, "prefill-0", 0)));
-    PeerProtocol.DoneWord first = fishPeer(PeerProtocol.RemoteBlocks.class).doneWord();
-    PeerProtocol.DoneWord second = fishPeer(PeerProtocol.RemoteBlocks.class).doneWord();
-    assertNotNull(first, kind + ": each P worker is offered a word");
-    assertNotNull(second, kind + ": each P worker is offered a word");
-    assertTrue(first.slot() != second.slot(), "two writers share slot " + first.slot());
+    PeerProtocol.DoneWord a = fishPeer(PeerProtocol.RemoteBlocks.class).doneWord();
+    PeerProtocol.DoneWord b = fishPeer(PeerProtocol.RemoteBlocks.class).doneWord();
+    assertNotNull(a, kind + ": each P worker is offered a word");
+    assertNotNull(b, kind + ": each P worker is offered a word");
+    assertTrue(a.slot() != b.slot(), "two writers share slot " + a.slot());
+    // Words are handed out in the order of the workers' ranks (0, 1): the lower value is rank 0's.
+    PeerProtocol.DoneWord first = a.value() < b.value() ? a : b;
+    PeerProtocol.DoneWord second = first == a ? b : a;
 
     PeerDoneWords theirs = closeLater(t.p().openPeerDoneWords(first.file(), first.slots()));
     List<TransferStatus> writes = writeEveryLayer(t.d(), t.p());
@@ -169,13 +173,15 @@ class HostDoneWordTest {
     TransferStatus one = theirs.storeAfter(writes, fx.localLayers.get(0), layer0, first.slot(),
         first.value());
     assertTrue(one.completion().get(10, TimeUnit.SECONDS).succeeded(), one::toString);
+    // As P does: rank 0 sends its WriteDone after its word. Rank 1 still writes.
+    d.engineRef().tell(new PeerProtocol.WriteDone("tx-r4", "prefill-0", 0));
     fx.kit.createTestProbe().expectNoMessage(Duration.ofMillis(300));
     assertTrue(d.getFinished().isEmpty(), "done on one of two writers' words");
 
     TransferStatus two = theirs.storeAfter(List.of(), fx.localLayers.get(0), layer0,
         second.slot(), second.value());
     assertTrue(two.completion().get(10, TimeUnit.SECONDS).succeeded(), two::toString);
-    // No WriteDone from either P worker: their words alone complete the receive.
+    // No WriteDone from rank 1: its word completes the receive.
     Finished f = fx.awaitFinished(d, x -> x.doneReceiving().contains("r4"));
     assertEquals(Set.of("r4"), f.doneReceiving(), f.toString());
     assertTrue(f.failed().isEmpty(), f.toString());

@@ -156,6 +156,7 @@ public final class DemoCommand implements Callable<Integer> {
       System.out.println("process logs: " + demo.logDir());
       List<ModeReport> reports = demo.run();
       Demo.printTable(reports, System.out);
+      demo.doneWordsLine().ifPresent(System.out::println);
       boolean ok = reports.stream().allMatch(ModeReport::passed);
       System.out.println(ok ? "\nOK: every byte verified, no block leaked."
           : "\nFAILED: see the problems above and the logs in " + demo.logDir());

@@ -250,6 +250,41 @@ public final class Demo implements AutoCloseable {
     return java.net.URI.create("http://" + host + ":" + port + "/");
   }
 
+  /**
+   * What the decode node's metrics say of its receives: how many ended received, and how many of
+   * those P's done words reported ahead of WriteDone (WRITE only; READ receives never are); empty
+   * when its metrics cannot be read.
+   */
+  public java.util.Optional<String> doneWordsLine() {
+    try {
+      java.net.http.HttpResponse<String> r = java.net.http.HttpClient.newHttpClient().send(
+          java.net.http.HttpRequest.newBuilder(managementUri("decode").resolve("metrics"))
+              .timeout(Duration.ofSeconds(10)).build(),
+          java.net.http.HttpResponse.BodyHandlers.ofString());
+      double received = -1;
+      double byWord = -1;
+      for (String line : r.body().split("\n")) {
+        String value = line.substring(line.lastIndexOf(' ') + 1).trim();
+        if (line.startsWith("kvferry_transfers_total{outcome=\"received\"} ")) {
+          received = Double.parseDouble(value);
+        } else if (line.startsWith("kvferry_receives_done_by_word_total ")) {
+          byWord = Double.parseDouble(value);
+        }
+      }
+      if (received < 0 || byWord < 0) {
+        return java.util.Optional.empty();
+      }
+      return java.util.Optional.of(String.format(java.util.Locale.ROOT,
+          "decode node: %.0f receives, %.0f of them reported done by P's done words (WRITE only)",
+          received, byWord));
+    } catch (IOException | RuntimeException e) {
+      return java.util.Optional.empty();
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      return java.util.Optional.empty();
+    }
+  }
+
   /** This process's actor system, a member of the demo's cluster with role "client". */
   public ActorSystem<Void> client() {
     return client;
