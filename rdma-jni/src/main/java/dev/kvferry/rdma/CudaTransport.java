@@ -287,9 +287,15 @@ public final class CudaTransport implements EventOrderedTransport {
   public PeerDoneWords openPeerDoneWords(String name, int slots) {
     SharedDoneWords words = SharedDoneWords.openPeerWords(name, slots);
     return new PeerDoneWords() {
+      /** Set under this object's lock by close: no CPU store into the words after it. */
+      private boolean wordsClosed;
+
       /**
-       * Queued on the copy stream behind every copy queued so far ({@link #signalWhenCopied}):
-       * the writes need only have been submitted, not finished.
+       * Queued on the copy stream right behind the transfer's last copies when nothing else was
+       * queued on it since ({@link Lane#writeValueAfter}): the writes need only have been
+       * submitted. Otherwise the stream holds other work behind them (another request's copies,
+       * waiting for its layers' compute), and a store there would wait for that too: the CPU
+       * stores the word once the poller has seen the transfer's writes land.
        */
       @Override
       public TransferStatus storeAfter(
@@ -301,8 +307,29 @@ public final class CudaTransport implements EventOrderedTransport {
                 + w.failureMessage() + ")");
           }
         }
-        signalWhenCopied(local, remote, words.deviceAddress(slot), value);
-        return TransferStatus.succeeded(Long.BYTES);
+        long address = words.deviceAddress(slot);
+        if (writes.isEmpty()) {
+          signalWhenCopied(local, remote, address, value);
+          return TransferStatus.succeeded(Long.BYTES);
+        }
+        Lane lane = lanes.get(laneKey(local.device(), remote));
+        if (lane != null && lane.writeValueAfter(writes.get(writes.size() - 1), address, value)) {
+          return TransferStatus.succeeded(Long.BYTES);
+        }
+        TransferStatus stored = TransferStatus.pending();
+        PeerDoneWords.landed(writes).thenAccept(failure -> {
+          synchronized (this) {
+            if (failure != null) {
+              stored.fail("done word not stored: " + failure);
+            } else if (wordsClosed) {
+              stored.fail("done word not stored: " + words.name() + " was closed");
+            } else {
+              words.set(slot, value); // D polls words a GPU may store: no bell to ring
+              stored.succeed(Long.BYTES);
+            }
+          }
+        });
+        return stored;
       }
 
       /**
@@ -325,6 +352,9 @@ public final class CudaTransport implements EventOrderedTransport {
        */
       @Override
       public void close() {
+        synchronized (this) {
+          wordsClosed = true;
+        }
         if (!closed) {
           for (Lane lane : lanes.values()) {
             try {
@@ -439,6 +469,7 @@ public final class CudaTransport implements EventOrderedTransport {
         }
         long done = lane.takeEvent();
         Cuda.eventRecord(done, lane.stream);
+        lane.lastQueued = status;
         handedOff = true;
         // Watched under the lane's lock, so the poller's queue for the stream is in record order.
         poller.watchInOrder(
@@ -655,6 +686,11 @@ public final class CudaTransport implements EventOrderedTransport {
     final Memory attrIndex = new Memory(8);
     /** Closed because its peer left: a transfer that still got hold of it fails. */
     boolean closed;
+    /**
+     * The status of the copies queued on the stream last (set under the lane's lock): a done
+     * word stored right behind them waits for nothing else.
+     */
+    @Nullable TransferStatus lastQueued;
 
     Lane(int device) {
       this.device = device;
@@ -738,6 +774,19 @@ public final class CudaTransport implements EventOrderedTransport {
 
     synchronized void returnEvent(long event) {
       events.add(event);
+    }
+
+    /**
+     * Queues a store of {@code value} at {@code address} behind the lane's copies if {@code
+     * last}'s copies are the last queued on it; false, queueing nothing, otherwise.
+     */
+    synchronized boolean writeValueAfter(TransferStatus last, long address, long value) {
+      if (closed || lastQueued != last) {
+        return false;
+      }
+      Cuda.setDevice(device);
+      Cuda.streamWriteValue64(stream, address, value);
+      return true;
     }
 
     /** Queues a store of {@code value} at {@code address} behind the lane's copies. */

@@ -14,6 +14,7 @@ import dev.kvferry.rdma.cuda.Cuda;
 import dev.kvferry.rdma.cuda.CudaEvent;
 import dev.kvferry.rdma.cuda.CudaStream;
 import dev.kvferry.rdma.cuda.CudaUnavailableException;
+import dev.kvferry.rdma.cuda.SharedDoneWords;
 import java.util.Random;
 import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.Test;
@@ -200,6 +201,66 @@ class CudaTransportTest {
       assertTrue(s.completion().get(10, TimeUnit.SECONDS).succeeded(), s.toString());
       Cuda.memcpy(Pointer.nativeValue(back), dst + bytes - 8, 8);
       assertEquals(0x5a5a5a5a5a5a5a5aL, back.getLong(0));
+    } finally {
+      Cuda.free(src);
+      Cuda.free(dst);
+    }
+  }
+
+  /**
+   * Two transfers to one peer share its copy stream. The second waits there for its layer's
+   * event (held here behind a gate word the test opens); the first's done word must still land
+   * once the first's copies have, not behind the second's wait. Then a word stored right behind
+   * a transfer's copies, with nothing queued after them, lands from the stream itself.
+   */
+  @Test
+  void aTransfersDoneWordDoesNotWaitForAnotherTransferQueuedBehindIt() throws Exception {
+    assumeGpu();
+    Cuda.setDevice(0);
+    long bytes = 8 * BLOCK;
+    long src = Cuda.malloc(bytes);
+    long dst = Cuda.malloc(bytes);
+    String name = "kvferry-done-cuda-test-" + ProcessHandle.current().pid() + "-"
+        + Long.toHexString(System.nanoTime());
+    try (RegionRegistry r = new RegionRegistry("p");
+        SharedDoneWords decodeWords = SharedDoneWords.create(SharedDoneWords.PEER_DIR, name, 64);
+        SharedDoneWords gate = SharedDoneWords.openPeerWords(name, 64);
+        CudaTransport t = new CudaTransport();
+        CudaStream compute = CudaStream.create(0);
+        CudaEvent layer = CudaEvent.create(0, false)) {
+      MemoryRegion local = r.registerExternal(src, bytes, RegionKind.CUDA, 0);
+      MemoryRegion remote = r.registerExternal(dst, bytes, RegionKind.CUDA, 0);
+      RegionDescriptor to = t.describe(remote);
+      TransferBatch firstHalf = new TransferBatch(
+          new long[] {0}, new long[] {0}, new long[] {4 * BLOCK});
+      TransferBatch secondHalf = new TransferBatch(
+          new long[] {4 * BLOCK}, new long[] {4 * BLOCK}, new long[] {4 * BLOCK});
+      // The second transfer's layer: its event fires only once the test opens the gate (slot 63).
+      Cuda.streamWaitValue64(compute.handle(), gate.deviceAddress(63), 1);
+      layer.record(compute);
+      TransferStatus first = t.write(local, to, firstHalf);
+      TransferStatus second;
+      PeerDoneWords words = t.openPeerDoneWords(name, 64);
+      try {
+        second = t.writeAfter(layer, local, to, secondHalf);
+        TransferStatus stored =
+            words.storeAfter(java.util.List.of(first), local, to, 5, 4101);
+        assertTrue(decodeWords.awaitAtLeast(5, 4101, TimeUnit.SECONDS.toNanos(30)) > 0,
+            "the first transfer's word waits behind the second transfer's layer");
+        assertTrue(stored.completion().get(10, TimeUnit.SECONDS).succeeded(), stored.toString());
+        assertFalse(second.completion().isDone(), "the gate is still shut: " + second);
+      } finally {
+        decodeWords.set(63, 1); // open the gate, or closing would wait for the stream forever
+      }
+      assertTrue(second.completion().get(10, TimeUnit.SECONDS).succeeded(), second.toString());
+
+      TransferStatus third = t.write(local, to, firstHalf);
+      TransferStatus storedOnStream =
+          words.storeAfter(java.util.List.of(third), local, to, 6, 4102);
+      assertTrue(storedOnStream.succeeded(), "queued on the stream at once: " + storedOnStream);
+      assertTrue(decodeWords.awaitAtLeast(6, 4102, TimeUnit.SECONDS.toNanos(30)) > 0);
+      assertTrue(third.completion().get(10, TimeUnit.SECONDS).succeeded(), third.toString());
+      words.close();
     } finally {
       Cuda.free(src);
       Cuda.free(dst);

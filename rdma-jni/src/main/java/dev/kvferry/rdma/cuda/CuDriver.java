@@ -54,6 +54,12 @@ final class CuDriver {
    */
   static native int cuStreamWriteValue64_v2(long stream, long address, long value, int flags);
 
+  /**
+   * cuStreamWaitValue64 (the _v2 ABI name, CUDA 11.7+): the stream waits until the word at
+   * {@code address} is at least {@code value} (flags 0: CU_STREAM_WAIT_VALUE_GEQ).
+   */
+  static native int cuStreamWaitValue64_v2(long stream, long address, long value, int flags);
+
   /** cuMemGetAddressRange, whose ABI name since CUDA 3.2 is the _v2 one. */
   static native int cuMemGetAddressRange_v2(long[] base, long[] size, long devPtr);
 }

@@ -298,6 +298,15 @@ public final class Cuda {
         CuDriver.cuStreamWriteValue64_v2(stream, devicePtr, value, 0));
   }
 
+  /**
+   * Makes {@code stream} wait, on the GPU, until the word at {@code devicePtr} (device memory or
+   * mapped host memory) is at least {@code value}: work queued behind it runs only then.
+   */
+  public static void streamWaitValue64(long stream, long devicePtr, long value) {
+    checkDriver("cuStreamWaitValue64",
+        CuDriver.cuStreamWaitValue64_v2(stream, devicePtr, value, 0));
+  }
+
   public static void memset(long devicePtr, int value, long bytes) {
     require();
     check("cudaMemset", CudaRt.cudaMemset(devicePtr, value, bytes));
