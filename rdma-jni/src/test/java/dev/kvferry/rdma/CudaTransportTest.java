@@ -209,8 +209,8 @@ class CudaTransportTest {
 
   /**
    * Two transfers to one peer share its copy stream. The second waits there for its layer's
-   * event (held here behind a gate word the test opens); the first's done word must still land
-   * once the first's copies have, not behind the second's wait. Then a word stored right behind
+   * event (held here behind a gate word the test opens); the first's done word, stored after the
+   * second was queued, must still land, not wait behind the second's wait. Then a word stored right behind
    * a transfer's copies, with nothing queued after them, lands from the stream itself.
    */
   @Test
@@ -235,10 +235,13 @@ class CudaTransportTest {
           new long[] {0}, new long[] {0}, new long[] {4 * BLOCK});
       TransferBatch secondHalf = new TransferBatch(
           new long[] {4 * BLOCK}, new long[] {4 * BLOCK}, new long[] {4 * BLOCK});
+      // Landed before the gate shuts: the lane and its kernels are made now (loading a module
+      // while a stream waits on the gate would wait for the gate).
+      TransferStatus first = t.write(local, to, firstHalf);
+      assertTrue(first.completion().get(10, TimeUnit.SECONDS).succeeded(), first.toString());
       // The second transfer's layer: its event fires only once the test opens the gate (slot 63).
       Cuda.streamWaitValue64(compute.handle(), gate.deviceAddress(63), 1);
       layer.record(compute);
-      TransferStatus first = t.write(local, to, firstHalf);
       TransferStatus second;
       PeerDoneWords words = t.openPeerDoneWords(name, 64);
       try {
