@@ -295,10 +295,12 @@ final class LayerWriter {
       return words.storeAfter(writes, local, remote, word.slot(), word.value()).completion();
     };
     // cuda queues the store on its copy stream, a driver call: kept off the writer's thread, on
-    // the strand of the layers' submissions. The host transports only hang the store on the
-    // writes' completions, so no hop: through the I/O pool it ran after the last copy had ended
-    // in 10% or more of the e2e bench's requests.
-    (eventOrdered != null ? allSubmitted.thenComposeAsync(store, gpuOrdered)
+    // the I/O pool. Not on the strand of the submissions: there it waited behind every other
+    // request's queued submissions; the transport orders it after our copies under the lane's
+    // lock, and against a peer's cleanup under the words' lock. The host transports only hang
+    // the store on the writes' completions, so no hop: through the I/O pool it ran after the
+    // last copy had ended in 10% or more of the e2e bench's requests.
+    (eventOrdered != null ? allSubmitted.thenComposeAsync(store, io)
         : allSubmitted.thenCompose(store))
         .whenComplete((stored, error) -> {
           String why = error != null ? error.toString()
@@ -360,8 +362,9 @@ final class LayerWriter {
     }
     // Blocking native calls (a copy stream waits for its queued copies): off the actor thread,
     // and in this order: streams drained, then the words their stores target unmapped. On the
-    // strand that queues GPU-ordered copies, hints and done words, so none of those is queued
-    // between the drain and the unmapping (a GPU store into memory no longer registered).
+    // strand that queues GPU-ordered copies and hints, so neither is queued between the drain
+    // and the unmapping (a GPU store into memory no longer registered); a done word's store
+    // checks under the words' lock that they are not closed, and close drains after that.
     gpuOrdered.execute(() -> {
       try {
         transport.peerGone(any);

@@ -308,13 +308,21 @@ public final class CudaTransport implements EventOrderedTransport {
           }
         }
         long address = words.deviceAddress(slot);
-        if (writes.isEmpty()) {
-          signalWhenCopied(local, remote, address, value);
-          return TransferStatus.succeeded(Long.BYTES);
-        }
-        Lane lane = lanes.get(laneKey(local.device(), remote));
-        if (lane != null && lane.writeValueAfter(writes.get(writes.size() - 1), address, value)) {
-          return TransferStatus.succeeded(Long.BYTES);
+        // Under the words' lock, as close sets wordsClosed before it drains the streams: a store
+        // queued here is drained before the words are unregistered, or not queued at all.
+        synchronized (this) {
+          if (wordsClosed) {
+            return TransferStatus.failed("done word not stored: " + words.name() + " was closed");
+          }
+          if (writes.isEmpty()) {
+            signalWhenCopied(local, remote, address, value);
+            return TransferStatus.succeeded(Long.BYTES);
+          }
+          Lane lane = lanes.get(laneKey(local.device(), remote));
+          if (lane != null
+              && lane.writeValueAfter(writes.get(writes.size() - 1), address, value)) {
+            return TransferStatus.succeeded(Long.BYTES);
+          }
         }
         TransferStatus stored = TransferStatus.pending();
         PeerDoneWords.landed(writes).thenAccept(failure -> {
