@@ -212,7 +212,7 @@ def get(url: str, path: str) -> dict:
 
 
 def metric(url: str, name: str) -> float:
-    """One unlabelled series of a node's `/metrics` (Prometheus text format)."""
+    """One series of a JVM's `/metrics` (Prometheus text format): a name, labels included if any."""
     with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
         for line in r.read().decode().splitlines():
             if line.startswith(name + " "):

@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from .cluster import (Engine, JvmProcess, Node, complete, free_port, jvm_threads_started, needs_node, settle,
+from .cluster import (Engine, JvmProcess, Node, complete, free_port, jvm_threads_started, metric, needs_node, settle,
                       workdir)
 
 pytestmark = needs_node
@@ -219,11 +219,9 @@ def test_the_router_starts_no_thread_per_request(deployment: Deployment) -> None
 
 
 def test_metrics_count_outcomes_and_time_to_first_token(deployment: Deployment) -> None:
-    u = f"http://127.0.0.1:{deployment.router.management_port}/metrics"
-    import urllib.request
-    text = urllib.request.urlopen(u, timeout=30).read().decode()
-    ok = [l for l in text.splitlines() if l.startswith('kvferry_router_requests_total{outcome="ok"}')]
-    assert ok and float(ok[0].split()[-1]) > 0, text[:2000]
+    u = f"http://127.0.0.1:{deployment.router.management_port}"
+    assert metric(u, 'kvferry_router_requests_total{outcome="ok"}') > 0
+    text = urllib.request.urlopen(u + "/metrics", timeout=30).read().decode()
     assert "kvferry_router_ttft_seconds_bucket" in text
 
 

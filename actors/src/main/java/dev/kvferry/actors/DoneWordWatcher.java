@@ -207,11 +207,6 @@ final class DoneWordWatcher implements AutoCloseable {
     return deleted;
   }
 
-  /** Watches a word for {@code transferId}, written by one P worker. */
-  Ticket register(String transferId) {
-    return register(transferId, 1)[0];
-  }
-
   /**
    * Watches {@code parts} words for {@code transferId}, one per P worker writing it (each stores
    * its {@link Ticket#value} in its own slot); reported once all of them hold their values.

@@ -9,7 +9,6 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.Objects;
 import java.util.Optional;
 import org.agrona.collections.IntHashSet;
 import org.apache.pekko.actor.typed.ActorRef;
@@ -19,7 +18,6 @@ import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
 import org.apache.pekko.actor.typed.javadsl.ActorContext;
 import org.apache.pekko.actor.typed.javadsl.Behaviors;
 import org.apache.pekko.actor.typed.javadsl.Receive;
-import org.jspecify.annotations.Nullable;
 
 /**
  * D's side of WRITE mode: tells P's workers which of our blocks to write into ({@link
@@ -47,36 +45,12 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
   /** From the {@link DoneWordWatcher}: every P worker's copies of a transfer landed. */
   private record DoneWordSeen(String transferId) implements Command {}
 
-  /** A receive this worker began and has not ended. */
-  private static final class Incoming {
-    final ReqMeta request;
-    /** P workers told our blocks that have not finished; null until P's TP size is known. */
-    @Nullable IntHashSet mayWrite;
-    /** Why it is ending; non-null: P was asked to abandon and we wait for mayWrite to empty. */
-    @Nullable String failure;
-    /**
-     * What each P worker was told, by its TP rank (null until then; each carries that worker's
-     * own done word): told again to a worker's new incarnation.
-     */
-    @Nullable Map<Integer, PeerProtocol.RemoteBlocks> blocks;
-    /** The incarnation each P worker's blocks went to, by its TP rank. */
-    final Map<Integer, ActorRef<EngineActor.Command>> toldWorkers = new HashMap<>(2);
-
-    Incoming(ReqMeta request) {
-      this.request = request;
-    }
-
-    boolean nobodyMayWrite() {
-      return mayWrite == null || mayWrite.isEmpty();
-    }
-  }
-
   private final EngineIdentity self;
   private final boolean mla;
   private final ActorRef<RequestTrackerActor.Command> tracker;
   private final ClusterMessageLimit messageLimit;
   private final PeerOutbox outbox;
-  private final Map<String, Incoming> incoming = new HashMap<>();
+  private final Map<String, IncomingReceive> incoming = new HashMap<>();
   /**
    * Transfers that ended here, or that a P worker ended before this worker began them: an
    * announce of one begins nothing (the tracker refuses the id as a duplicate), so no P worker is
@@ -108,7 +82,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     this.outbox = new PeerOutbox(ctx.getLog(), setup.settings());
     outbox.onDelivery((to, message, worker) -> {
       if (message instanceof PeerProtocol.RemoteBlocks b) {
-        Incoming in = incoming.get(b.transferId());
+        IncomingReceive in = incoming.get(b.transferId());
         if (in != null) {
           in.toldWorkers.put(to.tpRank(), worker);
         }
@@ -146,31 +120,31 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     if (incoming.containsKey(r.transferId())) {
       return this; // a duplicate of one in flight: the tracker refuses it, the first goes on
     }
-    Incoming in = new Incoming(r);
+    IncomingReceive in = new IncomingReceive(r);
     incoming.put(r.transferId(), in);
     outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> tellBlocks(in, prefillTp));
     return this;
   }
 
   /** Every P worker whose heads overlap ours writes its slice, and says when it is done. */
-  private void tellBlocks(Incoming in, int prefillTp) {
+  private void tellBlocks(IncomingReceive in, int prefillTp) {
     ReqMeta r = in.request;
     if (incoming.get(r.transferId()) != in || in.failure != null) {
       return;
     }
-    int[] sources = PeerPlanning.sourcesFor(self, prefillTp, mla);
+    int[] sources = PeerPlanning.sourcesFor(self, prefillTp, mla); // never empty
     // One done word per P worker, each in its own slot: the receive is done once all landed.
     PeerProtocol.DoneWord[] words =
         doneWords.handOut(r.transferId(), r.requestId(), sources.length);
-    Map<Integer, PeerProtocol.RemoteBlocks> told = new HashMap<>(sources.length * 2);
+    PeerProtocol.RemoteBlocks[] told = new PeerProtocol.RemoteBlocks[sources.length];
     for (int i = 0; i < sources.length; i++) {
-      told.put(sources[i], remoteBlocks(r, words == null ? null : words[i]));
+      told[i] = new PeerProtocol.RemoteBlocks(r.transferId(), r.requestId(), r.localBlockIds(),
+          self.engineId(), self.dpRank(), self.tpRank(), words == null ? null : words[i],
+          engineUid);
     }
-    // Each worker's message differs only in its word: one stands for all in the size check.
-    PeerProtocol.RemoteBlocks blocks =
-        sources.length == 0 ? remoteBlocks(r, null) : Objects.requireNonNull(told.get(sources[0]));
+    // The messages differ only in their words: the first stands for all in the size check.
     Optional<String> tooBig =
-        messageLimit.whyNotSendable(blocks, r.localBlockIds().length,
+        messageLimit.whyNotSendable(told[0], r.localBlockIds().length,
             () -> "the list of " + r.localBlockIds().length + " block ids of request "
                 + r.requestId());
     if (tooBig.isPresent()) {
@@ -186,21 +160,11 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       }
       return;
     }
-    IntHashSet due = new IntHashSet(sources.length);
-    for (int source : sources) {
-      due.add(source);
-    }
-    in.mayWrite = due;
-    in.blocks = told;
+    in.told(sources, told);
     WriteStamps.mark(WriteStamps.Stage.BLOCKS_TOLD);
-    for (int source : sources) {
-      outbox.send(r.remoteEngineId(), source, Objects.requireNonNull(told.get(source)));
+    for (int i = 0; i < sources.length; i++) {
+      outbox.send(r.remoteEngineId(), sources[i], told[i]);
     }
-  }
-
-  private PeerProtocol.RemoteBlocks remoteBlocks(ReqMeta r, PeerProtocol.@Nullable DoneWord word) {
-    return new PeerProtocol.RemoteBlocks(r.transferId(), r.requestId(), r.localBlockIds(),
-        self.engineId(), self.dpRank(), self.tpRank(), word, engineUid);
   }
 
   /** A receive ends here: its id begins nothing again. */
@@ -229,15 +193,9 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
   private Behavior<Command> onDoneWordSeen(DoneWordSeen m) {
     // Every P worker's word landed: each one still due is done (a worker whose WriteDone
     // overtook the words is not due any more).
-    Incoming in = incoming.get(m.transferId());
-    IntHashSet due = in == null ? null : in.mayWrite;
-    if (due != null) {
-      int[] ranks = new int[due.size()];
-      int n = 0;
-      for (IntHashSet.IntIterator it = due.iterator(); it.hasNext(); ) {
-        ranks[n++] = it.nextValue();
-      }
-      for (int rank : ranks) { // writerDone takes each out of due
+    IncomingReceive in = incoming.get(m.transferId());
+    if (in != null) {
+      for (int rank : in.dueRanks()) { // writerDone takes each out of those due
         writerDone(m.transferId(), rank);
       }
     }
@@ -250,7 +208,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
   }
 
   private void writerDone(String transferId, int producerTpRank) {
-    Incoming in = incoming.get(transferId);
+    IncomingReceive in = incoming.get(transferId);
     if (in == null) {
       forgetDoneWord(transferId);
       tracker.tell(new RequestTrackerActor.ReceiveSucceeded(transferId, 0)); // ignored if ended
@@ -282,7 +240,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     settleIfDoneByWord(f.transferId());
     String reason = "engine " + f.engineId() + ": " + f.reason();
     forgetDoneWord(f.transferId());
-    Incoming in = incoming.get(f.transferId());
+    IncomingReceive in = incoming.get(f.transferId());
     if (in != null) {
       if (in.mayWrite != null) {
         in.mayWrite.remove(f.senderTpRank()); // that P worker writes no more
@@ -320,7 +278,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
    * once every P worker told our blocks confirmed or left.
    */
   private void endTransfer(String transferId, String reason) {
-    Incoming in = incoming.get(transferId);
+    IncomingReceive in = incoming.get(transferId);
     if (in == null) {
       outbox.drop(transferId, rank -> {});
       tracker.tell(new RequestTrackerActor.TransferFailed(transferId, reason));
@@ -356,8 +314,8 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
   private Behavior<Command> onDirectoryChanged(DirectoryChanged m) {
     EngineDirectory now = m.directory();
     EngineDirectory before = outbox.replaceDirectory(now);
-    List<Incoming> ending = new ArrayList<>();
-    for (Incoming in : incoming.values()) {
+    List<IncomingReceive> ending = new ArrayList<>();
+    for (IncomingReceive in : incoming.values()) {
       String p = in.request.remoteEngineId();
       // Only receives whose blocks P was told: one still waiting for P's TP size told nobody,
       // so nothing can land in it, and P may be an engine attaching again (its old worker
@@ -367,7 +325,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
         ending.add(in);
       }
     }
-    for (Incoming in : ending) {
+    for (IncomingReceive in : ending) {
       String transferId = in.request.transferId();
       endTransfer(transferId, "prefill engine " + in.request.remoteEngineId()
           + " left the cluster during transfer " + transferId);
@@ -385,27 +343,21 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
    * Receives already ending are left to end.
    */
   private void tellNewIncarnations(EngineDirectory now) {
-    for (Incoming in : incoming.values()) {
-      Map<Integer, PeerProtocol.RemoteBlocks> blocks = in.blocks;
-      IntHashSet due = in.mayWrite;
+    for (IncomingReceive in : incoming.values()) {
       String p = in.request.remoteEngineId();
-      String transferId = in.request.transferId();
-      if (blocks == null || due == null || in.failure != null || !now.contains(p)
-          || doneWords.reportedDone(transferId)) { // the blocks are the engine's now
+      if (in.failure != null || !now.contains(p)
+          || doneWords.reportedDone(in.transferId())) { // the blocks are the engine's now
         continue;
       }
-      List<Integer> gone = new ArrayList<>();
-      in.toldWorkers.forEach((rank, worker) -> {
-        boolean stillRouted = now.find(p, rank).map(e -> e.ref().equals(worker)).orElse(false);
-        if (due.contains(rank) && !stillRouted) {
-          gone.add(rank);
+      for (int rank : in.stoppedTellers(now)) {
+        PeerProtocol.RemoteBlocks blocks = in.blocksFor(rank);
+        if (blocks == null) {
+          continue; // never: a worker is listed in toldWorkers once its blocks went out
         }
-      });
-      for (int rank : gone) {
         getContext().getLog().info("{}: P worker {} (rank {}) that was told transfer {}'s blocks"
             + " stopped; telling its engine's next incarnation", self.label(),
-            in.toldWorkers.remove(rank).path(), rank, transferId);
-        outbox.send(p, rank, Objects.requireNonNull(blocks.get(rank)));
+            in.toldWorkers.remove(rank).path(), rank, in.transferId());
+        outbox.send(p, rank, blocks);
       }
     }
   }

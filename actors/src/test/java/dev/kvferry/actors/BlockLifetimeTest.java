@@ -392,17 +392,9 @@ class BlockLifetimeTest {
     });
   }
 
-  private void twoPrefillWorkersListed() {
-    for (int rank = 0; rank < 2; rank++) {
-      fx.startPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, rank, 2, TransferMode.WRITE),
-          fx::peerMetadata);
-    }
-    fx.awaitListed(Role.PREFILL, "prefill-0");
-  }
-
   @Test
   void aReceiveFromTwoPrefillWorkersIsReportedOnlyOnceBothHaveWritten() {
-    twoPrefillWorkersListed();
+    fx.twoPrefillWorkersListed();
     ConnectorWorker d =
         fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0", ConnectorSettings.DEFAULTS);
     d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
@@ -417,7 +409,7 @@ class BlockLifetimeTest {
 
   @Test
   void aTimeoutAfterOneOfTwoPrefillWorkersWroteAsksOnlyTheOtherAndWaitsForIt() {
-    twoPrefillWorkersListed();
+    fx.twoPrefillWorkersListed();
     ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0",
         ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(400)));
     d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(

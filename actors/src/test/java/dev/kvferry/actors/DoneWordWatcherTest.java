@@ -53,8 +53,8 @@ class DoneWordWatcherTest {
   @ValueSource(booleans = {false, true})
   void reportsATransferOnceItsWordHoldsItsValueAndNotBefore(boolean belled) throws Exception {
     open(belled);
-    DoneWordWatcher.Ticket a = watcher.register("tx-a");
-    DoneWordWatcher.Ticket b = watcher.register("tx-b");
+    DoneWordWatcher.Ticket a = watcher.register("tx-a", 1)[0];
+    DoneWordWatcher.Ticket b = watcher.register("tx-b", 1)[0];
     assertTrue(b.value() > a.value());
     store(b, b.value() - 1); // an older value in b's word: not b's store
     assertEquals(null, seen.poll(200, TimeUnit.MILLISECONDS));
@@ -70,7 +70,7 @@ class DoneWordWatcherTest {
   void hintsOfATransfersLastLayersReportNothingAndItsDoneValueStillDoes(boolean belled)
       throws Exception {
     open(belled);
-    DoneWordWatcher.Ticket t = watcher.register("tx-hinted");
+    DoneWordWatcher.Ticket t = watcher.register("tx-hinted", 1)[0];
     store(t, SharedDoneWords.progressValue(t.value(), 8)); // layer 0 of 8 landed: far
     assertEquals(null, seen.poll(200, TimeUnit.MILLISECONDS));
     assertEquals(0, watcher.nearHints(), "8 layers behind is not near the end");
@@ -132,7 +132,7 @@ class DoneWordWatcherTest {
   @ValueSource(booleans = {false, true})
   void aForgottenTransferIsNotReported(boolean belled) throws Exception {
     open(belled);
-    DoneWordWatcher.Ticket t = watcher.register("tx-gone");
+    DoneWordWatcher.Ticket t = watcher.register("tx-gone", 1)[0];
     watcher.forget("tx-gone");
     store(t, t.value());
     assertEquals(null, seen.poll(300, TimeUnit.MILLISECONDS));
@@ -142,10 +142,10 @@ class DoneWordWatcherTest {
   @ValueSource(booleans = {false, true})
   void aSlotReusedWhileItsTransferIsPendingFallsBackToMessages(boolean belled) throws Exception {
     open(belled);
-    DoneWordWatcher.Ticket first = watcher.register("tx-old");
+    DoneWordWatcher.Ticket first = watcher.register("tx-old", 1)[0];
     DoneWordWatcher.Ticket reuse = null;
     for (int i = 0; i < DoneWordWatcher.SLOTS; i++) {
-      DoneWordWatcher.Ticket t = watcher.register("tx-" + i);
+      DoneWordWatcher.Ticket t = watcher.register("tx-" + i, 1)[0];
       watcher.forget("tx-" + i);
       if (t.slot() == first.slot()) {
         reuse = t;
@@ -162,7 +162,7 @@ class DoneWordWatcherTest {
   @Test
   void aWordStoredWithoutARingIsStillSeenBySleepingWatcher() throws Exception {
     open(true);
-    DoneWordWatcher.Ticket t = watcher.register("tx-quiet");
+    DoneWordWatcher.Ticket t = watcher.register("tx-quiet", 1)[0];
     ring = false; // a P that stores and does not ring: the watcher's timed sleep still ends
     store(t, t.value());
     assertEquals("tx-quiet", seen.poll(10, TimeUnit.SECONDS));

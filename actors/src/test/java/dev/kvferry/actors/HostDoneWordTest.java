@@ -149,11 +149,7 @@ class HostDoneWordTest {
    */
   private void decodeCompletesFromTwoWritersWordsOnlyOnceBothLanded(String kind) throws Exception {
     Pair t = transports(kind);
-    for (int rank = 0; rank < 2; rank++) {
-      fx.startPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, rank, 2, TransferMode.WRITE),
-          fx::peerMetadata);
-    }
-    fx.awaitListed(Role.PREFILL, "prefill-0", 2);
+    fx.twoPrefillWorkersListed();
     ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0",
         ConnectorSettings.DEFAULTS, t.d(), fx.peerLayers);
     d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(

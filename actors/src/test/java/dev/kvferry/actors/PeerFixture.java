@@ -187,6 +187,15 @@ final class PeerFixture implements AutoCloseable {
             });
   }
 
+  /** Hand-played P workers of "prefill-0" at TP 2 (WRITE), both listed. */
+  void twoPrefillWorkersListed() {
+    for (int rank = 0; rank < 2; rank++) {
+      startPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, rank, 2, TransferMode.WRITE),
+          this::peerMetadata);
+    }
+    awaitListed(Role.PREFILL, "prefill-0", 2);
+  }
+
   /** Waits until {@code engineId} is listed in the local Receptionist. */
   void awaitListed(Role role, String engineId) {
     awaitListed(role, engineId, 1);

@@ -789,20 +789,20 @@ public final class CudaTransport implements EventOrderedTransport {
      * last}'s copies are the last queued on it; false, queueing nothing, otherwise.
      */
     synchronized boolean writeValueAfter(TransferStatus last, long address, long value) {
-      if (closed || lastQueued != last) {
+      return lastQueued == last && writeValue(address, value);
+    }
+
+    /**
+     * Queues a store of {@code value} at {@code address} behind the lane's copies; false, queueing
+     * nothing, once the lane is closed.
+     */
+    synchronized boolean writeValue(long address, long value) {
+      if (closed) {
         return false;
       }
       Cuda.setDevice(device);
       Cuda.streamWriteValue64(stream, address, value);
       return true;
-    }
-
-    /** Queues a store of {@code value} at {@code address} behind the lane's copies. */
-    synchronized void writeValue(long address, long value) {
-      if (!closed) {
-        Cuda.setDevice(device);
-        Cuda.streamWriteValue64(stream, address, value);
-      }
     }
 
     /** Waits for the lane's queued work (no-op once closed: closing waited already). */

@@ -257,21 +257,10 @@ public final class Demo implements AutoCloseable {
    */
   public java.util.Optional<String> doneWordsLine() {
     try {
-      java.net.http.HttpResponse<String> r = java.net.http.HttpClient.newHttpClient().send(
-          java.net.http.HttpRequest.newBuilder(managementUri("decode").resolve("metrics"))
-              .timeout(Duration.ofSeconds(10)).build(),
-          java.net.http.HttpResponse.BodyHandlers.ofString());
-      double received = -1;
-      double byWord = -1;
-      for (String line : r.body().split("\n")) {
-        String value = line.substring(line.lastIndexOf(' ') + 1).trim();
-        if (line.startsWith("kvferry_transfers_total{outcome=\"received\"} ")) {
-          received = Double.parseDouble(value);
-        } else if (line.startsWith("kvferry_receives_done_by_word_total ")) {
-          byWord = Double.parseDouble(value);
-        }
-      }
-      if (received < 0 || byWord < 0) {
+      Map<String, Double> m = NodeMetricsText.read(managementUri("decode").resolve("metrics"));
+      Double received = m.get("kvferry_transfers_total{outcome=\"received\"}");
+      Double byWord = m.get("kvferry_receives_done_by_word_total");
+      if (received == null || byWord == null) {
         return java.util.Optional.empty();
       }
       return java.util.Optional.of(String.format(java.util.Locale.ROOT,

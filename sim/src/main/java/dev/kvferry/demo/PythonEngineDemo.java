@@ -172,16 +172,8 @@ public final class PythonEngineDemo implements AutoCloseable {
     long sum = 0;
     for (int port : managementPorts) {
       try {
-        java.net.http.HttpResponse<String> r = java.net.http.HttpClient.newHttpClient().send(
-            java.net.http.HttpRequest.newBuilder(java.net.URI.create(
-                "http://127.0.0.1:" + port + "/metrics"))
-                .timeout(Duration.ofSeconds(10)).build(),
-            java.net.http.HttpResponse.BodyHandlers.ofString());
-        for (String line : r.body().split("\n")) {
-          if (line.startsWith("kvferry_transfer_bytes_total ")) {
-            sum += (long) Double.parseDouble(line.substring(line.indexOf(' ') + 1).trim());
-          }
-        }
+        sum += NodeMetricsText.read(java.net.URI.create("http://127.0.0.1:" + port + "/metrics"))
+            .getOrDefault("kvferry_transfer_bytes_total", 0.0).longValue();
       } catch (IOException e) {
         return -1;
       } catch (InterruptedException e) {
