@@ -197,10 +197,33 @@ public final class NotifyRoundTripSuite {
   /** Round trips after the warm-up, and the decode JVM's CPU time per round trip meanwhile. */
   private record Measured(double[] samplesUs, double cpuUsPerRoundTrip) {}
 
+  /**
+   * With {@code -Dkvferry.notify.samples-file=F}: appends each sampled round trip to F as "sent
+   * at ns,round trip us", so a tail can be laid against the time it happened (bursts against a
+   * steady rate, other processes' activity).
+   */
+  private static void writeSamplesFile(long[] sentAt, double[] samplesUs) {
+    String file = System.getProperty("kvferry.notify.samples-file");
+    if (file == null) {
+      return;
+    }
+    try (java.io.PrintWriter w = new java.io.PrintWriter(new java.io.FileWriter(file, true))) {
+      w.println("sent at ns,round trip us");
+      for (int i = 0; i < samplesUs.length; i++) {
+        w.println(sentAt[i] + "," + samplesUs[i]);
+      }
+    } catch (IOException e) {
+      // Inside the pinger: a throw would stop it before it answers, and the suite would wait.
+      System.err.println("kvferry bench: samples not written to " + file + ": " + e);
+    }
+  }
+
   /** The decode side: one RemoteBlocks out, wait for its WriteDone, record, next. */
   private static final class Pinger {
     private final Start start;
     private final double[] samples;
+    /** When each sampled round trip was sent ({@link System#nanoTime}), for the samples file. */
+    private final long[] sentAt;
     private final long warmupEndNanos;
     private int sent;
     private int warmedUpAt = -1;
@@ -210,6 +233,7 @@ public final class NotifyRoundTripSuite {
     private Pinger(Start start) {
       this.start = start;
       this.samples = new double[start.roundTrips()];
+      this.sentAt = new long[start.roundTrips()];
       this.warmupEndNanos = System.nanoTime() + start.warmupNanos();
     }
 
@@ -255,9 +279,11 @@ public final class NotifyRoundTripSuite {
         cpuAtWarmedUpNanos = processCpuNanos();
       } else if (warmedUpAt >= 0) {
         samples[i - warmedUpAt] = (now - sentNanos) / 1e3;
+        sentAt[i - warmedUpAt] = sentNanos;
       }
       if (warmedUpAt >= 0 && sent == warmedUpAt + start.roundTrips()) {
         double cpuUs = (processCpuNanos() - cpuAtWarmedUpNanos) / 1e3 / start.roundTrips();
+        writeSamplesFile(sentAt, samples);
         start.result().complete(new Measured(samples, cpuUs));
         return Behaviors.stopped();
       }
