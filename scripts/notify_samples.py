@@ -17,10 +17,9 @@ def load(path):
 
 
 def percentile(sorted_values, p):
-    k = (len(sorted_values) - 1) * p / 100
-    lo = int(k)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+    """The bench's own percentile (Samples.percentile: nearest rank, no interpolation), so this
+    script's p50 and p99 are the figures the bench printed for the same samples."""
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * p / 100))]
 
 
 def main(paths):

@@ -262,18 +262,9 @@ public final class EndToEndSuite {
    *     Linux: {@code perf record -k CLOCK_MONOTONIC} lines a scheduler trace up with it)
    */
   private static String describeStages(double[][] perRequest, long[] firedAt) {
-    String dump = System.getProperty("kvferry.e2e.stages-file");
-    if (dump != null) {
-      try (java.io.PrintWriter w = new java.io.PrintWriter(new java.io.FileWriter(dump, true))) {
-        w.println("last layer event ns," + String.join(",", STAGE_NAMES));
-        for (int i = 0; i < perRequest.length; i++) {
-          w.println(firedAt[i] + ","
-              + java.util.Arrays.toString(perRequest[i]).replaceAll("[\\[\\] ]", ""));
-        }
-      } catch (IOException e) {
-        throw new java.io.UncheckedIOException(e);
-      }
-    }
+    SamplesFile.appendIfAsked("kvferry.e2e.stages-file",
+        "last layer event ns," + String.join(",", STAGE_NAMES), firedAt,
+        i -> java.util.Arrays.toString(perRequest[i]).replaceAll("[\\[\\] ]", ""));
     return StageMedians.describe(STAGE_NAMES, perRequest);
   }
 

@@ -152,6 +152,9 @@ public final class NotifyRoundTripSuite {
       }
       pinger.tell(new Start(prefill, blocks, warmup, warmupNanos, roundTrips, measured));
       Measured m = measured.get(10, TimeUnit.MINUTES);
+      // -Dkvferry.notify.samples-file=F: each measured round trip with when it was sent.
+      SamplesFile.appendIfAsked("kvferry.notify.samples-file", "sent at ns,round trip us",
+          m.sentAtNanos(), i -> String.valueOf(m.samplesUs()[i]));
       return new Latency(Samples.percentile(m.samplesUs(), 50), Samples.percentile(m.samplesUs(), 99),
           m.cpuUsPerRoundTrip());
     } catch (Exception e) {
@@ -194,35 +197,16 @@ public final class NotifyRoundTripSuite {
   private record Start(ActorRef<EngineActor.Command> prefill, int[] blockIds, int warmup,
       long warmupNanos, int roundTrips, CompletableFuture<Measured> result) {}
 
-  /** Round trips after the warm-up, and the decode JVM's CPU time per round trip meanwhile. */
-  private record Measured(double[] samplesUs, double cpuUsPerRoundTrip) {}
-
   /**
-   * With {@code -Dkvferry.notify.samples-file=F}: appends each sampled round trip to F as "sent
-   * at ns,round trip us", so a tail can be laid against the time it happened (bursts against a
-   * steady rate, other processes' activity).
+   * Round trips after the warm-up, when each was sent ({@link System#nanoTime}), and the decode
+   * JVM's CPU time per round trip meanwhile.
    */
-  private static void writeSamplesFile(long[] sentAt, double[] samplesUs) {
-    String file = System.getProperty("kvferry.notify.samples-file");
-    if (file == null) {
-      return;
-    }
-    try (java.io.PrintWriter w = new java.io.PrintWriter(new java.io.FileWriter(file, true))) {
-      w.println("sent at ns,round trip us");
-      for (int i = 0; i < samplesUs.length; i++) {
-        w.println(sentAt[i] + "," + samplesUs[i]);
-      }
-    } catch (IOException e) {
-      // Inside the pinger: a throw would stop it before it answers, and the suite would wait.
-      System.err.println("kvferry bench: samples not written to " + file + ": " + e);
-    }
-  }
+  private record Measured(double[] samplesUs, long[] sentAtNanos, double cpuUsPerRoundTrip) {}
 
   /** The decode side: one RemoteBlocks out, wait for its WriteDone, record, next. */
   private static final class Pinger {
     private final Start start;
     private final double[] samples;
-    /** When each sampled round trip was sent ({@link System#nanoTime}), for the samples file. */
     private final long[] sentAt;
     private final long warmupEndNanos;
     private int sent;
@@ -283,8 +267,7 @@ public final class NotifyRoundTripSuite {
       }
       if (warmedUpAt >= 0 && sent == warmedUpAt + start.roundTrips()) {
         double cpuUs = (processCpuNanos() - cpuAtWarmedUpNanos) / 1e3 / start.roundTrips();
-        writeSamplesFile(sentAt, samples);
-        start.result().complete(new Measured(samples, cpuUs));
+        start.result().complete(new Measured(samples, sentAt, cpuUs));
         return Behaviors.stopped();
       }
       send();
