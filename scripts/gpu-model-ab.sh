@@ -7,7 +7,10 @@
 # are added to the nodes' (KVFERRY_NODE_JAVA_OPTS), and the CPU sets (taskset lists such as 0-3)
 # pin P's engine process, D's, and the router and nodes (gpu_check --pin-cpus, KVFERRY_NODE_CPUS),
 # and the VAR=VALUE pairs go to that variant's environment, the engines' included (e.g.
-# KVFERRY_PORT_SPIN_US=500: the engines' port clients poll for replies).
+# KVFERRY_PORT_SPIN_US=500: the engines' port clients poll for replies). KVFERRY_MPS=1 among them
+# runs that variant under an MPS control daemon of the user's own (started before the run, its
+# pipe and log folders under /tmp, quit after it; the GPU's compute mode is left as it is), so
+# the engines' and nodes' work on one GPU shares one context instead of time-slicing.
 #
 # usage: OUT=DIR scripts/gpu-model-ab.sh ROUNDS P_GPU D_GPU NAME=[JAR][@OPTS][+CPUS]... -- [gpu_check flags]
 #   e.g. OUT=$OUT/ab scripts/gpu-model-ab.sh 2 0 0 before=.device/ab/old.jar after= -- --modes read
@@ -16,6 +19,7 @@
 # env:   AB_TIMEOUT   seconds per run (default 150); a run past it is cut, what it wrote stays
 #        KVFERRY_PORT_BASE  the first run's base port; each later run adds 100
 #        KVFERRY_NODE_JAVA_OPTS  options of every variant (e.g. -Dkvferry.stamps=true)
+#        MPS_QUIT_S   seconds an MPS daemon gets to quit after its run (default 30), then killed
 # Output: $OUT/<NAME>-<round>/ (console.txt, and stamps.txt, the READ start stamps' medians per
 # kind of transfer, when the nodes stamped), each run's node logs as logs.tgz there, and all of
 # it as $OUT/../<basename of OUT>.tgz (a device call returns at most 8 files).
@@ -59,12 +63,34 @@ for round in $(seq 1 "$rounds"); do
     fi
     dir=$OUT/$name-$round
     mkdir -p "$dir"
+    mps=
+    for e in "${envs[@]}"; do [ "$e" = KVFERRY_MPS=1 ] && mps=$(mktemp -d /tmp/kvferry-mps.XXXXXX); done
+    if [ -n "$mps" ]; then
+      mkdir -p "$mps/pipe" "$mps/log"
+      envs+=("CUDA_MPS_PIPE_DIRECTORY=$mps/pipe" "CUDA_MPS_LOG_DIRECTORY=$mps/log")
+      command -v nvidia-cuda-mps-control > /dev/null || { echo "KVFERRY_MPS=1 in $name, but no nvidia-cuda-mps-control" >&2; exit 2; }
+      env "${envs[@]}" nvidia-cuda-mps-control -d || { echo "the MPS control daemon of $name did not start" >&2; exit 2; }
+    fi
     echo "== $name, round $round, port base $port, $(date -u +%H:%M:%S)${first:+, classes first: $first}${opts:+, options: $opts}${cpus:+, CPUs P:D:nodes $cpus}${envs[*]:+, environment: ${envs[*]}}"
     start=$SECONDS
     env "${envs[@]}" OUT=$dir KVFERRY_PORT_BASE=$port KVFERRY_CP_FIRST=$first KVFERRY_NODE_JAVA_OPTS="$base_opts $opts" \
       KVFERRY_NODE_CPUS=$node_cpus \
       timeout "${AB_TIMEOUT:-150}" bash "$here/gpu-model.sh" "$P" "$D" "$@" "${pin[@]}" > "$dir/console.txt" 2>&1
     echo "   rc=$? wall $((SECONDS - start)) s"
+    if [ -n "$mps" ]; then
+      # The run's processes are gone (gpu-model.sh stops its own), so the server can shut down.
+      servers=$(echo get_server_list | env "${envs[@]}" timeout 10 nvidia-cuda-mps-control 2>&1 | tr '\n' ' ')
+      echo "   MPS servers during the run: ${servers:-none}" | tee -a "$dir/console.txt"
+      for server in $servers; do
+        clients=$(echo "get_client_list $server" | env "${envs[@]}" timeout 10 nvidia-cuda-mps-control 2>&1 | tr '\n' ' ')
+        echo "   MPS server $server's clients after the run: ${clients:-none}" | tee -a "$dir/console.txt"
+        for c in $clients; do [[ $c =~ ^[0-9]+$ ]] && ps -o pid=,etime=,args= -p "$c" | cut -c1-160; done | tee -a "$dir/console.txt"
+      done
+      echo quit | env "${envs[@]}" timeout "${MPS_QUIT_S:-30}" nvidia-cuda-mps-control > /dev/null 2>&1 \
+        || { echo "   the MPS daemon did not quit in ${MPS_QUIT_S:-30} s; killed"; pkill -KILL -u "$(id -u)" -f nvidia-cuda-mps; }
+      cp "$mps/log/control.log" "$dir/mps-control.log" 2>/dev/null
+      rm -rf "$mps"
+    fi
     grep -E "^TTFT read n|^TTFT write n|paired, added|checks|FAIL" "$dir/console.txt" | head -20
     run=$dir/gpu-model-p$P-d$D
     if [ -f "$run/decode.log" ] && grep -q "read start stamps" "$run/decode.log"; then

@@ -34,6 +34,15 @@ stop_check() {
 cleanup() {
   stop_check
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  # A JVM's shutdown (leaving the cluster, closing its CUDA contexts) takes a moment; one still
+  # running after 15 s is killed, so no node of this run outlives it into the next.
+  for _ in $(seq 150); do
+    alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ $alive = 0 ] && break
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$work"
 }
@@ -52,8 +61,11 @@ logs=${out:-$work}
 # -Dkvferry.cuda.copy-method=memcpy-batch (auto, kernel or memcpy-batch; docs/gpu.md).
 # KVFERRY_NODE_CPUS (e.g. 4-15): the router and nodes run only on these CPUs (taskset), away from
 # engines pinned with --pin-cpus.
+# Run in the background only: exec makes the background job the JVM itself, so its pid ($!) is
+# the JVM's and a signal to it reaches the JVM (without exec the JVM was the job's child, and
+# stopping the job left every node running after the script).
 kvferry() {
-  ${KVFERRY_NODE_CPUS:+taskset -c "$KVFERRY_NODE_CPUS"} "$JAVA" -Xmx2g -XX:+UseSerialGC ${KVFERRY_GC_LOG:+"-Xlog:gc:file=$KVFERRY_GC_LOG"} "${CUDA_PROPS[@]}" \
+  exec ${KVFERRY_NODE_CPUS:+taskset -c "$KVFERRY_NODE_CPUS"} "$JAVA" -Xmx2g -XX:+UseSerialGC ${KVFERRY_GC_LOG:+"-Xlog:gc:file=$KVFERRY_GC_LOG"} "${CUDA_PROPS[@]}" \
     ${KVFERRY_JVM_OPTS:-} -cp "$CP" dev.kvferry.cli.KvferryCli "$@"
 }
 # KVFERRY_PORT_BASE (default 25520): the router's cluster port; P, D and the management ports are

@@ -53,10 +53,14 @@ def bundle(tmp_path: Path) -> Path:
     text = text.replace(marker, marker
                         + '  if [ "$1" = node ] && [ "$3" = "${DIE_ROLE:-none}" ]; then\n'
                         + '    echo "Bind failed: address already in use"; sleep 1; return 1\n'
-                        + '  fi\n'
-                        + f'  exec sleep {JVM_SLEEP}\n', 1)
+                        + '  fi\n', 1)
     (tmp_path / "gpu-model.sh").write_text(text)
-    (tmp_path / "gpu-env.sh").write_text("JAVA=true\nCP=unused\nCUDA_PROPS=()\n")
+    # The script's own launch line runs this stand-in for java: a process of its own, as the JVM
+    # is, so a node the script only thinks it stopped is found as a leftover.
+    java = tmp_path / "java"
+    java.write_text(f"#!/usr/bin/env bash\nexec sleep {JVM_SLEEP}\n")
+    java.chmod(0o755)
+    (tmp_path / "gpu-env.sh").write_text(f"JAVA={java}\nCP=unused\nCUDA_PROPS=()\n")
     pkg = tmp_path / "python" / "kvferry"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")

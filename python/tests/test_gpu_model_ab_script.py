@@ -1,0 +1,99 @@
+"""scripts/gpu-model-ab.sh's MPS variant, without a GPU: the script itself with a stand-in for
+gpu-model.sh (it records what a run saw) and for nvidia-cuda-mps-control (a daemon marker in its
+pipe folder). What is checked: the daemon runs during that variant's run and only then, its
+clients are pointed at it, it is quit afterwards, and its log and temporary folders are handled."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu-model-ab.sh"
+
+STAND_IN_RUN = """#!/usr/bin/env bash
+# Records the MPS pipe folder this run was given and whether a daemon was up in it.
+pipe=${CUDA_MPS_PIPE_DIRECTORY:-}
+up=no; [ -n "$pipe" ] && [ -f "$pipe/daemon" ] && up=yes
+echo "run pipe=${pipe:-none} daemon=$up args=$*" >> "$RECORD"
+echo "TTFT write n=1024: stand-in"
+"""
+
+STAND_IN_CONTROL = """#!/usr/bin/env bash
+# nvidia-cuda-mps-control: -d starts the daemon; on stdin, get_server_list and quit.
+: "${CUDA_MPS_PIPE_DIRECTORY:?}" "${CUDA_MPS_LOG_DIRECTORY:?}"
+if [ "${1:-}" = -d ]; then
+  touch "$CUDA_MPS_PIPE_DIRECTORY/daemon"; echo "started" > "$CUDA_MPS_LOG_DIRECTORY/control.log"
+  echo "control -d" >> "$RECORD"; exit 0
+fi
+read -r cmd
+echo "control $cmd" >> "$RECORD"
+case $cmd in
+  get_server_list) echo 4242 ;;
+  get_client_list*) echo $$ ;;
+  quit) [ "${QUIT_HANGS:-0}" = 1 ] && exec sleep 3023; rm -f "$CUDA_MPS_PIPE_DIRECTORY/daemon" ;;
+esac
+"""
+
+
+def _executable(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+@pytest.fixture
+def scripts(tmp_path: Path) -> Path:
+    if shutil.which("pgrep") is None:
+        pytest.skip("needs pgrep (procps)")
+    here = tmp_path / "scripts"
+    here.mkdir()
+    shutil.copy(SCRIPT, here / "gpu-model-ab.sh")
+    _executable(here / "gpu-model.sh", STAND_IN_RUN)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _executable(bin_dir / "nvidia-cuda-mps-control", STAND_IN_CONTROL)
+    return here
+
+
+def _ab(scripts: Path, *variants: str, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    record = scripts.parent / "record.txt"
+    record.touch()
+    before = set(Path("/tmp").glob("kvferry-mps.*"))
+    run_env = dict(os.environ, OUT=str(scripts.parent / "out" / "ab"), RECORD=str(record),
+                   PATH=f"{scripts.parent / 'bin'}:{os.environ['PATH']}", **env)
+    done = subprocess.run(["bash", str(scripts / "gpu-model-ab.sh"), "1", "0", "0", *variants,
+                           "--", "--prompts", "0"], env=run_env, capture_output=True, text=True,
+                          timeout=120)
+    assert set(Path("/tmp").glob("kvferry-mps.*")) == before, "an MPS folder was left in /tmp"
+    return done, record.read_text().splitlines()
+
+
+def test_only_the_mps_variant_runs_under_a_daemon_that_is_quit_after_it(scripts: Path):
+    done, record = _ab(scripts, "plain=", "mps=%KVFERRY_MPS=1")
+    assert done.returncode == 0, done.stderr
+    runs = [line for line in record if line.startswith("run ")]
+    assert runs[0].startswith("run pipe=none daemon=no"), record
+    assert "daemon=yes" in runs[1] and "/tmp/kvferry-mps." in runs[1], record
+    controls = [line for line in record if line.startswith("control")]
+    assert controls == ["control -d", "control get_server_list", "control get_client_list 4242",
+                        "control quit"], record
+    assert record.index("control -d") < record.index(runs[1]) < record.index("control quit")
+    out = scripts.parent / "out" / "ab"
+    assert (out / "mps-1" / "mps-control.log").read_text() == "started\n"
+    console = (out / "mps-1" / "console.txt").read_text()
+    assert "MPS servers during the run: 4242" in console
+    assert "MPS server 4242's clients after the run: " in console
+    assert not (out / "plain-1" / "mps-control.log").exists()
+
+
+def test_a_daemon_that_does_not_quit_is_killed(scripts: Path):
+    done, record = _ab(scripts, "mps=%KVFERRY_MPS=1", QUIT_HANGS="1", MPS_QUIT_S="2")
+    assert done.returncode == 0, done.stderr
+    assert "did not quit in 2 s; killed" in done.stdout
+    left = subprocess.run(["pgrep", "-f", "sleep 3023"], capture_output=True, text=True).stdout
+    assert left.strip() == "", f"the hung control is still running: {left}"
