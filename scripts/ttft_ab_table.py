@@ -28,8 +28,8 @@ LINE = re.compile(r"^\s*TTFT (?P<mode>\w+) n=(?P<n>\d+) paired, (?P<what>.+?): "
 
 
 def consoles(source: Path) -> list[tuple[str, str]]:
-    """(run name, console text) per run, in the order the A/B ran them (each console's last
-    write, which the call's archive keeps)."""
+    """(run name, console text) per run, by each console's last write (in a call's archive, the
+    order the A/B ran them; a checked-out folder's times are all alike, and then by name)."""
     runs: list[tuple[float, str, str]] = []
     if source.is_dir():
         for f in source.glob("*/console.txt"):

@@ -183,13 +183,16 @@ class _EngineState:
         if quiet_ms > 0:
             time.sleep(quiet_ms / 1e3)
         prof = _profiler() if profile else None
+        allocs = _device_allocs(e.cache.device)
         t0 = time.perf_counter()
         logits, blocks = e.first_token(rid, prompt, adm["blocks"], remote=True)
         e._sync()
         t1 = time.perf_counter()
+        allocs = _device_allocs(e.cache.device) - allocs
         prof_text = _profiler_done(prof, sort_by="self_cpu_time_total")
         r["logits"], r["blocks"] = logits, blocks
         return {"ok": True, "received_at": got["end"], "first_start": t0, "first_end": t1, "profile": prof_text,
+                "device_allocs": allocs,
                 "receive": {k: got.get(k) for k in ("start", "loads_at", "layer0_at", "waited_at", "steps")},
                 "load_errors": got["load_errors"], "range": [lo, hi], "first_split": dict(e.last_first)}
 
@@ -451,14 +454,16 @@ class _EngineState:
         tp = time.perf_counter()
         prof_text = _profiler_done(prof, sort_by="self_cpu_time_total")
         prof = _profiler() if profile_first else None
+        allocs = _device_allocs(b.cache.device)
         tf = time.perf_counter()
         _, blocks = b.first_token(rid, prompt, pre["blocks"], remote=False)
         b._sync()
         t1 = time.perf_counter()
+        allocs = _device_allocs(b.cache.device) - allocs
         first_text = _profiler_done(prof, sort_by="self_cpu_time_total")
         b.finish_decoded(rid, blocks)
         return {"ttft_s": t1 - t0, "prefill_s": tp - t0, "first_s": t1 - tf, "first_split": dict(b.last_first),
-                "profile": prof_text, "first_profile": first_text}
+                "profile": prof_text, "first_profile": first_text, "device_allocs": allocs}
 
     def cmd_layer_copy_time(self, tokens: int, reps: int = 20) -> dict:
         """One layer's KV of ``tokens`` tokens copied device to device by torch (the same bytes
@@ -479,6 +484,17 @@ class _EngineState:
             z.synchronize()
             times.append(a.elapsed_time(z))
         return {"bytes": nbytes, "ms": statistics.median(times[2:])}
+
+
+def _device_allocs(device: Any) -> int:
+    """How many device allocations (cudaMalloc) PyTorch's caching allocator has made so far in
+    this process; 0 on the CPU. Read around a timed step, it says whether the step had to grow
+    the allocator's pool (each such call takes the CPU far longer than a cached block)."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return 0
+    import torch
+
+    return int(torch.cuda.memory_stats(device).get("num_device_alloc", 0))
 
 
 def _profiler() -> Any:
@@ -907,6 +923,8 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                          ("d_first_port_ms", first["first_split"].get("port_ms", 0.0)),
                          ("d_first_forward_ms", first["first_split"].get("forward_ms", 0.0)),
                          ("baseline_first_forward_ms", b["first_split"].get("forward_ms", 0.0)),
+                         ("d_first_device_allocs", first.get("device_allocs", 0)),
+                         ("baseline_first_device_allocs", b.get("device_allocs", 0)),
                          *((f"p_op_ms[{op}]", ms) for op, ms in sorted(pre.get("port_ops_ms", {}).items()))):
                 parts.setdefault(k, []).append(v)
             # READ: the span from P's end until D had every layer, in steps (P's request_finished
