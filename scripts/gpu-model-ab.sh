@@ -68,8 +68,10 @@ for round in $(seq 1 "$rounds"); do
     if [ -n "$mps" ]; then
       mkdir -p "$mps/pipe" "$mps/log"
       envs+=("CUDA_MPS_PIPE_DIRECTORY=$mps/pipe" "CUDA_MPS_LOG_DIRECTORY=$mps/log")
-      command -v nvidia-cuda-mps-control > /dev/null || { echo "KVFERRY_MPS=1 in $name, but no nvidia-cuda-mps-control" >&2; exit 2; }
-      env "${envs[@]}" nvidia-cuda-mps-control -d || { echo "the MPS control daemon of $name did not start" >&2; exit 2; }
+      command -v nvidia-cuda-mps-control > /dev/null \
+        || { echo "KVFERRY_MPS=1 in $name, but no nvidia-cuda-mps-control on PATH" >&2; rm -rf "$mps"; exit 2; }
+      env "${envs[@]}" nvidia-cuda-mps-control -d \
+        || { echo "the MPS control daemon of $name did not start" >&2; rm -rf "$mps"; exit 2; }
     fi
     echo "== $name, round $round, port base $port, $(date -u +%H:%M:%S)${first:+, classes first: $first}${opts:+, options: $opts}${cpus:+, CPUs P:D:nodes $cpus}${envs[*]:+, environment: ${envs[*]}}"
     start=$SECONDS

@@ -97,3 +97,13 @@ def test_a_daemon_that_does_not_quit_is_killed(scripts: Path):
     assert "did not quit in 2 s; killed" in done.stdout
     left = subprocess.run(["pgrep", "-f", "sleep 3023"], capture_output=True, text=True).stdout
     assert left.strip() == "", f"the hung control is still running: {left}"
+
+
+def test_without_the_mps_control_program_the_variant_is_refused_before_any_run(scripts: Path):
+    if shutil.which("nvidia-cuda-mps-control"):
+        pytest.skip("this host has the real nvidia-cuda-mps-control on PATH")
+    (scripts.parent / "bin" / "nvidia-cuda-mps-control").unlink()
+    done, record = _ab(scripts, "mps=%KVFERRY_MPS=1")
+    assert done.returncode == 2
+    assert "KVFERRY_MPS=1 in mps, but no nvidia-cuda-mps-control on PATH" in done.stderr
+    assert record == [], record
