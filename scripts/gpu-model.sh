@@ -51,6 +51,8 @@ GPU_ENV_WORK=$work
 source "$here/gpu-env.sh"
 if [ -d "$here/python/kvferry" ]; then py=$here/python; else py=$(cd "$here/.." && pwd)/python; fi
 nvidia-smi -L 2>/dev/null || true
+# The CPU topology, for reading the run's CPU placement (cpu_sets.py picks whole cores per set).
+[ -f "$here/cpu_sets.py" ] && { python3 "$here/cpu_sets.py" --describe || true; }
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.version.cuda)'
 out=${OUT:+$OUT/gpu-model-p$P-d$D}
 [ -z "$out" ] || mkdir -p "$out"
