@@ -73,6 +73,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("sources", nargs="+", type=Path)
     ap.add_argument("--mode", default="write", choices=["write", "read"])
     a = ap.parse_args(argv)
+    missing = [str(s) for s in a.sources if not s.exists()]
+    if missing:
+        ap.error(f"no such file or folder: {', '.join(missing)}")
     print(table(a.sources, a.mode))
     return 0
 

@@ -49,3 +49,13 @@ def test_a_folder_reads_like_its_archive(tmp_path: Path):
         (tmp_path / "ab" / name).mkdir(parents=True)
         (tmp_path / "ab" / name / "console.txt").write_text(text)
     assert "| x-1 | 1.269" in ttft_ab_table.table([tmp_path / "ab"], "write")
+
+
+def test_a_missing_source_is_named_and_nothing_printed(tmp_path: Path):
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "ttft_ab_table.py"), str(tmp_path / "nope.tgz")],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert "no such file or folder: " + str(tmp_path / "nope.tgz") in out.stderr
+    assert out.stdout == ""
