@@ -2,16 +2,20 @@
 """CPU sets of whole physical cores for P's engine, D's engine and the JVMs (router and nodes),
 as scripts/gpu-model-ab.sh's +P_CPUS:D_CPUS:NODE_CPUS takes them.
 
-usage: scripts/cpu_sets.py [--p-cores N] [--d-cores N] [--sysfs DIR] [--describe]
+usage: scripts/cpu_sets.py [--p-cores N] [--d-cores N] [--sysfs DIR] [--allowed LIST] [--describe]
 
 Each engine gets N physical cores with every hardware thread of them; the JVMs get the cores
 left. So no thread of one set shares a core with another set's (a CPU list such as 0-3 need not
 be whole cores where the machine numbers a core's two threads apart, e.g. 0 and 8). The cores
-are taken in order of their first CPU, P's first. --describe prints the machine's cores instead."""
+are taken in order of their first CPU, P's first. Only CPUs this process may run on count (its
+affinity, which a container's cpuset narrows; --allowed instead, for a --sysfs tree that is not
+this machine's); a core with a thread outside them is left out, as taskset could not give it
+whole. --describe prints the machine's cores instead."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -41,8 +45,9 @@ def format_list(cpus: list[int]) -> str:
     return ",".join(out)
 
 
-def cores(sysfs: Path) -> list[list[int]]:
-    """The online physical cores, each as its hardware threads, ordered by their first CPU."""
+def cores(sysfs: Path, allowed: set[int] | None = None) -> list[list[int]]:
+    """The online physical cores whose every thread is in ``allowed`` (None: all), each as its
+    hardware threads, ordered by their first CPU."""
     online_file = sysfs / "online"
     online = set(parse_list(online_file.read_text())) if online_file.exists() else None
     seen: dict[tuple[int, ...], None] = {}
@@ -54,6 +59,8 @@ def cores(sysfs: Path) -> list[list[int]]:
         threads = parse_list(siblings.read_text()) if siblings.exists() else [cpu]
         if online is not None:
             threads = [t for t in threads if t in online]
+        if allowed is not None and not set(threads) <= allowed:
+            continue
         seen.setdefault(tuple(sorted(threads)), None)
     return sorted((list(c) for c in seen), key=lambda c: c[0])
 
@@ -75,9 +82,16 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--p-cores", type=int, default=2)
     ap.add_argument("--d-cores", type=int, default=2)
     ap.add_argument("--sysfs", type=Path, default=Path("/sys/devices/system/cpu"))
+    ap.add_argument("--allowed", default=None, help="CPU list to choose from (default: this process's affinity)")
     ap.add_argument("--describe", action="store_true")
     a = ap.parse_args(argv)
-    found = cores(a.sysfs)
+    if a.allowed is not None:
+        allowed: set[int] | None = set(parse_list(a.allowed))
+    elif hasattr(os, "sched_getaffinity"):
+        allowed = set(os.sched_getaffinity(0))
+    else:
+        allowed = None
+    found = cores(a.sysfs, allowed)
     if not found:
         print(f"no CPUs under {a.sysfs}", file=sys.stderr)
         return 2

@@ -40,6 +40,51 @@ done
 base_opts=${KVFERRY_NODE_JAVA_OPTS:-}
 port=${KVFERRY_PORT_BASE:-27000}
 mkdir -p "$OUT"
+# The MPS control daemon of the variant running now, if any: its folder (pipe and log under it).
+mps=
+mps_start() {  # NAME: starts a daemon of the user's own with a fresh pipe folder
+  mps=$(mktemp -d /tmp/kvferry-mps.XXXXXX)
+  mkdir -p "$mps/pipe" "$mps/log"
+  if ! command -v nvidia-cuda-mps-control > /dev/null; then
+    echo "KVFERRY_MPS=1 in $1, but no nvidia-cuda-mps-control on PATH" >&2; rm -rf "$mps"; mps=; exit 2
+  fi
+  if ! CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log nvidia-cuda-mps-control -d; then
+    echo "the MPS control daemon of $1 did not start" >&2; rm -rf "$mps"; mps=; exit 2
+  fi
+}
+mps_ctl() {  # COMMAND: one command to this run's daemon, its answer on stdout
+  echo "$1" | CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log \
+    timeout "${2:-10}" nvidia-cuda-mps-control 2>&1
+}
+mps_stop() {  # [RUN_DIR]: reports the daemon's servers and their clients there, quits it, cleans up
+  [ -n "$mps" ] || return 0
+  local dir=${1:-} servers clients p
+  if [ -n "$dir" ]; then
+    # The run's processes are gone (gpu-model.sh stops its own), so the server can shut down.
+    servers=$(mps_ctl get_server_list | tr '\n' ' ')
+    echo "   MPS servers during the run: ${servers:-none}" | tee -a "$dir/console.txt"
+    for server in $servers; do
+      clients=$(mps_ctl "get_client_list $server" | tr '\n' ' ')
+      echo "   MPS server $server's clients after the run: ${clients:-none}" | tee -a "$dir/console.txt"
+      for c in $clients; do [[ $c =~ ^[0-9]+$ ]] && ps -o pid=,etime=,args= -p "$c" | cut -c1-160; done | tee -a "$dir/console.txt"
+    done
+  fi
+  if ! mps_ctl quit "${MPS_QUIT_S:-30}" > /dev/null; then
+    # Only this run's daemon and server: the processes whose environment names its pipe folder.
+    echo "   the MPS daemon did not quit in ${MPS_QUIT_S:-30} s; killed"
+    for p in $(pgrep -u "$(id -u)" -f nvidia-cuda-mps); do
+      tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "CUDA_MPS_PIPE_DIRECTORY=$mps/pipe" \
+        && kill -KILL "$p" 2>/dev/null
+    done
+  fi
+  [ -z "$dir" ] || cp "$mps/log/control.log" "$dir/mps-control.log" 2>/dev/null
+  rm -rf "$mps"
+  mps=
+}
+# A daemon is quit however the script ends (an outer timeout's TERM included).
+trap 'mps_stop' EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 for round in $(seq 1 "$rounds"); do
   for v in "${variants[@]}"; do
     name=${v%%=*} spec=${v#*=} opts= cpus= envs=()
@@ -64,35 +109,15 @@ for round in $(seq 1 "$rounds"); do
     dir=$OUT/$name-$round
     mkdir -p "$dir"
     mps=
-    for e in "${envs[@]}"; do [ "$e" = KVFERRY_MPS=1 ] && mps=$(mktemp -d /tmp/kvferry-mps.XXXXXX); done
-    if [ -n "$mps" ]; then
-      mkdir -p "$mps/pipe" "$mps/log"
-      envs+=("CUDA_MPS_PIPE_DIRECTORY=$mps/pipe" "CUDA_MPS_LOG_DIRECTORY=$mps/log")
-      command -v nvidia-cuda-mps-control > /dev/null \
-        || { echo "KVFERRY_MPS=1 in $name, but no nvidia-cuda-mps-control on PATH" >&2; rm -rf "$mps"; exit 2; }
-      env "${envs[@]}" nvidia-cuda-mps-control -d \
-        || { echo "the MPS control daemon of $name did not start" >&2; rm -rf "$mps"; exit 2; }
-    fi
+    for e in "${envs[@]}"; do [ "$e" = KVFERRY_MPS=1 ] && [ -z "$mps" ] && mps_start "$name"; done
+    [ -z "$mps" ] || envs+=("CUDA_MPS_PIPE_DIRECTORY=$mps/pipe" "CUDA_MPS_LOG_DIRECTORY=$mps/log")
     echo "== $name, round $round, port base $port, $(date -u +%H:%M:%S)${first:+, classes first: $first}${opts:+, options: $opts}${cpus:+, CPUs P:D:nodes $cpus}${envs[*]:+, environment: ${envs[*]}}"
     start=$SECONDS
     env "${envs[@]}" OUT=$dir KVFERRY_PORT_BASE=$port KVFERRY_CP_FIRST=$first KVFERRY_NODE_JAVA_OPTS="$base_opts $opts" \
       KVFERRY_NODE_CPUS=$node_cpus \
       timeout "${AB_TIMEOUT:-150}" bash "$here/gpu-model.sh" "$P" "$D" "$@" "${pin[@]}" > "$dir/console.txt" 2>&1
     echo "   rc=$? wall $((SECONDS - start)) s"
-    if [ -n "$mps" ]; then
-      # The run's processes are gone (gpu-model.sh stops its own), so the server can shut down.
-      servers=$(echo get_server_list | env "${envs[@]}" timeout 10 nvidia-cuda-mps-control 2>&1 | tr '\n' ' ')
-      echo "   MPS servers during the run: ${servers:-none}" | tee -a "$dir/console.txt"
-      for server in $servers; do
-        clients=$(echo "get_client_list $server" | env "${envs[@]}" timeout 10 nvidia-cuda-mps-control 2>&1 | tr '\n' ' ')
-        echo "   MPS server $server's clients after the run: ${clients:-none}" | tee -a "$dir/console.txt"
-        for c in $clients; do [[ $c =~ ^[0-9]+$ ]] && ps -o pid=,etime=,args= -p "$c" | cut -c1-160; done | tee -a "$dir/console.txt"
-      done
-      echo quit | env "${envs[@]}" timeout "${MPS_QUIT_S:-30}" nvidia-cuda-mps-control > /dev/null 2>&1 \
-        || { echo "   the MPS daemon did not quit in ${MPS_QUIT_S:-30} s; killed"; pkill -KILL -u "$(id -u)" -f nvidia-cuda-mps; }
-      cp "$mps/log/control.log" "$dir/mps-control.log" 2>/dev/null
-      rm -rf "$mps"
-    fi
+    mps_stop "$dir"
     grep -E "^TTFT read n|^TTFT write n|paired, added|checks|FAIL" "$dir/console.txt" | head -20
     run=$dir/gpu-model-p$P-d$D
     if [ -f "$run/decode.log" ] && grep -q "read start stamps" "$run/decode.log"; then

@@ -188,7 +188,7 @@ class _EngineState:
         logits, blocks = e.first_token(rid, prompt, adm["blocks"], remote=True)
         e._sync()
         t1 = time.perf_counter()
-        allocs = _device_allocs(e.cache.device) - allocs
+        allocs = _allocs_between(allocs, _device_allocs(e.cache.device))
         prof_text = _profiler_done(prof, sort_by="self_cpu_time_total")
         r["logits"], r["blocks"] = logits, blocks
         return {"ok": True, "received_at": got["end"], "first_start": t0, "first_end": t1, "profile": prof_text,
@@ -459,7 +459,7 @@ class _EngineState:
         _, blocks = b.first_token(rid, prompt, pre["blocks"], remote=False)
         b._sync()
         t1 = time.perf_counter()
-        allocs = _device_allocs(b.cache.device) - allocs
+        allocs = _allocs_between(allocs, _device_allocs(b.cache.device))
         first_text = _profiler_done(prof, sort_by="self_cpu_time_total")
         b.finish_decoded(rid, blocks)
         return {"ttft_s": t1 - t0, "prefill_s": tp - t0, "first_s": t1 - tf, "first_split": dict(b.last_first),
@@ -486,15 +486,22 @@ class _EngineState:
         return {"bytes": nbytes, "ms": statistics.median(times[2:])}
 
 
-def _device_allocs(device: Any) -> int:
+def _device_allocs(device: Any) -> int | None:
     """How many device allocations (cudaMalloc) PyTorch's caching allocator has made so far in
-    this process; 0 on the CPU. Read around a timed step, it says whether the step had to grow
-    the allocator's pool (each such call takes the CPU far longer than a cached block)."""
+    this process; 0 on the CPU, None where this PyTorch does not count them. Read around a timed
+    step (``_allocs_between``), it says whether the step had to grow the allocator's pool (each
+    such call takes the CPU far longer than a cached block)."""
     if getattr(device, "type", "cpu") != "cuda":
         return 0
     import torch
 
-    return int(torch.cuda.memory_stats(device).get("num_device_alloc", 0))
+    stats = torch.cuda.memory_stats(device)
+    return int(stats["num_device_alloc"]) if "num_device_alloc" in stats else None
+
+
+def _allocs_between(before: int | None, after: int | None) -> int:
+    """Device allocations between two readings; -1 when either is missing, never read as none."""
+    return -1 if before is None or after is None else after - before
 
 
 def _profiler() -> Any:

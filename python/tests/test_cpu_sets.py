@@ -22,8 +22,8 @@ def _sysfs(tmp: Path, siblings: dict[int, str], online: str | None = None) -> Pa
     return tmp
 
 
-def _run(sysfs: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), "--sysfs", str(sysfs), *args],
+def _run(sysfs: Path, *args: str, allowed: str = "0-63") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), "--sysfs", str(sysfs), "--allowed", allowed, *args],
                           capture_output=True, text=True, timeout=30)
 
 
@@ -54,3 +54,19 @@ def test_too_few_cores_is_refused_with_the_count(tmp_path: Path):
     assert out.returncode == 2
     assert "2 physical cores here; 2 for P, 2 for D and at least one for the JVMs need 5" in out.stderr
     assert out.stdout == ""
+
+
+def test_only_cores_whose_every_thread_this_process_may_use(tmp_path: Path):
+    # A cpuset of 0-5 and 8-9: cores 4 and 5 have their second threads (12, 13) outside it.
+    sysfs = _sysfs(tmp_path, {c: f"{c % 8},{c % 8 + 8}" for c in range(16)})
+    out = _run(sysfs, "--p-cores", "1", "--d-cores", "1", allowed="0-5,8-9")
+    assert out.returncode == 2  # cores 0 and 1 only: one for each engine, none for the JVMs
+    assert "2 physical cores here" in out.stderr
+    out = _run(sysfs, "--p-cores", "1", "--d-cores", "1", allowed="0-2,8-10")
+    assert out.stdout.strip() == "0,8:1,9:2,10"
+
+
+def test_the_default_is_this_process_s_own_affinity():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--describe"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "physical cores" in out.stdout

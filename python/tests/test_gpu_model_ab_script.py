@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -25,10 +26,12 @@ echo "TTFT write n=1024: stand-in"
 """
 
 STAND_IN_CONTROL = """#!/usr/bin/env bash
-# nvidia-cuda-mps-control: -d starts the daemon; on stdin, get_server_list and quit.
+# nvidia-cuda-mps-control: -d starts the daemon (a process named as one, with the caller's
+# environment, its pid in the pipe folder); on stdin, get_server_list, get_client_list and quit.
 : "${CUDA_MPS_PIPE_DIRECTORY:?}" "${CUDA_MPS_LOG_DIRECTORY:?}"
 if [ "${1:-}" = -d ]; then
-  touch "$CUDA_MPS_PIPE_DIRECTORY/daemon"; echo "started" > "$CUDA_MPS_LOG_DIRECTORY/control.log"
+  (exec -a nvidia-cuda-mps-control-daemon sleep 3029) > /dev/null 2>&1 < /dev/null &
+  echo $! > "$CUDA_MPS_PIPE_DIRECTORY/daemon"; echo "started" > "$CUDA_MPS_LOG_DIRECTORY/control.log"
   echo "control -d" >> "$RECORD"; exit 0
 fi
 read -r cmd
@@ -36,7 +39,8 @@ echo "control $cmd" >> "$RECORD"
 case $cmd in
   get_server_list) echo 4242 ;;
   get_client_list*) echo $$ ;;
-  quit) [ "${QUIT_HANGS:-0}" = 1 ] && exec sleep 3023; rm -f "$CUDA_MPS_PIPE_DIRECTORY/daemon" ;;
+  quit) [ "${QUIT_HANGS:-0}" = 1 ] && exec sleep 3023
+        kill "$(cat "$CUDA_MPS_PIPE_DIRECTORY/daemon")"; rm -f "$CUDA_MPS_PIPE_DIRECTORY/daemon" ;;
 esac
 """
 
@@ -47,7 +51,7 @@ def _executable(path: Path, text: str) -> None:
 
 
 @pytest.fixture
-def scripts(tmp_path: Path) -> Path:
+def scripts(tmp_path: Path) -> Iterator[Path]:
     if shutil.which("pgrep") is None:
         pytest.skip("needs pgrep (procps)")
     here = tmp_path / "scripts"
@@ -57,7 +61,9 @@ def scripts(tmp_path: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _executable(bin_dir / "nvidia-cuda-mps-control", STAND_IN_CONTROL)
-    return here
+    yield here
+    # A failed case may leave its stand-ins running; they must not fail the next case.
+    subprocess.run(["pkill", "-f", "(sleep|daemon) 30(23|29)$"], capture_output=True)
 
 
 def _ab(scripts: Path, *variants: str, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
@@ -91,12 +97,39 @@ def test_only_the_mps_variant_runs_under_a_daemon_that_is_quit_after_it(scripts:
     assert not (out / "plain-1" / "mps-control.log").exists()
 
 
-def test_a_daemon_that_does_not_quit_is_killed(scripts: Path):
-    done, record = _ab(scripts, "mps=%KVFERRY_MPS=1", QUIT_HANGS="1", MPS_QUIT_S="2")
-    assert done.returncode == 0, done.stderr
-    assert "did not quit in 2 s; killed" in done.stdout
-    left = subprocess.run(["pgrep", "-f", "sleep 3023"], capture_output=True, text=True).stdout
-    assert left.strip() == "", f"the hung control is still running: {left}"
+def _pids(pattern: str) -> list[str]:
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+
+
+def test_a_daemon_that_does_not_quit_is_killed_and_no_other(scripts: Path, tmp_path: Path):
+    # Another MPS daemon of the same user (its own pipe folder) must outlive the run.
+    other = subprocess.Popen(["bash", "-c", "exec -a nvidia-cuda-mps-control-daemon sleep 3031"],
+                             env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(tmp_path / "other")))
+    try:
+        done, record = _ab(scripts, "mps=%KVFERRY_MPS=1", QUIT_HANGS="1", MPS_QUIT_S="2")
+        assert done.returncode == 0, done.stderr
+        assert "did not quit in 2 s; killed" in done.stdout
+        assert _pids("sleep 3023") == [], "the hung control is still running"
+        assert _pids("nvidia-cuda-mps-control-daemon 3029") == [], "the run's daemon is still running"
+        assert other.poll() is None, "another daemon of the user was killed"
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_daemon_is_quit_when_the_script_is_stopped_during_its_run(scripts: Path):
+    # The run's stand-in waits long enough for the test to stop the script (an outer timeout).
+    (scripts / "gpu-model.sh").write_text(STAND_IN_RUN.replace('echo "TTFT', 'sleep 8; echo "TTFT'))
+    record = scripts.parent / "record.txt"
+    record.touch()
+    env = dict(os.environ, OUT=str(scripts.parent / "out" / "ab"), RECORD=str(record),
+               PATH=f"{scripts.parent / 'bin'}:{os.environ['PATH']}")
+    done = subprocess.run(["timeout", "3", "bash", str(scripts / "gpu-model-ab.sh"), "1", "0", "0",
+                           "mps=%KVFERRY_MPS=1", "--", "--prompts", "0"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 124
+    assert "control quit" in record.read_text().splitlines(), record.read_text()
+    assert _pids("nvidia-cuda-mps-control-daemon 3029") == []
 
 
 def test_without_the_mps_control_program_the_variant_is_refused_before_any_run(scripts: Path):

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -41,7 +42,7 @@ def _leftovers() -> list[str]:
 
 
 @pytest.fixture
-def bundle(tmp_path: Path) -> Path:
+def bundle(tmp_path: Path) -> Iterator[Path]:
     if shutil.which("setsid") is None or shutil.which("pgrep") is None:
         pytest.skip("needs setsid and pgrep (util-linux, procps)")
     text = SCRIPT.read_text()
@@ -65,7 +66,9 @@ def bundle(tmp_path: Path) -> Path:
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "gpu_check.py").write_text(STAND_IN_CHECK)
-    return tmp_path
+    yield tmp_path
+    # A failed case may leave its stand-ins running; they must not fail the next case.
+    subprocess.run(["pkill", "-f", f"sleep ({JVM_SLEEP}|{ENGINE_SLEEP})$"], capture_output=True)
 
 
 def _run(bundle: Path, check_s: float, timeout_s: float | None = None, die: str | None = None):

@@ -35,11 +35,12 @@ def _archive(path: Path, runs: list[tuple[str, str, int]]) -> Path:
 
 
 def test_rows_follow_the_run_order_and_cut_rows_show_a_dash(tmp_path: Path):
-    tgz = _archive(tmp_path / "ab.tgz", [("b-1", CUT, 200), ("a-1", FULL, 100)])
+    # b-1 ran first: by name it would come second.
+    tgz = _archive(tmp_path / "ab.tgz", [("a-1", CUT, 200), ("b-1", FULL, 100)])
     lines = ttft_ab_table.table([tgz], "write").splitlines()
     assert lines[0].startswith("| run | P's prefill, added, 1,024 | P's prefill, added, 4,096 |")
-    assert lines[2].startswith("| a-1 | 1.269 [0.924, 1.493] | -0.5 [-1.0, 0.25] |")
-    assert lines[3].startswith("| b-1 | 0.308 [0.058, 0.767] | - |")
+    assert lines[2].startswith("| b-1 | 1.269 [0.924, 1.493] | -0.5 [-1.0, 0.25] |")
+    assert lines[3].startswith("| a-1 | 0.308 [0.058, 0.767] | - |")
     assert "4.118 [2.473, 6.516]" in lines[2]  # against D's process, from its first line only
     assert "9.999" not in "\n".join(lines)     # another mode's row
 
