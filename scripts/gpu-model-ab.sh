@@ -43,11 +43,10 @@ mkdir -p "$OUT"
 # The MPS control daemon of the variant running now, if any: its folder (pipe and log under it).
 mps=
 mps_start() {  # NAME: starts a daemon of the user's own with a fresh pipe folder
+  command -v nvidia-cuda-mps-control > /dev/null \
+    || { echo "KVFERRY_MPS=1 in $1, but no nvidia-cuda-mps-control on PATH" >&2; exit 2; }
   mps=$(mktemp -d /tmp/kvferry-mps.XXXXXX)
   mkdir -p "$mps/pipe" "$mps/log"
-  if ! command -v nvidia-cuda-mps-control > /dev/null; then
-    echo "KVFERRY_MPS=1 in $1, but no nvidia-cuda-mps-control on PATH" >&2; rm -rf "$mps"; mps=; exit 2
-  fi
   if ! CUDA_MPS_PIPE_DIRECTORY=$mps/pipe CUDA_MPS_LOG_DIRECTORY=$mps/log nvidia-cuda-mps-control -d; then
     echo "the MPS control daemon of $1 did not start" >&2; rm -rf "$mps"; mps=; exit 2
   fi
@@ -108,7 +107,6 @@ for round in $(seq 1 "$rounds"); do
     fi
     dir=$OUT/$name-$round
     mkdir -p "$dir"
-    mps=
     for e in "${envs[@]}"; do [ "$e" = KVFERRY_MPS=1 ] && [ -z "$mps" ] && mps_start "$name"; done
     [ -z "$mps" ] || envs+=("CUDA_MPS_PIPE_DIRECTORY=$mps/pipe" "CUDA_MPS_LOG_DIRECTORY=$mps/log")
     echo "== $name, round $round, port base $port, $(date -u +%H:%M:%S)${first:+, classes first: $first}${opts:+, options: $opts}${cpus:+, CPUs P:D:nodes $cpus}${envs[*]:+, environment: ${envs[*]}}"

@@ -23,10 +23,21 @@ watched=()  # NAME:PID of the router and the nodes, watched while the check runs
 check=""
 # The check runs in a session of its own, out of reach of a `timeout` that signals this script's
 # process group: SIGTERM lets it stop its engine processes, and after 20 s its whole session goes.
+await_exit() {  # SECONDS PID...: returns once every PID has exited or SECONDS have passed
+  local tenths=$(($1 * 10)) pid alive
+  shift
+  while [ $tenths -gt 0 ]; do
+    alive=0
+    for pid in "$@"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ $alive = 0 ] && return 0
+    sleep 0.1
+    tenths=$((tenths - 1))
+  done
+}
 stop_check() {
   [ -n "$check" ] || return 0
   kill -TERM "$check" 2>/dev/null || true
-  for _ in $(seq 20); do kill -0 "$check" 2>/dev/null || break; sleep 1; done
+  await_exit 20 "$check"
   kill -KILL -- "-$check" 2>/dev/null || true
   wait "$check" 2>/dev/null || true
   check=""
@@ -36,12 +47,7 @@ cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   # A JVM's shutdown (leaving the cluster, closing its CUDA contexts) takes a moment; one still
   # running after 15 s is killed, so no node of this run outlives it into the next.
-  for _ in $(seq 150); do
-    alive=0
-    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-    [ $alive = 0 ] && break
-    sleep 0.1
-  done
+  await_exit 15 "${pids[@]}"
   for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$work"
@@ -52,7 +58,7 @@ source "$here/gpu-env.sh"
 if [ -d "$here/python/kvferry" ]; then py=$here/python; else py=$(cd "$here/.." && pwd)/python; fi
 nvidia-smi -L 2>/dev/null || true
 # The CPU topology, for reading the run's CPU placement (cpu_sets.py picks whole cores per set).
-[ -f "$here/cpu_sets.py" ] && { python3 "$here/cpu_sets.py" --describe || true; }
+PYTHONPATH=$py${PYTHONPATH:+:$PYTHONPATH} python3 -m kvferry.cpu_sets --describe || true
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.version.cuda)'
 out=${OUT:+$OUT/gpu-model-p$P-d$D}
 [ -z "$out" ] || mkdir -p "$out"

@@ -930,8 +930,8 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                          ("d_first_port_ms", first["first_split"].get("port_ms", 0.0)),
                          ("d_first_forward_ms", first["first_split"].get("forward_ms", 0.0)),
                          ("baseline_first_forward_ms", b["first_split"].get("forward_ms", 0.0)),
-                         ("d_first_device_allocs", first.get("device_allocs", 0)),
-                         ("baseline_first_device_allocs", b.get("device_allocs", 0)),
+                         ("d_first_device_allocs", first["device_allocs"]),
+                         ("baseline_first_device_allocs", b["device_allocs"]),
                          *((f"p_op_ms[{op}]", ms) for op, ms in sorted(pre.get("port_ops_ms", {}).items()))):
                 parts.setdefault(k, []).append(v)
             # READ: the span from P's end until D had every layer, in steps (P's request_finished
@@ -1046,21 +1046,16 @@ def mla_probe(device: str) -> dict:
 # ---------------------------------------------------------------- main
 
 def _cpu_sets(arg: str | None) -> tuple[list[int] | None, list[int] | None]:
-    """``--pin-cpus P:D`` -> the two engines' CPU lists (each side: N, N-M, or a comma list)."""
+    """``--pin-cpus P:D`` -> the two engines' CPU lists (each side a kernel CPU list: N, N-M,
+    comma lists of those)."""
     if not arg:
         return None, None
-
-    def one(part: str) -> list[int]:
-        cpus: list[int] = []
-        for piece in part.split(","):
-            lo, _, hi = piece.partition("-")
-            cpus += range(int(lo), int(hi or lo) + 1)
-        return cpus
+    from .cpu_sets import parse_list
 
     sides = arg.split(":")
     if len(sides) != 2 or not all(sides):
         raise SystemExit(f"--pin-cpus wants P_CPUS:D_CPUS (e.g. 2:3), got {arg!r}")
-    return one(sides[0]), one(sides[1])
+    return parse_list(sides[0]), parse_list(sides[1])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

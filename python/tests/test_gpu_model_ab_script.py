@@ -66,13 +66,16 @@ def scripts(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["pkill", "-f", "(sleep|daemon) 30(23|29)$"], capture_output=True)
 
 
-def _ab(scripts: Path, *variants: str, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _ab(scripts: Path, *variants: str, stop_after_s: int | None = None,
+        **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """One round of the variants; ``stop_after_s``: an outer timeout stops the script then."""
     record = scripts.parent / "record.txt"
     record.touch()
     before = set(Path("/tmp").glob("kvferry-mps.*"))
     run_env = dict(os.environ, OUT=str(scripts.parent / "out" / "ab"), RECORD=str(record),
                    PATH=f"{scripts.parent / 'bin'}:{os.environ['PATH']}", **env)
-    done = subprocess.run(["bash", str(scripts / "gpu-model-ab.sh"), "1", "0", "0", *variants,
+    outer = [] if stop_after_s is None else ["timeout", str(stop_after_s)]
+    done = subprocess.run([*outer, "bash", str(scripts / "gpu-model-ab.sh"), "1", "0", "0", *variants,
                            "--", "--prompts", "0"], env=run_env, capture_output=True, text=True,
                           timeout=120)
     assert set(Path("/tmp").glob("kvferry-mps.*")) == before, "an MPS folder was left in /tmp"
@@ -120,15 +123,9 @@ def test_a_daemon_that_does_not_quit_is_killed_and_no_other(scripts: Path, tmp_p
 def test_a_daemon_is_quit_when_the_script_is_stopped_during_its_run(scripts: Path):
     # The run's stand-in waits long enough for the test to stop the script (an outer timeout).
     (scripts / "gpu-model.sh").write_text(STAND_IN_RUN.replace('echo "TTFT', 'sleep 8; echo "TTFT'))
-    record = scripts.parent / "record.txt"
-    record.touch()
-    env = dict(os.environ, OUT=str(scripts.parent / "out" / "ab"), RECORD=str(record),
-               PATH=f"{scripts.parent / 'bin'}:{os.environ['PATH']}")
-    done = subprocess.run(["timeout", "3", "bash", str(scripts / "gpu-model-ab.sh"), "1", "0", "0",
-                           "mps=%KVFERRY_MPS=1", "--", "--prompts", "0"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done, record = _ab(scripts, "mps=%KVFERRY_MPS=1", stop_after_s=3)
     assert done.returncode == 124
-    assert "control quit" in record.read_text().splitlines(), record.read_text()
+    assert "control quit" in record, record
     assert _pids("nvidia-cuda-mps-control-daemon 3029") == []
 
 
