@@ -39,6 +39,9 @@ def _engine_main(conn: Any, role: str, device: str, socket_path: str | None, cfg
     try:
         if cfg.get("cpus"):
             os.sched_setaffinity(0, cfg["cpus"])
+        # One intra-op thread unless asked (vLLM sets OMP_NUM_THREADS=1 when unset): a pool of one
+        # thread per CPU made a 4,096-element CPU gather take ms once the nodes ran beside it.
+        torch.set_num_threads(cfg["torch_threads"])
         dev = torch.device(device)
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
@@ -50,7 +53,8 @@ def _engine_main(conn: Any, role: str, device: str, socket_path: str | None, cfg
         base_cache = PagedKvCache(spec, cfg["num_blocks"], cfg["block_size"], dev) if role == "decode" else None
         state = _EngineState(model, spec, cache, base_cache, role, socket_path, cfg)
         conn.send(("ok", {"pid": os.getpid(), "device": str(dev),
-                          "name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"}))
+                          "name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+                          "torch_threads": torch.get_num_threads()}))
     except Exception:  # noqa: BLE001 - reported to the driver
         conn.send(("error", traceback.format_exc()))
         return
@@ -511,7 +515,7 @@ def _profiler() -> Any:
     if torch.cuda.is_available():
         from torch.profiler import ProfilerActivity, profile
 
-        p = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        p = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True)
         p.__enter__()
         return p
     import cProfile
@@ -530,11 +534,29 @@ def _profiler_done(p: Any, sort_by: str = "cuda_time_total") -> str | None:
     if hasattr(p, "key_averages"):
         p.__exit__(None, None, None)
         return (p.key_averages().table(sort_by=sort_by, row_limit=25)
-                + "\n" + p.key_averages().table(sort_by="cpu_time_total", row_limit=12))
+                + "\n" + p.key_averages().table(sort_by="cpu_time_total", row_limit=12)
+                + "\n" + _longest_calls(p.events(), 15))
     p.disable()
     text = io.StringIO()
     pstats.Stats(p, stream=text).sort_stats("tottime").print_stats(25)
     return text.getvalue()
+
+
+def _longest_calls(events: Any, limit: int) -> str:
+    """The single operator calls with the most self CPU time, in the order they ran: an average over
+    calls of one name hides whether one call or all of them took the time."""
+    ops = [e for e in events if e.name.startswith("aten::") and e.self_cpu_time_total > 0]
+    if not ops:
+        return "no operator calls recorded"
+    t0 = min(e.time_range.start for e in events)
+    top = sorted(sorted(ops, key=lambda e: -e.self_cpu_time_total)[:limit], key=lambda e: e.time_range.start)
+    lines = [f"the {len(top)} operator calls with the most self CPU time, of {len(ops)}, in order "
+             "(start after the first event, us; self CPU, us; input shapes):"]
+    for e in top:
+        index = sum(1 for o in ops if o.name == e.name and o.time_range.start < e.time_range.start)
+        lines.append(f"  {e.time_range.start - t0:10.1f}  {e.self_cpu_time_total:9.1f}  {e.name} "
+                     f"#{index + 1}  {e.input_shapes}")
+    return "\n".join(lines)
 
 
 class _GcTimer:
@@ -1045,6 +1067,19 @@ def mla_probe(device: str) -> dict:
 
 # ---------------------------------------------------------------- main
 
+def _torch_threads(asked: int | None) -> int:
+    """``--torch-threads``, else ``$OMP_NUM_THREADS``, else 1; at least 1."""
+    if asked is None:
+        env = os.environ.get("OMP_NUM_THREADS", "").strip()
+        try:
+            asked = int(env) if env else 1
+        except ValueError:
+            raise SystemExit(f"OMP_NUM_THREADS must be a whole number, got {env!r}") from None
+    if asked < 1:
+        raise SystemExit(f"the engines' torch threads must be at least 1, got {asked}")
+    return asked
+
+
 def _cpu_sets(arg: str | None) -> tuple[list[int] | None, list[int] | None]:
     """``--pin-cpus P:D`` -> the two engines' CPU lists (each side a kernel CPU list: N, N-M,
     comma lists of those)."""
@@ -1083,6 +1118,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="diagnostic: P_CPUS:D_CPUS, e.g. 2-5:6-9: each engine process runs only there. "
                         "One core each (2:3) made 4,096-token prefills ~10x slower on an H200 host "
                         "(docs/gpu.md)")
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="each engine process's intra-op CPU threads (default: $OMP_NUM_THREADS, else 1, as "
+                        "vLLM; the default pool of one per CPU cost D ms per first token beside the nodes, "
+                        "docs/gpu.md)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--attention", default="efficient", choices=["efficient", "cudnn", "math", "default"],
                    help="the attention kernel on a GPU, the same in P, D and the engine without kvferry")
@@ -1148,7 +1187,8 @@ def main(argv: list[str] | None = None) -> int:
                     "attention": args.attention, "heads": args.heads, "kv_heads": args.kv_heads,
                     "head_dim": args.head_dim, "intermediate": args.intermediate},
            "num_blocks": args.num_blocks, "block_size": args.block_size, "chunk_tokens": args.chunk_tokens,
-           "load_events": not args.cpu_load_wait, "pipelined_layer_waits": not args.no_pipelined_layer_waits}
+           "load_events": not args.cpu_load_wait, "pipelined_layer_waits": not args.no_pipelined_layer_waits,
+           "torch_threads": _torch_threads(args.torch_threads)}
     rng = random.Random(args.seed)
     report: dict[str, Any] = {"config": vars(args)}
     t0 = time.time()

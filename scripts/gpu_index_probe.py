@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Why does a gather from the KV cache cost more CPU once kvferry shares that cache?
+
+The 2026-12-04 profiles (docs/results/gpu/2026-12-04-d-first-forward/) show ``aten::index`` on
+the cache an engine shares with its node by CUDA IPC taking 10-16x the host time of the same
+gather on an engine's own cache, with equal kernel time. This probe isolates the cache's state
+from everything else kvferry does: two equal caches in one process, one left alone (``own``), the
+other taken step by step through what the engine port does to it (``shared``):
+
+  fresh     neither touched
+  exported  cuIpcGetMemHandle on the shared one's allocation (what the engine does at register)
+  opened    a second process opens that handle (what the node does)
+  written   that process writes into the mapping (the node's copies)
+  nosync    the shared allocation's SYNC_MEMOPS pointer attribute cleared, if it was set
+
+At each step it times the host side of the engine's gather (``cache[slots]``) on both caches, with
+the GPU idle and with the GPU busy (a queue of matmuls ahead of it: a gather that synchronizes
+then waits for them), and prints each allocation's SYNC_MEMOPS. Usage on a GPU host:
+    python3 scripts/gpu_index_probe.py [--reps 40] [--blocks 4096] [--positions 4096]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import subprocess
+import sys
+import time
+
+CHILD = r"""
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+def ok(rc, what):
+    if rc != 0:
+        sys.exit(f"{what} failed: CUresult {rc}")
+ok(cuda.cuInit(0), "cuInit")
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+ok(cuda.cuDeviceGet(ctypes.byref(dev), int(sys.argv[2])), "cuDeviceGet")
+ok(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+ok(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+class Handle(ctypes.Structure):
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+h = Handle()
+ctypes.memmove(ctypes.byref(h), bytes.fromhex(sys.argv[1]), 64)
+ptr = ctypes.c_uint64()
+ok(cuda.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), h, 1), "cuIpcOpenMemHandle")
+print("opened", flush=True)
+for line in sys.stdin:
+    word = line.split()
+    if word and word[0] == "write":
+        ok(cuda.cuMemsetD8_v2(ctypes.c_uint64(ptr.value), 0, ctypes.c_size_t(int(word[1]))), "cuMemsetD8")
+        ok(cuda.cuCtxSynchronize(), "cuCtxSynchronize")
+        print("written", flush=True)
+    elif word and word[0] == "quit":
+        break
+ok(cuda.cuIpcCloseMemHandle(ctypes.c_uint64(ptr.value)), "cuIpcCloseMemHandle")
+"""
+
+SYNC_MEMOPS = 6  # CU_POINTER_ATTRIBUTE_SYNC_MEMOPS
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--blocks", type=int, default=4096)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--positions", type=int, default=4096)
+    ap.add_argument("--device", type=int, default=0)
+    a = ap.parse_args()
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA device")
+        return 0
+    dev = torch.device("cuda", a.device)
+    torch.cuda.set_device(dev)
+    cuda = ctypes.CDLL("libcuda.so.1")
+    slots_n = a.blocks * a.block_size
+    # As gpu_model.PagedKvCache: one allocation; per layer K as [slots, kv_heads, head_dim].
+    own = torch.zeros((2, slots_n, a.kv_heads, a.head_dim), dtype=torch.bfloat16, device=dev)
+    shared = torch.zeros_like(own)
+    gen = torch.Generator().manual_seed(7)
+    table = torch.randperm(a.blocks, generator=gen)[: -(-a.positions // a.block_size)]
+    pos = torch.arange(a.positions)
+    slots = (table[pos // a.block_size] * a.block_size + pos % a.block_size).to(dev)
+    busy_a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=dev)
+    busy_b = torch.randn_like(busy_a)
+
+    def base_of(t: torch.Tensor) -> int:
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        rc = cuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(t.data_ptr()))
+        assert rc == 0, f"cuMemGetAddressRange: {rc}"
+        return base.value
+
+    def sync_memops(t: torch.Tensor) -> int:
+        v = ctypes.c_uint()
+        rc = cuda.cuPointerGetAttribute(ctypes.byref(v), SYNC_MEMOPS, ctypes.c_uint64(t.data_ptr()))
+        return v.value if rc == 0 else -rc
+
+    def host_us(cache: torch.Tensor, busy: bool) -> list[float]:
+        out = []
+        for _ in range(a.reps):
+            torch.cuda.synchronize(dev)
+            if busy:
+                for _ in range(4):
+                    torch.mm(busy_a, busy_b)
+            t0 = time.perf_counter()
+            y = cache[0][slots]
+            t1 = time.perf_counter()
+            del y
+            out.append((t1 - t0) * 1e6)
+        torch.cuda.synchronize(dev)
+        return out
+
+    def row(step: str) -> None:
+        for busy in (False, True):
+            for name, cache in (("own", own), ("shared", shared)):
+                xs = host_us(cache, busy)
+                print(f"{step:9s} {name:6s} gpu={'busy' if busy else 'idle'}  host us: median "
+                      f"{statistics.median(xs):9.1f}  min {min(xs):9.1f}  max {max(xs):9.1f}  "
+                      f"sync_memops={sync_memops(cache)}", flush=True)
+
+    def profile(step: str) -> None:
+        from torch.profiler import ProfilerActivity, profile as prof
+
+        for name, cache in (("own", own), ("shared", shared)):
+            torch.cuda.synchronize(dev)
+            with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+                for _ in range(4):
+                    torch.mm(busy_a, busy_b)
+                for _ in range(5):
+                    cache[0][slots]
+                torch.cuda.synchronize(dev)
+            print(f"--- profile {step} {name}: 4 matmuls then 5 gathers", flush=True)
+            print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=10), flush=True)
+
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(dev)}, cache "
+          f"{own.numel() * 2 / 2**20:.0f} MiB each, {a.positions} positions gathered", flush=True)
+    for _ in range(3):  # warm the kernels and the allocator
+        host_us(own, False)
+        host_us(shared, False)
+    row("fresh")
+    handle = (ctypes.c_char * 64)()
+    rc = cuda.cuIpcGetMemHandle(handle, ctypes.c_uint64(base_of(shared)))
+    assert rc == 0, f"cuIpcGetMemHandle: {rc}"
+    row("exported")
+    child = subprocess.Popen([sys.executable, "-c", CHILD, bytes(handle.raw).hex(), str(a.device)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "opened", "the second process did not open the handle"
+        row("opened")
+        profile("opened")
+        child.stdin.write(f"write {1 << 20}\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "written"
+        row("written")
+        if sync_memops(shared) == 1:
+            zero = ctypes.c_uint(0)
+            rc = cuda.cuPointerSetAttribute(ctypes.byref(zero), SYNC_MEMOPS, ctypes.c_uint64(base_of(shared)))
+            print(f"cuPointerSetAttribute(SYNC_MEMOPS=0) on the shared allocation: CUresult {rc}", flush=True)
+            row("nosync")
+            profile("nosync")
+        else:
+            print("the shared allocation's SYNC_MEMOPS is not set: no nosync step", flush=True)
+    finally:
+        if child.poll() is None:
+            child.stdin.write("quit\n")
+            child.stdin.flush()
+        child.wait(timeout=30)
+    row("closed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
