@@ -114,6 +114,18 @@ class JvmProcess:
             return ""
 
 
+def _accepts(family: int, address: object) -> bool:
+    s = socket.socket(family)
+    s.settimeout(2)
+    try:
+        s.connect(address)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
 class Node(JvmProcess):
     """One `kvferry node --engine port` JVM."""
 
@@ -125,6 +137,7 @@ class Node(JvmProcess):
         self.socket = socket_path or os.path.join(workdir, f"{role}-{engine_id}.sock")
         seeds = f"127.0.0.1:{seed_port or self.port}"
         management_port = free_port()
+        self.management_port = management_port
         self.management_url = f"http://127.0.0.1:{management_port}"
         super().__init__(os.path.join(workdir, f"node-{role}-{engine_id}-{time.monotonic_ns()}.log"),
                          ["node", "--role", role, "--engine-id", engine_id, "--mode", modes, "--engine", "port",
@@ -133,21 +146,18 @@ class Node(JvmProcess):
                          config, in_service=in_service)
 
     def wait_ready(self, timeout_s: float = 120) -> None:
+        """Until the node takes connections on its engine socket and on its management port: the
+        two open independently, and a test that reads a metric right away needs the second."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"node {self.role} exited with {self.proc.returncode}:\n{self.tail()}")
-            if os.path.exists(self.socket):
-                s = socket.socket(socket.AF_UNIX)
-                try:
-                    s.connect(self.socket)
-                    return
-                except OSError:
-                    pass
-                finally:
-                    s.close()
+            if os.path.exists(self.socket) and _accepts(socket.AF_UNIX, self.socket) \
+                    and _accepts(socket.AF_INET, ("127.0.0.1", self.management_port)):
+                return
             time.sleep(0.2)
-        raise RuntimeError(f"node {self.role} did not open {self.socket} in {timeout_s} s:\n{self.tail()}")
+        raise RuntimeError(f"node {self.role} did not open {self.socket} and management port "
+                           f"{self.management_port} in {timeout_s} s:\n{self.tail()}")
 
 
 class Engine:

@@ -19,10 +19,16 @@ def test_the_environment_then_the_flag(monkeypatch):
     assert _torch_threads(3) == 3
 
 
-@pytest.mark.parametrize("env", ["six", "0", "-2"])
-def test_a_bad_count_is_refused_by_name(monkeypatch, env):
+def test_a_count_that_is_no_number_is_refused_by_its_name(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "six")
+    with pytest.raises(SystemExit, match="OMP_NUM_THREADS must be a whole number, got 'six'"):
+        _torch_threads(None)
+
+
+@pytest.mark.parametrize("env", ["0", "-2"])
+def test_a_count_below_one_from_the_environment_is_refused(monkeypatch, env):
     monkeypatch.setenv("OMP_NUM_THREADS", env)
-    with pytest.raises(SystemExit, match="OMP_NUM_THREADS|at least 1"):
+    with pytest.raises(SystemExit, match=f"at least 1, got {env}"):
         _torch_threads(None)
 
 

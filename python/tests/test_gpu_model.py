@@ -139,11 +139,15 @@ def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(t
              "--p-socket", str(tmp_path / "prefill.sock"), "--d-socket", str(tmp_path / "decode.sock"),
              "--p-device", dev, "--d-device", dev, "--prompts", "4", "--max-prompt-tokens", "600",
              "--decode-steps", "4", "--layers", "2", "--num-blocks", "1024", "--ttft-reps", "0",
-             "--no-generate", "--no-mla-probe", "--arch", arch, "--json", str(tmp_path / "report.json")],
+             "--no-generate", "--no-mla-probe", "--arch", arch, "--json", str(tmp_path / "report.json"),
+             "--torch-threads", "2"],
             env={**os.environ, "PYTHONPATH": python_path}, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
         assert "KV equal byte for byte 4/4; first-token logits bitwise equal 4/4" in out.stdout, out.stdout
         assert f"built by {model_source(ModelSpec(arch=arch))}" in out.stdout, out.stdout
+        # Both engine processes took the asked thread count (the default is 1, as vLLM).
+        engines = next(line for line in out.stdout.splitlines() if line.startswith("P: "))
+        assert engines.count("'torch_threads': 2") == 2, engines
     finally:
         for p in procs:
             p.terminate()
