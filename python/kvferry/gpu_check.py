@@ -39,8 +39,8 @@ def _engine_main(conn: Any, role: str, device: str, socket_path: str | None, cfg
     try:
         if cfg.get("cpus"):
             os.sched_setaffinity(0, cfg["cpus"])
-        # One intra-op thread unless asked (vLLM sets OMP_NUM_THREADS=1 when unset): a pool of one
-        # thread per CPU made a 4,096-element CPU gather take ms once the nodes ran beside it.
+        # One intra-op thread unless asked (vLLM sets OMP_NUM_THREADS=1 when unset): with a pool of
+        # one thread per CPU a 4,096-element CPU gather took ms right after a transfer (docs/gpu.md).
         torch.set_num_threads(cfg["torch_threads"])
         dev = torch.device(device)
         if dev.type == "cuda":
@@ -1069,14 +1069,16 @@ def mla_probe(device: str) -> dict:
 
 def _torch_threads(asked: int | None) -> int:
     """``--torch-threads``, else ``$OMP_NUM_THREADS``, else 1; at least 1."""
+    source = "--torch-threads"
     if asked is None:
         env = os.environ.get("OMP_NUM_THREADS", "").strip()
+        source = "OMP_NUM_THREADS"
         try:
             asked = int(env) if env else 1
         except ValueError:
             raise SystemExit(f"OMP_NUM_THREADS must be a whole number, got {env!r}") from None
     if asked < 1:
-        raise SystemExit(f"the engines' torch threads must be at least 1, got {asked}")
+        raise SystemExit(f"{source} (the engines' torch threads) must be at least 1, got {asked}")
     return asked
 
 
@@ -1120,8 +1122,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(docs/gpu.md)")
     p.add_argument("--torch-threads", type=int, default=None,
                    help="each engine process's intra-op CPU threads (default: $OMP_NUM_THREADS, else 1, as "
-                        "vLLM; the default pool of one per CPU cost D ms per first token beside the nodes, "
-                        "docs/gpu.md)")
+                        "vLLM; with torch's default, one per CPU, a CPU gather in P's and D's steps took ms "
+                        "right after a transfer, docs/gpu.md)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--attention", default="efficient", choices=["efficient", "cudnn", "math", "default"],
                    help="the attention kernel on a GPU, the same in P, D and the engine without kvferry")

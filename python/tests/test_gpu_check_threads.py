@@ -28,13 +28,13 @@ def test_a_count_that_is_no_number_is_refused_by_its_name(monkeypatch):
 @pytest.mark.parametrize("env", ["0", "-2"])
 def test_a_count_below_one_from_the_environment_is_refused(monkeypatch, env):
     monkeypatch.setenv("OMP_NUM_THREADS", env)
-    with pytest.raises(SystemExit, match=f"at least 1, got {env}"):
+    with pytest.raises(SystemExit, match=f"OMP_NUM_THREADS .* at least 1, got {env}"):
         _torch_threads(None)
 
 
 def test_a_flag_below_one_is_refused(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    with pytest.raises(SystemExit, match="at least 1"):
+    with pytest.raises(SystemExit, match="--torch-threads .* at least 1, got 0"):
         _torch_threads(0)
 
 
@@ -43,6 +43,7 @@ def test_the_longest_calls_name_the_call_and_its_shapes():
     from torch.profiler import ProfilerActivity, profile
 
     small, big = torch.arange(16), torch.arange(1 << 20)
+    small.flip(0)  # the op's first call pays one-time costs; not in the profile
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as p:
         small.flip(0)
         big.flip(0)
