@@ -26,6 +26,10 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+# The project's own cache, slot mapping and IPC export (python/kvferry), as the engine uses them.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
 
 CHILD = r"""
 import ctypes, sys
@@ -72,35 +76,29 @@ def main() -> int:
 
     import torch
 
+    from kvferry.gpu_model import ModelSpec, PagedKvCache, ipc_mem_handle
+
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device")
         return 0
     dev = torch.device("cuda", a.device)
     torch.cuda.set_device(dev)
     cuda = ctypes.CDLL("libcuda.so.1")
-    slots_n = a.blocks * a.block_size
-    # As gpu_model.PagedKvCache: one allocation; per layer K as [slots, kv_heads, head_dim].
-    own = torch.zeros((2, slots_n, a.kv_heads, a.head_dim), dtype=torch.bfloat16, device=dev)
-    shared = torch.zeros_like(own)
+    spec = ModelSpec(layers=1, kv_heads=a.kv_heads, head_dim=a.head_dim)
+    own = PagedKvCache(spec, a.blocks, a.block_size, dev)
+    shared = PagedKvCache(spec, a.blocks, a.block_size, dev)
     gen = torch.Generator().manual_seed(7)
-    table = torch.randperm(a.blocks, generator=gen)[: -(-a.positions // a.block_size)]
-    pos = torch.arange(a.positions)
-    slots = (table[pos // a.block_size] * a.block_size + pos % a.block_size).to(dev)
+    table = torch.randperm(a.blocks, generator=gen)[: -(-a.positions // a.block_size)].tolist()
+    slots = own.slots(table, 0, a.positions)  # once, untimed: the probe times the GPU gather
     busy_a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=dev)
     busy_b = torch.randn_like(busy_a)
 
-    def base_of(t: torch.Tensor) -> int:
-        base, size = ctypes.c_uint64(), ctypes.c_size_t()
-        rc = cuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(t.data_ptr()))
-        assert rc == 0, f"cuMemGetAddressRange: {rc}"
-        return base.value
-
-    def sync_memops(t: torch.Tensor) -> int:
+    def sync_memops(c: PagedKvCache) -> int:
         v = ctypes.c_uint()
-        rc = cuda.cuPointerGetAttribute(ctypes.byref(v), SYNC_MEMOPS, ctypes.c_uint64(t.data_ptr()))
+        rc = cuda.cuPointerGetAttribute(ctypes.byref(v), SYNC_MEMOPS, ctypes.c_uint64(c.kv.data_ptr()))
         return v.value if rc == 0 else -rc
 
-    def host_us(cache: torch.Tensor, busy: bool) -> list[float]:
+    def host_us(cache: PagedKvCache, busy: bool) -> list[float]:
         out = []
         for _ in range(a.reps):
             torch.cuda.synchronize(dev)
@@ -108,7 +106,7 @@ def main() -> int:
                 for _ in range(4):
                     torch.mm(busy_a, busy_b)
             t0 = time.perf_counter()
-            y = cache[0][slots]
+            y = cache.k[0][slots]
             t1 = time.perf_counter()
             del y
             out.append((t1 - t0) * 1e6)
@@ -132,22 +130,21 @@ def main() -> int:
                 for _ in range(4):
                     torch.mm(busy_a, busy_b)
                 for _ in range(5):
-                    cache[0][slots]
+                    cache.k[0][slots]
                 torch.cuda.synchronize(dev)
             print(f"--- profile {step} {name}: 4 matmuls then 5 gathers", flush=True)
             print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=10), flush=True)
 
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(dev)}, cache "
-          f"{own.numel() * 2 / 2**20:.0f} MiB each, {a.positions} positions gathered", flush=True)
+          f"{own.kv.numel() * 2 / 2**20:.0f} MiB each, {a.positions} positions gathered", flush=True)
     for _ in range(3):  # warm the kernels and the allocator
         host_us(own, False)
         host_us(shared, False)
     row("fresh")
-    handle = (ctypes.c_char * 64)()
-    rc = cuda.cuIpcGetMemHandle(handle, ctypes.c_uint64(base_of(shared)))
-    assert rc == 0, f"cuIpcGetMemHandle: {rc}"
+    handle, offset = ipc_mem_handle(shared.kv.data_ptr())  # as PagedKvCache.port_memory exports it
+    base = shared.kv.data_ptr() - offset
     row("exported")
-    child = subprocess.Popen([sys.executable, "-c", CHILD, bytes(handle.raw).hex(), str(a.device)],
+    child = subprocess.Popen([sys.executable, "-c", CHILD, handle.hex(), str(a.device)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "opened", "the second process did not open the handle"
@@ -159,7 +156,7 @@ def main() -> int:
         row("written")
         if sync_memops(shared) == 1:
             zero = ctypes.c_uint(0)
-            rc = cuda.cuPointerSetAttribute(ctypes.byref(zero), SYNC_MEMOPS, ctypes.c_uint64(base_of(shared)))
+            rc = cuda.cuPointerSetAttribute(ctypes.byref(zero), SYNC_MEMOPS, ctypes.c_uint64(base))
             print(f"cuPointerSetAttribute(SYNC_MEMOPS=0) on the shared allocation: CUresult {rc}", flush=True)
             row("nosync")
             profile("nosync")

@@ -152,8 +152,7 @@ class Node(JvmProcess):
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"node {self.role} exited with {self.proc.returncode}:\n{self.tail()}")
-            if os.path.exists(self.socket) and _accepts(socket.AF_UNIX, self.socket) \
-                    and _accepts(socket.AF_INET, ("127.0.0.1", self.management_port)):
+            if _accepts(socket.AF_UNIX, self.socket) and _accepts(socket.AF_INET, ("127.0.0.1", self.management_port)):
                 return
             time.sleep(0.2)
         raise RuntimeError(f"node {self.role} did not open {self.socket} and management port "
