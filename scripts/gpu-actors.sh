@@ -5,7 +5,7 @@
 #
 # usage: scripts/gpu-actors.sh P_GPU D_GPU [GpuConnectorRun flags: --layers --blocks --capacity
 #        --requests --spin-us]
-# Java and jars as for gpu-demo.sh (jre.tgz and app/ beside this script, from device-bundle.sh;
+# Java and jars as for gpu-demo.sh (jre.txz and app/ beside this script, from device-bundle.sh;
 # the app/ jars must include kvferry-actors and its runtime dependencies).
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 P_GPU D_GPU [flags]" >&2; exit 2; }

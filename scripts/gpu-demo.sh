@@ -7,7 +7,7 @@
 #
 # usage: scripts/gpu-demo.sh P_GPU D_GPU [GpuTransferBench flags, e.g. --layers 4 --blocks 64]
 #
-# Java comes from jre.tgz beside this script (../shared/tools/device-bundle.sh packs it with the
+# Java comes from jre.txz beside this script (scripts/gpu-bundle.sh packs it with the
 # jars into .device/; copy this script and gpu_torch_peer.py there too), else from PATH with the
 # classpath in KVFERRY_CP. Results land in $OUT/p<P>-d<D>/ (or ./gpu-demo-out/ without $OUT).
 set -euo pipefail

@@ -8,13 +8,28 @@
 # The bundle is .device/ made by scripts/gpu-bundle.sh: beside the calling script when that was
 # copied into it, else at the repository root. The caller sets GPU_ENV_WORK (a temporary folder).
 gpu_env_here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-if [ -f "$gpu_env_here/jre.tgz" ]; then
+# The runtime is jre.txz (xz: the bundle must fit the device run's 64 MiB with the working tree),
+# or jre.tgz from an older bundle.
+gpu_env_jre() {  # DIR: its runtime archive's path, or nothing
+  local f
+  for f in "$1/jre.txz" "$1/jre.tgz"; do
+    if [ -f "$f" ]; then echo "$f"; return 0; fi
+  done
+}
+if [ -n "$(gpu_env_jre "$gpu_env_here")" ]; then
   gpu_env_bundle=$gpu_env_here
 else
   gpu_env_bundle=$(cd "$gpu_env_here/.." && pwd)/.device
 fi
-if [ -f "$gpu_env_bundle/jre.tgz" ]; then
-  [ -x /tmp/jre/bin/java ] || tar xzf "$gpu_env_bundle/jre.tgz" -C /tmp
+gpu_env_jre_file=$(gpu_env_jre "$gpu_env_bundle")
+if [ -n "$gpu_env_jre_file" ]; then
+  if [ ! -x /tmp/jre/bin/java ]; then
+    if [ "${gpu_env_jre_file##*.}" = tgz ] || command -v xz >/dev/null; then
+      tar xf "$gpu_env_jre_file" -C /tmp
+    else
+      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$gpu_env_jre_file" /tmp
+    fi
+  fi
   JAVA=/tmp/jre/bin/java
   if [ -f "$gpu_env_bundle/app/kvferry.jar.xz" ]; then
     CP=${GPU_ENV_WORK:?set GPU_ENV_WORK before sourcing gpu-env.sh}/kvferry.jar

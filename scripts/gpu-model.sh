@@ -7,7 +7,7 @@
 # usage: scripts/gpu-model.sh P_GPU D_GPU [kvferry.gpu_check flags, e.g. --prompts 20]
 #        (the same id for both puts P and D on one GPU)
 #
-# Java and kvferry come from the bundle (scripts/gpu-bundle.sh; jre.tgz beside this script or
+# Java and kvferry come from the bundle (scripts/gpu-bundle.sh; jre.txz beside this script or
 # .device/ at the repository root), as for the other scripts/gpu-*.sh. The Python package is
 # python/ at the repository root or beside this script. Output: the console, and with $OUT set
 # $OUT/gpu-model-p<P>-d<D>/ (console.txt, report.json, the nodes' logs). Exit status: the

@@ -8,7 +8,7 @@
 # usage: scripts/gpu-tcp.sh P_GPU D_GPU [TcpGpuBench flags: --blocks 16384 --block-bytes 32768
 #        --reps 5 --depths 1,2 --buffer-bytes 4194304]
 #
-# Java and jars as for gpu-demo.sh: jre.tgz and app/ beside this script (device-bundle.sh with the
+# Java and jars as for gpu-demo.sh: jre.txz and app/ beside this script (device-bundle.sh with the
 # kvferry-rdma-jni jar, jna, msgpack-core and slf4j-api), else java from PATH and KVFERRY_CP.
 # Output also lands in $OUT/gpu-tcp-p<P>-d<D>.txt when $OUT is set. Exit status: 1 when a check
 # failed (the bench still runs), 2 without CUDA.

@@ -139,6 +139,8 @@ class _EngineState:
         # Milliseconds in each connector op during this prefill (request_finished included): which
         # of P's calls its port time goes to.
         out["port_ops_ms"] = {op: t[1] * 1e3 for c in clients for op, t in c.reset_op_seconds().items()}
+        if clients and "record_ms" in out:  # the layers' event records, timed beside the ops
+            out["port_ops_ms"]["event_record"] = out["record_ms"]
         if prof is not None:
             out["profile"] = _profiler_done(prof, sort_by="self_cpu_time_total")
         if want_kv and out["status"] == "length_capped":

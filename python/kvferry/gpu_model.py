@@ -436,6 +436,8 @@ class Timing:
     layer_ends_ms: list[float] = field(default_factory=list)
     # Wall time spent in the connector's calls (step begin and end, save_kv_layer), CPU side.
     port_s: float = 0.0
+    # The part of port_s spent recording the layers' interprocess events (GPU only).
+    record_s: float = 0.0
 
 
 class ModelEngine:
@@ -544,7 +546,10 @@ class ModelEngine:
             if worker.step_saves:  # a step that writes nothing sends no event and no frame
                 slot = self._slot
                 self._slot = (self._slot + 1) % len(self.events)
+                r0 = time.perf_counter()
                 self.events[slot].record()
+                if timing is not None:
+                    timing.record_s += time.perf_counter() - r0
                 worker.save_kv_layer_after(layer, slot)
             if timing is not None:
                 timing.port_s += time.perf_counter() - t0
@@ -628,7 +633,8 @@ class ModelEngine:
             self.pool.free(blocks)
         return {"request_id": rid, "blocks": list(blocks), "delay_free": delay, "kv_transfer_params": params,
                 "hit_tokens": hit_tokens, "chunks": [list(c) for c in chunks], "start": t.start, "end": t.end,
-                "status": status, "layer_ends_ms": t.layer_ends_ms, "port_ms": t.port_s * 1e3}
+                "status": status, "layer_ends_ms": t.layer_ends_ms, "port_ms": t.port_s * 1e3,
+                "record_ms": t.record_s * 1e3}
 
     def _cache_full_blocks(self, prompt: list[int], blocks: list[int], computed: int) -> None:
         bs = self.cache.block_size
