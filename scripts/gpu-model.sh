@@ -17,6 +17,11 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 P=$1 D=$2
 shift 2
+# MPS is started by scripts/gpu-model-ab.sh (KVFERRY_MPS=1 in a variant), not here: say so rather
+# than let a run that asked for it pass for one under MPS.
+if [ -n "${KVFERRY_MPS:-}" ] && [ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then
+  echo "note: KVFERRY_MPS is acted on by scripts/gpu-model-ab.sh only; this run starts no MPS daemon" >&2
+fi
 work=$(mktemp -d)
 pids=()
 watched=()  # NAME:PID of the router and the nodes, watched while the check runs
