@@ -108,7 +108,8 @@ class _EngineState:
                                   load_events=self.cfg.get("load_events", True))
         if self.engine.worker is not None:
             self.engine.worker.pipelined_layer_waits = self.cfg.get("pipelined_layer_waits", True)
-        info = self.engine.connect(wait_s=180)
+        # How this engine marks saved layers (KVFERRY_SAVE_MARKS), so a run says which it timed.
+        info = dict(self.engine.connect(wait_s=180), save_marks=self.engine.save_marks)
         if self.baseline is not None:
             self.baseline.reset_prefix_cache()
         return info
@@ -660,8 +661,8 @@ def run_mode(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
     bs, vocab = args.block_size, args.vocab
     p_info = p.call("attach", mode=mode)
     d_info = d.call("attach", mode=mode)
-    log(f"[{mode}] P engine {p_info['engine_id']} on node {p_info['node']} ({p_info['transport']}); "
-        f"D engine {d_info['engine_id']} on node {d_info['node']}")
+    log(f"[{mode}] P engine {p_info['engine_id']} on node {p_info['node']} ({p_info['transport']}; saves"
+        f" marked per {p_info['save_marks']}); D engine {d_info['engine_id']} on node {d_info['node']}")
     lengths = prompt_lengths(args.prompts, rng, args.max_prompt_tokens)
     completed: list[list[int]] = []
     results: list[dict] = []
@@ -882,6 +883,7 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
     """Time to first token with and without disaggregation, fresh prompts (no prefix hits)."""
     p_info = p.call("attach", mode=mode)
     d_info = d.call("attach", mode=mode)
+    log(f"  TTFT {mode}: P's saves marked per {p_info['save_marks']} (KVFERRY_SAVE_MARKS)")
     if args.ttft_warmup > 0:
         # A serving node has run its per-request code (the actors' handling of a transfer, the
         # port's ops) thousands of times, compiled by the JIT; a few TTFT reps alone would time it

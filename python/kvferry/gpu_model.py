@@ -425,8 +425,9 @@ class GpuWorkerClient(PortClient):
             args["events"] = self.events
         return args
 
-    def save_kv_layer_after(self, layer: int, event_slot: int) -> None:
-        self._one_way("save_kv_layer", {"layer": layer, "event_slot": event_slot})
+    def save_kv_layer_after(self, layer: int, event_slot: int, hold: bool = False) -> None:
+        """``hold``: kept for the next send or ``flush`` (several layers in one frame)."""
+        self._one_way("save_kv_layer", {"layer": layer, "event_slot": event_slot}, hold=hold)
 
 
 @dataclass
@@ -466,6 +467,13 @@ class ModelEngine:
         self._finished_ids: list[str] = []
         self.last_decode: dict[str, float] = {}
         self.last_first: dict[str, float] = {}
+        # GPU: how a step's saved layers are marked for the node (KVFERRY_SAVE_MARKS): "layer",
+        # an event and a save_kv_layer as each layer's KV is written, so its copies overlap the
+        # next layers' compute; "step", one event after the last layer with every layer's save
+        # behind it (one stream operation and one frame per step, the copies after the step).
+        self.save_marks = os.environ.get("KVFERRY_SAVE_MARKS", "layer")
+        if self.save_marks not in ("layer", "step"):
+            raise ValueError(f"KVFERRY_SAVE_MARKS must be layer or step, not {self.save_marks!r}")
         # With record_timeline (GPU): a timing event after each layer's KV is written, per step.
         self.record_timeline = False
         self._timeline: list[tuple[int, Any]] = []
@@ -543,14 +551,21 @@ class ModelEngine:
                 ev = torch.cuda.Event(enable_timing=True)
                 ev.record()
                 self._timeline.append((layer, ev))
-            if worker.step_saves:  # a step that writes nothing sends no event and no frame
+            # A step that writes nothing sends no event and no frame. Marked per step: one event
+            # after the last layer and every layer's save behind it, in one frame.
+            if worker.step_saves and (self.save_marks == "layer" or layer == self.spec.layers - 1):
                 slot = self._slot
                 self._slot = (self._slot + 1) % len(self.events)
                 r0 = time.perf_counter()
                 self.events[slot].record()
                 if timing is not None:
                     timing.record_s += time.perf_counter() - r0
-                worker.save_kv_layer_after(layer, slot)
+                if self.save_marks == "layer":
+                    worker.save_kv_layer_after(layer, slot)
+                else:
+                    for saved_layer in range(self.spec.layers):
+                        worker.save_kv_layer_after(saved_layer, slot, hold=True)
+                    worker.flush()
             if timing is not None:
                 timing.port_s += time.perf_counter() - t0
         return saved

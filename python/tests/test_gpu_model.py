@@ -61,6 +61,22 @@ def test_an_unknown_architecture_is_refused():
         ModelSpec(arch="gpt")
 
 
+def test_an_unknown_way_of_marking_saves_is_refused_by_its_name(monkeypatch):
+    """KVFERRY_SAVE_MARKS picks how a GPU engine marks saved layers (layer, the default, or step);
+    anything else stops the engine at once, naming the variable and the value."""
+    dev = torch.device("cpu")
+    model = build_model(SMALL, dev)
+    cache = PagedKvCache(SMALL, 16, 16, dev)
+    try:
+        monkeypatch.setenv("KVFERRY_SAVE_MARKS", "steps")
+        with pytest.raises(ValueError, match="KVFERRY_SAVE_MARKS must be layer or step, not 'steps'"):
+            ModelEngine(model, SMALL, cache, role="decode", mode="write", chunk_tokens=16)
+        monkeypatch.delenv("KVFERRY_SAVE_MARKS")
+        assert ModelEngine(model, SMALL, cache, role="decode", mode="write", chunk_tokens=16).save_marks == "layer"
+    finally:
+        cache.close()
+
+
 @pytest.mark.parametrize("spec", [SMALL, pytest.param(SMALL_MLA, marks=needs_transformers)], ids=["llama", "mla"])
 def test_the_paged_forward_follows_the_models_own_forward(spec):
     """The paged attention is the model's attention: its last logits match the model's own forward
