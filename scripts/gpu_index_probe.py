@@ -30,24 +30,11 @@ from pathlib import Path
 
 # The project's own cache, slot mapping and IPC export (python/kvferry), as the engine uses them.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+from cuda_child import PROLOGUE  # noqa: E402 - scripts/, this file's folder
 
-CHILD = r"""
-import ctypes, sys
-cuda = ctypes.CDLL("libcuda.so.1")
-def ok(rc, what):
-    if rc != 0:
-        sys.exit(f"{what} failed: CUresult {rc}")
-ok(cuda.cuInit(0), "cuInit")
-dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-ok(cuda.cuDeviceGet(ctypes.byref(dev), int(sys.argv[2])), "cuDeviceGet")
-ok(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-ok(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-class Handle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * 64)]
-h = Handle()
-ctypes.memmove(ctypes.byref(h), bytes.fromhex(sys.argv[1]), 64)
+CHILD = PROLOGUE + r"""
 ptr = ctypes.c_uint64()
-ok(cuda.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), h, 1), "cuIpcOpenMemHandle")
+ok(cuda.cuIpcOpenMemHandle_v2(ctypes.byref(ptr), handle(sys.argv[2]), 1), "cuIpcOpenMemHandle")
 print("opened", flush=True)
 for line in sys.stdin:
     word = line.split()
@@ -144,7 +131,7 @@ def main() -> int:
     handle, offset = ipc_mem_handle(shared.kv.data_ptr())  # as PagedKvCache.port_memory exports it
     base = shared.kv.data_ptr() - offset
     row("exported")
-    child = subprocess.Popen([sys.executable, "-c", CHILD, handle.hex(), str(a.device)],
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(a.device), handle.hex()],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "opened", "the second process did not open the handle"

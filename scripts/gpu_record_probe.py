@@ -24,25 +24,15 @@ import subprocess
 import sys
 import time
 
-CHILD = r"""
-import ctypes, sys
-cuda = ctypes.CDLL("libcuda.so.1")
-def ok(rc, what):
-    if rc != 0:
-        sys.exit(f"{what} failed: CUresult {rc}")
-ok(cuda.cuInit(0), "cuInit")
-dev, ctx, stream = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p()
-ok(cuda.cuDeviceGet(ctypes.byref(dev), int(sys.argv[1])), "cuDeviceGet")
-ok(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-ok(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+from cuda_child import PROLOGUE  # scripts/, this file's folder
+
+CHILD = PROLOGUE + r"""
+stream = ctypes.c_void_p()
 ok(cuda.cuStreamCreate(ctypes.byref(stream), 1), "cuStreamCreate")
-class Handle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * 64)]
 events = []
 for hexed in sys.argv[2:]:
-    h, ev = Handle(), ctypes.c_void_p()
-    ctypes.memmove(ctypes.byref(h), bytes.fromhex(hexed), 64)
-    ok(cuda.cuIpcOpenEventHandle(ctypes.byref(ev), h), "cuIpcOpenEventHandle")
+    ev = ctypes.c_void_p()
+    ok(cuda.cuIpcOpenEventHandle(ctypes.byref(ev), handle(hexed)), "cuIpcOpenEventHandle")
     events.append(ev)
 print("opened", flush=True)
 for line in sys.stdin:
