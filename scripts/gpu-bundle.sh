@@ -111,7 +111,7 @@ echo "smoke test: trimmed jar, bundled runtime, host demo (cma)"
 grep -q "^OK: every byte verified" "$work/smoke.log" || { tail -30 "$work/smoke.log"; exit 1; }
 echo "smoke test passed"
 
-# The runtime again as xz (jre.txz, about a quarter smaller than gzip): the bundle travels to the
+# The runtime again as xz (jre.txz, about a tenth smaller than gzip): the bundle travels to the
 # device with the working tree, 64 MiB in all.
 gzip -dc .device/jre.tgz | xz -6 -T2 > .device/jre.txz && rm .device/jre.tgz
 
