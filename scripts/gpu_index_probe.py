@@ -12,6 +12,7 @@ other taken step by step through what the engine port does to it (``shared``):
   opened    a second process opens that handle (what the node does)
   written   that process writes into the mapping (the node's copies)
   nosync    the shared allocation's SYNC_MEMOPS pointer attribute cleared, if it was set
+  closed    the second process has closed its mapping and exited
 
 At each step it times the host side of the engine's gather (``cache[slots]``) on both caches, with
 the GPU idle and with the GPU busy (a queue of matmuls ahead of it: a gather that synchronizes

@@ -137,11 +137,9 @@ class _EngineState:
         for c in clients:
             c.reset_op_seconds()
         out = e.prefill(rid, prompt, params, abort_after_chunks=abort_after_chunks)
-        # Milliseconds in each connector op during this prefill (request_finished included): which
-        # of P's calls its port time goes to.
+        # Milliseconds in each connector op during this prefill (request_finished included, and
+        # the worker's event records as event_record): which of P's calls its port time goes to.
         out["port_ops_ms"] = {op: t[1] * 1e3 for c in clients for op, t in c.reset_op_seconds().items()}
-        if clients and "record_ms" in out:  # the layers' event records, timed beside the ops
-            out["port_ops_ms"]["event_record"] = out["record_ms"]
         if prof is not None:
             out["profile"] = _profiler_done(prof, sort_by="self_cpu_time_total")
         if want_kv and out["status"] == "length_capped":
