@@ -22,7 +22,8 @@
 #        MPS_QUIT_S   seconds an MPS daemon gets to quit after its run (default 30), then killed
 # Output: $OUT/<NAME>-<round>/ (console.txt, and stamps.txt, the READ start stamps' medians per
 # kind of transfer, when the nodes stamped), each run's node logs as logs.tgz there, and all of
-# it as $OUT/../<basename of OUT>.tgz (a device call returns at most 8 files).
+# it as $OUT/../<basename of OUT>.tgz (a device call returns at most 8 files), rewritten after
+# each run and when the script is stopped.
 set -uo pipefail
 usage="usage: OUT=DIR $0 ROUNDS P_GPU D_GPU NAME=[JAR][@OPTS][+P_CPUS:D_CPUS:NODE_CPUS][%VAR=VALUE,...]... -- [gpu_check flags]"
 [ $# -ge 4 ] || { echo "$usage" >&2; exit 2; }
@@ -80,8 +81,11 @@ mps_stop() {  # [RUN_DIR]: reports the daemon's servers and their clients there,
   rm -rf "$mps"
   mps=
 }
-# A daemon is quit however the script ends (an outer timeout's TERM included).
-trap 'mps_stop' EXIT
+# Everything under OUT as one file beside it, rewritten after each run: a device call returns at
+# most 8 files, and one cut by its time limit still brings back every run that finished.
+archive() { tar czf "$OUT/../$(basename "$OUT").tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"; }
+# A daemon is quit and the output archived however the script ends (an outer timeout's TERM included).
+trap 'mps_stop; archive' EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
 for round in $(seq 1 "$rounds"); do
@@ -126,6 +130,6 @@ for round in $(seq 1 "$rounds"); do
     fi
     [ -d "$run" ] && tar czf "$dir/logs.tgz" -C "$dir" "$(basename "$run")" && rm -rf "$run"
     port=$((port + 100))
+    archive
   done
 done
-tar czf "$OUT/../$(basename "$OUT").tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
