@@ -448,9 +448,12 @@ class _EngineState:
         return self.baseline
 
     def cmd_baseline_ttft(self, rid: str, prompt: list[int], profile: bool = False,
-                          profile_first: bool = False) -> dict:
+                          profile_first: bool = False, idle_steps_ms: float = 0.0) -> dict:
         """``profile``: torch's profiler around the prefill; ``profile_first``: around the first
-        token (D's side of the split)."""
+        token (D's side of the split). ``idle_steps_ms`` (a diagnostic, D): between the prefill
+        and the first token, untimed, this process's kvferry engine steps with nothing scheduled
+        for that long, as D's engine does while it waits for a transfer (vLLM's D too: steps of
+        connector calls only): is D's first forward slower after a transfer because of that loop?"""
         b = self.baseline_engine()
         b._sync()
         prof = _profiler() if profile else None
@@ -458,6 +461,8 @@ class _EngineState:
         pre = b.prefill(rid, prompt, None, finish=False)
         tp = time.perf_counter()
         prof_text = _profiler_done(prof, sort_by="self_cpu_time_total")
+        idle_steps = self._idle_steps(idle_steps_ms / 1e3) if idle_steps_ms > 0 else 0
+        tp_idle = time.perf_counter()
         prof = _profiler() if profile_first else None
         allocs = _device_allocs(b.cache.device)
         tf = time.perf_counter()
@@ -467,8 +472,24 @@ class _EngineState:
         allocs = _allocs_between(allocs, _device_allocs(b.cache.device))
         first_text = _profiler_done(prof, sort_by="self_cpu_time_total")
         b.finish_decoded(rid, blocks)
-        return {"ttft_s": t1 - t0, "prefill_s": tp - t0, "first_s": t1 - tf, "first_split": dict(b.last_first),
-                "profile": prof_text, "first_profile": first_text, "device_allocs": allocs}
+        return {"ttft_s": t1 - t0 - (tp_idle - tp), "prefill_s": tp - t0, "first_s": t1 - tf,
+                "first_split": dict(b.last_first), "profile": prof_text, "first_profile": first_text,
+                "device_allocs": allocs, "idle_steps": idle_steps}
+
+    def _idle_steps(self, seconds: float) -> int:
+        """Steps of this process's kvferry engine with nothing scheduled, for ``seconds``: the
+        connector calls of D's wait for a transfer. Run between transfers only: a result in them
+        would be another request's, lost to its own wait, so it fails loudly."""
+        e = self._e()
+        end = time.perf_counter() + seconds
+        steps = 0
+        while time.perf_counter() < end:
+            e._step_begin([], [])
+            f = e._step_end()
+            steps += 1
+            if f["done_sending"] or f["done_receiving"] or f["failed"]:
+                raise RuntimeError(f"idle steps got a transfer's result, the diagnostic needs none in flight: {f}")
+        return steps
 
     def cmd_layer_copy_time(self, tokens: int, reps: int = 20) -> dict:
         """One layer's KV of ``tokens`` tokens copied device to device by torch (the same bytes
@@ -912,7 +933,7 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
             b = None
             if rep % 2 == 1:
                 b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)],
-                           profile_first=profiled)
+                           profile_first=profiled, idle_steps_ms=args.ttft_baseline_idle_steps_ms)
                 pb = p.call("baseline_ttft", rid=rid + "-pb", prompt=[rng.randrange(3, args.vocab) for _ in range(n)],
                             profile=profiled)
             pre, first = _disaggregated_first(p, d, mode, rid, prompt, p_info, d_info, profiled,
@@ -920,7 +941,7 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                                               d_snapshot=args.ttft_d_snapshot)
             if b is None:
                 b = d.call("baseline_ttft", rid=rid + "-b", prompt=[rng.randrange(3, args.vocab) for _ in range(n)],
-                           profile_first=profiled)
+                           profile_first=profiled, idle_steps_ms=args.ttft_baseline_idle_steps_ms)
                 pb = p.call("baseline_ttft", rid=rid + "-pb", prompt=[rng.randrange(3, args.vocab) for _ in range(n)],
                             profile=profiled)
             if last:
@@ -958,6 +979,8 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
                          ("baseline_first_device_allocs", b["device_allocs"]),
                          *((f"p_op_ms[{op}]", ms) for op, ms in sorted(pre.get("port_ops_ms", {}).items()))):
                 parts.setdefault(k, []).append(v)
+            if args.ttft_baseline_idle_steps_ms > 0:
+                parts.setdefault("baseline_idle_steps", []).append(float(b["idle_steps"]))
             # READ: the span from P's end until D had every layer, in steps (P's request_finished
             # and the driver handing its params to D; D's admission; D's first step until its
             # loads were started; from there until get_finished listed the request).
@@ -1155,6 +1178,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ttft-d-quiet-ms", type=float, default=0.0,
                    help="diagnostic: D waits this long (untimed) between its KV landing and its first forward "
                         "(is that forward slower because of GPU work that follows the transfer?)")
+    p.add_argument("--ttft-baseline-idle-steps-ms", type=float, default=0.0,
+                   help="diagnostic: D's engine without kvferry waits this long (untimed) between its prefill and "
+                        "its first token, in steps of D's kvferry engine with nothing scheduled (the loop D runs "
+                        "while it waits for a transfer): is D's first forward slower because of that loop?")
     p.add_argument("--ttft-d-snapshot", action="store_true",
                    help="diagnostic: D copies the KV it received before its first forward (untimed), as the "
                         "check does and the TTFT runs did before 2026-12-03")

@@ -124,17 +124,9 @@ def test_the_same_work_on_other_blocks_gives_the_same_kv_logits_and_tokens(spec)
             c.close()
 
 
-@pytest.mark.node
-@pytest.mark.parametrize("arch", ["llama", pytest.param("mla", marks=needs_transformers)])
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(tmp_path, device, arch):
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("no CUDA here: the GPU part (CUDA IPC memory and events) runs on a GPU host with "
-                    "scripts/gpu-model.sh P_GPU D_GPU")
-    if shutil.which("java") is None or not os.path.exists(JAR):
-        pytest.skip(f"needs java and the kvferry jar ({JAR})")
+def _start_nodes(tmp_path, gpu: list[str]) -> list[subprocess.Popen]:
+    """A router and a P and a D node on engine ports (sockets prefill.sock, decode.sock)."""
     router = free_port()
-    gpu = ["--gpu", "0", "--transport", "cuda"] if device == "cuda" else ["--transport", "cma"]
     procs = [subprocess.Popen(["java", "-cp", JAR, "dev.kvferry.cli.KvferryCli", "router", "--port", str(router),
                                "--management-port", str(free_port()), "--seed-nodes", f"127.0.0.1:{router}"],
                               stdout=open(tmp_path / "router.log", "w"), stderr=subprocess.STDOUT)]
@@ -145,19 +137,51 @@ def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(t
              "--tp-size", "1", "--port", str(free_port()), "--management-port", str(free_port()),
              "--seed-nodes", f"127.0.0.1:{router}", *gpu],
             stdout=open(tmp_path / f"{role}.log", "w"), stderr=subprocess.STDOUT))
+    return procs
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def _gpu_check(tmp_path, dev: str, *flags: str) -> subprocess.CompletedProcess:
     # This package first, then whatever the caller put on the path (a GPU host's run that hides
     # transformers puts its stand-in there).
     python_path = os.pathsep.join(d for d in (PYTHON_DIR, os.environ.get("PYTHONPATH")) if d)
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; from kvferry.gpu_check import main; sys.exit(main(sys.argv[1:]))",
+         "--p-socket", str(tmp_path / "prefill.sock"), "--d-socket", str(tmp_path / "decode.sock"),
+         "--p-device", dev, "--d-device", dev, *flags],
+        env={**os.environ, "PYTHONPATH": python_path}, capture_output=True, text=True, timeout=600)
+
+
+def _needs_node() -> None:
+    if shutil.which("java") is None or not os.path.exists(JAR):
+        pytest.skip(f"needs java and the kvferry jar ({JAR})")
+
+
+@pytest.mark.node
+@pytest.mark.parametrize("arch", ["llama", pytest.param("mla", marks=needs_transformers)])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(tmp_path, device, arch):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA here: the GPU part (CUDA IPC memory and events) runs on a GPU host with "
+                    "scripts/gpu-model.sh P_GPU D_GPU")
+    _needs_node()
+    gpu = ["--gpu", "0", "--transport", "cuda"] if device == "cuda" else ["--transport", "cma"]
+    procs = _start_nodes(tmp_path, gpu)
     try:
-        dev = "cuda:0" if device == "cuda" else "cpu"
-        out = subprocess.run(
-            [sys.executable, "-c", "import sys; from kvferry.gpu_check import main; sys.exit(main(sys.argv[1:]))",
-             "--p-socket", str(tmp_path / "prefill.sock"), "--d-socket", str(tmp_path / "decode.sock"),
-             "--p-device", dev, "--d-device", dev, "--prompts", "4", "--max-prompt-tokens", "600",
-             "--decode-steps", "4", "--layers", "2", "--num-blocks", "1024", "--ttft-reps", "0",
-             "--no-generate", "--no-mla-probe", "--arch", arch, "--json", str(tmp_path / "report.json"),
-             "--torch-threads", "2"],
-            env={**os.environ, "PYTHONPATH": python_path}, capture_output=True, text=True, timeout=600)
+        out = _gpu_check(tmp_path, "cuda:0" if device == "cuda" else "cpu",
+                         "--prompts", "4", "--max-prompt-tokens", "600",
+                         "--decode-steps", "4", "--layers", "2", "--num-blocks", "1024", "--ttft-reps", "0",
+                         "--no-generate", "--no-mla-probe", "--arch", arch, "--json", str(tmp_path / "report.json"),
+                         "--torch-threads", "2")
         assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
         assert "KV equal byte for byte 4/4; first-token logits bitwise equal 4/4" in out.stdout, out.stdout
         assert f"built by {model_source(ModelSpec(arch=arch))}" in out.stdout, out.stdout
@@ -165,10 +189,25 @@ def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(t
         engines = next(line for line in out.stdout.splitlines() if line.startswith("P: "))
         assert engines.count("'torch_threads': 2") == 2, engines
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs)
+
+
+@pytest.mark.node
+def test_time_to_first_token_runs_on_the_cpu_with_its_diagnostics(tmp_path):
+    """The TTFT path (paired estimates, parts, timeline) on the CPU with host memory, with D's
+    baseline idling in its kvferry engine's steps before its first token (a diagnostic): the
+    numbers mean nothing here, the path and its report do."""
+    _needs_node()
+    procs = _start_nodes(tmp_path, ["--transport", "cma"])
+    try:
+        out = _gpu_check(tmp_path, "cpu", "--prompts", "1", "--max-prompt-tokens", "64", "--modes", "write",
+                         "--decode-steps", "2", "--layers", "2", "--num-blocks", "256", "--no-generate",
+                         "--no-mla-probe", "--ttft-lengths", "64", "--ttft-reps", "2", "--ttft-warmup", "1",
+                         "--ttft-baseline-idle-steps-ms", "2", "--json", str(tmp_path / "report.json"))
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+        assert "TTFT write n=64 paired, added, without = D's process:" in out.stdout, out.stdout
+        medians = next(line for line in out.stdout.splitlines() if "TTFT write n=64 medians:" in line)
+        idle = float(medians.split("baseline_idle_steps ")[1].split(",")[0])
+        assert idle >= 1, medians  # each baseline first token came after at least one idle step
+    finally:
+        _stop(procs)
