@@ -64,7 +64,8 @@ def main() -> int:
 
     import torch
 
-    from kvferry.gpu_model import ModelSpec, PagedKvCache, ipc_mem_handle
+    from kvferry.cuda_port import ipc_mem_handle
+    from kvferry.gpu_model import ModelSpec, PagedKvCache
 
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device")

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from .cuda_port import GpuWorkerClient, SaveMarks, device_uuid, event_ring, ipc_mem_handle, save_marks_setting
 from .port import PortClient
 from .reference.cache import BlockPool
 from .reference.model import block_hashes
@@ -265,30 +266,6 @@ class PagedKvCache:
                 pass
 
 
-def ipc_mem_handle(pointer: int) -> tuple[bytes, int]:
-    """The 64-byte cudaIpcMemHandle_t of the allocation holding ``pointer`` and the pointer's
-    offset in it (cuMemGetAddressRange, cuIpcGetMemHandle; the caller's context is current)."""
-    import ctypes
-
-    cuda = ctypes.CDLL("libcuda.so.1")
-    base, size = ctypes.c_uint64(), ctypes.c_size_t()
-    rc = cuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(pointer))
-    if rc != 0:
-        raise RuntimeError(f"cuMemGetAddressRange failed: CUresult {rc}")
-    handle = (ctypes.c_char * 64)()
-    rc = cuda.cuIpcGetMemHandle(handle, ctypes.c_uint64(base.value))
-    if rc != 0:
-        raise RuntimeError(f"cuIpcGetMemHandle failed: CUresult {rc}")
-    return bytes(handle.raw), pointer - base.value
-
-
-def device_uuid(device: torch.device) -> str:
-    """The GPU's UUID as nvidia-smi prints it: device ids differ between processes, UUIDs do not."""
-    u = str(torch.cuda.get_device_properties(device).uuid)
-    u = u[4:] if u.upper().startswith("GPU-") else u
-    return "GPU-" + u
-
-
 class PagedLlama:
     """The model's forward over a paged cache: per layer, K/V of the step's positions go into their
     slots, then attention reads positions [0, end) back from the cache. ``layer_written(layer)``
@@ -411,32 +388,6 @@ def _attention_kernel(name: str, device: torch.device) -> Any:
     return sdpa_kernel([kernels[name], SDPBackend.MATH] if name != "math" else [SDPBackend.MATH])
 
 
-class GpuWorkerClient(PortClient):
-    """A worker connection whose hello also shares a ring of interprocess CUDA events, and whose
-    ``save_kv_layer`` names the slot recorded after the layer's writes (docs/engine-port.md)."""
-
-    def __init__(self, *args: Any, events: list[bytes] | None = None, **kw: Any):
-        super().__init__(*args, **kw)
-        self.events = list(events or [])
-
-    def _hello_args(self) -> dict[str, Any]:
-        args = super()._hello_args()
-        if self.events:
-            args["events"] = self.events
-        return args
-
-    def record(self, event: Any) -> None:
-        """Records ``event`` on the current stream, timed with the ops (``event_record``): in a
-        real prefill each record cost tens of microseconds of host time (docs/gpu.md)."""
-        began = time.perf_counter()
-        event.record()
-        self._timed("event_record", began)
-
-    def save_kv_layer_after(self, layer: int, event_slot: int, hold: bool = False) -> None:
-        """``hold``: kept for the next send or ``flush`` (several layers in one frame)."""
-        self._one_way("save_kv_layer", {"layer": layer, "event_slot": event_slot}, hold=hold)
-
-
 @dataclass
 class Timing:
     start: float = 0.0
@@ -467,8 +418,7 @@ class ModelEngine:
         self.gpu = cache.device.type == "cuda"
         self.sched: PortClient | None = None
         self.worker: GpuWorkerClient | None = None
-        self.events: list[Any] = []
-        self._slot = 0
+        self.marker: SaveMarks | None = None
         self._finished_ids: list[str] = []
         self.last_decode: dict[str, float] = {}
         self.last_first: dict[str, float] = {}
@@ -476,20 +426,13 @@ class ModelEngine:
         # an event and a save_kv_layer as each layer's KV is written, so its copies overlap the
         # next layers' compute; "step", one event after the last layer with every layer's save
         # behind it (one stream operation and one frame per step, the copies after the step).
-        self.save_marks = os.environ.get("KVFERRY_SAVE_MARKS", "layer")
-        if self.save_marks not in ("layer", "step"):
-            raise ValueError(f"KVFERRY_SAVE_MARKS must be layer or step, not {self.save_marks!r}")
+        self.save_marks = save_marks_setting(os.environ.get("KVFERRY_SAVE_MARKS"), "KVFERRY_SAVE_MARKS")
         # With record_timeline (GPU): a timing event after each layer's KV is written, per step.
         self.record_timeline = False
         self._timeline: list[tuple[int, Any]] = []
         self.engine_id: str | None = None
         if socket_path is not None:
-            if self.gpu:
-                ring = ring or 2 * spec.layers
-                self.events = [torch.cuda.Event(interprocess=True) for _ in range(ring)]
-                handles = [bytes(e.ipc_handle()) for e in self.events]
-            else:
-                handles = []
+            events, handles = event_ring(ring or 2 * spec.layers) if self.gpu else ([], [])
             ident = {"role": role, "mode": mode, "tp_size": 1}
             self.worker = GpuWorkerClient(socket_path, "worker", engine=ident, tp_rank=0,
                                           geometry=cache.port_geometry(), memory=cache.port_memory(),
@@ -498,6 +441,8 @@ class ModelEngine:
                                           and mode == "read",
                                           event_device=cache.device if self.gpu else None)
             self.sched = PortClient(socket_path, "scheduler", engine=ident)
+            if events:
+                self.marker = SaveMarks(self.worker, events, spec.layers, self.save_marks)
 
     def connect(self, wait_s: float = 120.0) -> dict[str, Any]:
         assert self.worker is not None and self.sched is not None
@@ -556,18 +501,8 @@ class ModelEngine:
                 ev = torch.cuda.Event(enable_timing=True)
                 ev.record()
                 self._timeline.append((layer, ev))
-            # A step that writes nothing sends no event and no frame. Marked per step: one event
-            # after the last layer and every layer's save behind it, in one frame.
-            if worker.step_saves and (self.save_marks == "layer" or layer == self.spec.layers - 1):
-                slot = self._slot
-                self._slot = (self._slot + 1) % len(self.events)
-                worker.record(self.events[slot])
-                if self.save_marks == "layer":
-                    worker.save_kv_layer_after(layer, slot)
-                else:
-                    for saved_layer in range(self.spec.layers):
-                        worker.save_kv_layer_after(saved_layer, slot, hold=True)
-                    worker.flush()
+            if self.marker is not None:
+                self.marker.saved(layer)
             if timing is not None:
                 timing.port_s += time.perf_counter() - t0
         return saved

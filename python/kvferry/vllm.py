@@ -16,13 +16,17 @@ the node is told of them and checks their ops, docs/engine-port.md),
 ``start_node`` (default false) with ``kvferry_jar``, ``java`` and ``node_args`` (a list): start a
 node beside the engine when none answers on the socket.
 
-Memory. The node maps the KV cache, so each layer's tensor must live in a shared-memory file the
-node can open: allocate the cache with :func:`shm_tensor` (a file under /dev/shm, mode 0600,
-mapped shared) or register a mapping you made yourself with :func:`register_shm_region`.
-``register_kv_caches`` looks every tensor up in those regions and refuses any other tensor.
-GPU (CUDA) tensors are not supported yet: they need CUDA IPC handles in the worker's hello
-(DESIGN section 10, "GPU KV caches are shared by CUDA IPC memory handles"), a later issue;
-``register_kv_caches`` raises :class:`CudaKvCacheNotSupported` for them.
+Memory. GPU (CUDA) KV caches, vLLM's usual case, are named to the node by CUDA IPC handles
+(``cuda_ipc`` in docs/engine-port.md): the node must run on the same GPU (``--gpu N``, matched by
+the GPU's UUID) with ``--transport cuda``. Each layer's save records an interprocess CUDA event on
+the current stream and the node's copies wait for it on the GPU; a consumer in READ mode makes its
+stream wait on the node's load events. ``save_marks`` in the extra config: ``layer`` (default) or
+``step`` (one event after the last layer for all of the step's saves; faster where the engine and
+its node share a GPU without MPS, docs/operations.md). Host KV caches must live in a
+shared-memory file the node can open: allocate the cache with :func:`shm_tensor` (a file under
+/dev/shm, mode 0600, mapped shared) or register a mapping you made yourself with
+:func:`register_shm_region`; ``register_kv_caches`` looks every host tensor up in those regions
+and refuses any other. All layers must be on one device.
 
 One object per role, as vLLM's own connectors: ``KvferryScheduler`` on the scheduler side,
 ``KvferryWorker`` per TP rank; each owns one ``PortClient`` (one connection per thread).
@@ -43,6 +47,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from . import cuda_port
 from .port import BadArgs, NodeUnavailable, PortClient, PortError
 
 log = logging.getLogger("kvferry.vllm")
@@ -137,16 +142,11 @@ except Exception:  # vLLM absent (tests, tools): a stand-in with the same method
 __all__ = [
     "KvferryConnector",
     "KvferryConnectorMetadata",
-    "CudaKvCacheNotSupported",
     "shm_tensor",
     "register_shm_region",
     "stop_started_nodes",
     "HAVE_VLLM",
 ]
-
-
-class CudaKvCacheNotSupported(NotImplementedError):
-    """GPU KV caches need CUDA IPC through the port, which is not implemented yet."""
 
 
 # ---- shared memory the node can map ----
@@ -229,18 +229,14 @@ class _TensorInfo:
     shape: tuple[int, ...]
     element_bytes: int
     contiguous: bool
+    device: Any = None  # the torch device of a CUDA tensor; None in host memory
 
 
 def _tensor_info(name: str, t: Any) -> _TensorInfo:
     if hasattr(t, "data_ptr") and hasattr(t, "element_size"):  # torch
-        if getattr(t, "is_cuda", False) or str(getattr(t, "device", "cpu")).startswith("cuda"):
-            raise CudaKvCacheNotSupported(
-                f"layer {name}: the KV cache is on {t.device}; kvferry's engine port shares GPU "
-                "memory through CUDA IPC handles, which is not implemented yet (a later issue: "
-                "engine port, GPU memory over CUDA IPC). Run the KV cache in host memory "
-                "allocated with kvferry.vllm.shm_tensor for now.")
+        cuda = getattr(t, "is_cuda", False) or str(getattr(t, "device", "cpu")).startswith("cuda")
         return _TensorInfo(t.data_ptr(), t.numel() * t.element_size(), tuple(t.shape),
-                           t.element_size(), bool(t.is_contiguous()))
+                           t.element_size(), bool(t.is_contiguous()), t.device if cuda else None)
     if hasattr(t, "__array_interface__"):  # numpy
         return _TensorInfo(t.__array_interface__["data"][0], int(t.nbytes), tuple(t.shape),
                            int(t.itemsize), bool(t.flags["C_CONTIGUOUS"]))
@@ -258,6 +254,24 @@ def _geometry_of(name: str, info: _TensorInfo) -> dict[str, Any]:
     raise ValueError(f"layer {name}: shape {s} is neither [2, num_blocks, block_size, kv_heads, head_dim] "
                      "nor MLA's [num_blocks, block_size, latent] (use an attention backend with vLLM's "
                      "flash-attention layout)")
+
+
+def _host_layer(name: str, info: _TensorInfo) -> dict[str, Any]:
+    """A host layer as the hello names it: the shared-memory file that holds it."""
+    region = _find_region(info.address, info.nbytes)
+    if region is None:
+        raise ValueError(
+            f"layer {name}: its KV cache is not in shared memory the node can map; allocate it "
+            "with kvferry.vllm.shm_tensor (a /dev/shm file) or declare your mapping with "
+            "kvferry.vllm.register_shm_region")
+    return {"path": region.path, "offset": region.file_offset + info.address - region.address,
+            "length": info.nbytes}
+
+
+def _cuda_layer(info: _TensorInfo) -> dict[str, Any]:
+    """A GPU layer as the hello names it: its allocation's IPC handle and its offset there."""
+    handle, offset = cuda_port.ipc_mem_handle(info.address, info.device)
+    return {"handle": handle, "offset": offset, "length": info.nbytes}
 
 
 # ---- metadata ----
@@ -532,6 +546,8 @@ class KvferryWorker:
         self.is_producer = self.identity.get("role") == "prefill"
         self.tp_rank = _tp_rank(extra)
         self.client: PortClient | None = None
+        self.save_marks = cuda_port.save_marks_setting(extra.get("save_marks"), "kv_connector_extra_config.save_marks")
+        self.marks: cuda_port.SaveMarks | None = None  # GPU memory: how saved layers are marked
         self.layer_index: dict[str, int] = {}
         self.layer_address: dict[str, int] = {}
         self.loads = 0
@@ -542,32 +558,42 @@ class KvferryWorker:
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         layers = []
         geometry: dict[str, Any] | None = None
+        device: Any = None
         for name, tensor in kv_caches.items():  # vLLM's registration order = layer order
             info = _tensor_info(name, tensor)
             if not info.contiguous:
                 raise ValueError(f"layer {name}: the KV cache tensor is not contiguous")
             g = _geometry_of(name, info)
             if geometry is None:
-                geometry = g
+                geometry, device = g, info.device
             elif g != geometry:
                 raise ValueError(f"layer {name}: geometry {g} differs from the first layer's {geometry}")
-            region = _find_region(info.address, info.nbytes)
-            if region is None:
-                raise ValueError(
-                    f"layer {name}: its KV cache is not in shared memory the node can map; allocate it "
-                    "with kvferry.vllm.shm_tensor (a /dev/shm file) or declare your mapping with "
-                    "kvferry.vllm.register_shm_region")
+            elif str(info.device) != str(device):
+                raise ValueError(f"layer {name}: on {info.device or 'the host'}, the first layer on "
+                                 f"{device or 'the host'}; a worker's layers must share one device")
             self.layer_index[name] = len(layers)
             self.layer_address[name] = info.address
-            layers.append({"path": region.path, "offset": region.file_offset + info.address - region.address,
-                           "length": info.nbytes})
+            layers.append(_cuda_layer(info) if info.device is not None else _host_layer(name, info))
         if geometry is None:
             raise ValueError("register_kv_caches got no layers")
         ensure_node(self.socket_path, self.extra, self.identity)
         # A producer's worker (role prefill) asks get_finished a step ahead (PortClient
         # finished_ahead): no round trip in its steps, its blocks held one step longer.
-        self.client = PortClient(self.socket_path, "worker", engine=self.identity, tp_rank=self.tp_rank,
-                                 geometry=geometry, memory={"kind": "host", "layers": layers})
+        common = {"engine": self.identity, "tp_rank": self.tp_rank, "geometry": geometry}
+        if device is None:
+            self.client = PortClient(self.socket_path, "worker", memory={"kind": "host", "layers": layers},
+                                     **common)
+        else:
+            # GPU: a ring of 2 x layers events (a step's copies never wait on the next step's
+            # compute); a consumer asks for the node's load events, which the node exports in
+            # READ only (its stream then waits on the GPU in wait_for_layer_load).
+            events, handles = cuda_port.event_ring(2 * len(layers), device)
+            worker = cuda_port.GpuWorkerClient(
+                self.socket_path, "worker", events=handles, load_events=not self.is_producer,
+                event_device=device, memory={"kind": "cuda_ipc", "device_uuid": cuda_port.device_uuid(device),
+                                             "layers": layers}, **common)
+            self.marks = cuda_port.SaveMarks(worker, events, len(layers), self.save_marks)
+            self.client = worker
         self.client.reconnect(wait_s=float(self.extra.get("connect_timeout_s", 60)))
 
     def _client(self) -> PortClient:
@@ -601,9 +627,15 @@ class KvferryWorker:
             return  # as the seed: only the producer saves
         if kv_layer is not None and hasattr(kv_layer, "data_ptr") and kv_layer.data_ptr() != self.layer_address[layer_name]:
             raise ValueError(f"save_kv_layer({layer_name}): not the tensor registered for this layer")
-        self._client().save_kv_layer(self.layer_index[layer_name])
+        client = self._client()
+        if self.marks is not None:  # GPU: an event after the layer's writes on this stream
+            self.marks.saved(self.layer_index[layer_name])
+        else:
+            client.save_kv_layer(self.layer_index[layer_name])
 
     def wait_for_save(self) -> None:
+        if self.marks is not None:
+            self.marks.step_end()
         self._client().wait_for_save()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:

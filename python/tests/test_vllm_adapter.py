@@ -278,21 +278,147 @@ def test_caches_outside_shared_memory_are_refused_with_the_fix(node):
         w.register_kv_caches({"l0": np.zeros((2, 4, 16, 2, 4), dtype=np.float16)})
 
 
-def test_cuda_caches_raise_not_implemented_naming_cuda_ipc(node):
-    class FakeCudaTensor:
-        is_cuda = True
-        device = "cuda:0"
+class FakeCudaTensor:
+    """Only what the connector reads of a CUDA tensor (CI has no GPU; the real case is below)."""
 
-        def data_ptr(self):
-            return 0
+    is_cuda = True
+    device = "cuda:0"
+    shape = (2, 8, 16, 2, 4)
 
-        def element_size(self):
-            return 2
+    def __init__(self, address):
+        self.address = address
 
+    def data_ptr(self):
+        return self.address
+
+    def element_size(self):
+        return 2
+
+    def numel(self):
+        return 2 * 8 * 16 * 2 * 4
+
+    def is_contiguous(self):
+        return True
+
+
+class FakeEvent:
+    def __init__(self):
+        self.records = 0
+
+    def record(self):
+        self.records += 1
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """The driver's side of cuda_port on a host without a GPU: one allocation at 0x10000 holds
+    every layer; the ring's events count their records."""
+    from kvferry import cuda_port
+
+    made = []
+
+    def ring(size, device=None):
+        made.extend(FakeEvent() for _ in range(size))
+        return made[-size:], [bytes([i]) * 64 for i in range(size)]
+
+    monkeypatch.setattr(cuda_port, "ipc_mem_handle", lambda pointer, device=None: (b"H" * 64, pointer - 0x10000))
+    monkeypatch.setattr(cuda_port, "device_uuid", lambda device: "GPU-0000-test")
+    monkeypatch.setattr(cuda_port, "event_ring", ring)
+    return made
+
+
+def fake_cuda_caches(layers=3):
+    size = FakeCudaTensor(0).numel() * 2
+    return {f"model.layers.{i}.self_attn.attn": FakeCudaTensor(0x10000 + 256 + i * size) for i in range(layers)}
+
+
+def run_saving_step(node, w, caches):
+    """One step that saves every layer, in vLLM's order; returns once the node has its ops (bind,
+    start_load_kv, a save per layer, wait_for_save, get_finished)."""
+    before = len(node.ops("worker"))
+    node.saves = 1
+    s = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.SCHEDULER)
+    w.bind_connector_metadata(s.build_connector_meta(SchedulerOutput()))
+    w.start_load_kv(None)
+    for name, t in caches.items():
+        w.wait_for_layer_load(name)
+        w.save_kv_layer(name, t, None)
+    w.wait_for_save()
+    w.get_finished(set())
+    return node.await_ops(before + 4 + len(caches), "worker")
+
+
+def test_cuda_caches_are_named_by_ipc_handle_and_each_layers_save_by_its_event(node, fake_cuda):
+    caches = fake_cuda_caches()
+    w = kv.KvferryConnector(config(node.path, tp_rank=0), kv.KVConnectorRole.WORKER)
+    w.register_kv_caches(caches)
+    hello = [h for h in node.hellos if h["side"] == "worker"][0]
+    length = 2 * 8 * 16 * 2 * 4 * 2
+    assert hello["memory"] == {"kind": "cuda_ipc", "device_uuid": "GPU-0000-test", "layers": [
+        {"handle": b"H" * 64, "offset": 256 + i * length, "length": length} for i in range(3)]}
+    assert hello["events"] == [bytes([i]) * 64 for i in range(6)]  # 2 x layers
+    assert not hello.get("load_events")  # a producer loads nothing
+    run_saving_step(node, w, caches)
+    assert node.calls("save_kv_layer") == [{"layer": i, "event_slot": i} for i in range(3)]
+    assert [e.records for e in fake_cuda] == [1, 1, 1, 0, 0, 0]
+    # The next step goes on round the ring.
+    run_saving_step(node, w, caches)
+    assert [a["event_slot"] for a in node.calls("save_kv_layer")] == [0, 1, 2, 3, 4, 5]
+
+
+def test_step_marks_record_one_event_after_the_last_layer_for_all_of_them(node, fake_cuda):
+    caches = fake_cuda_caches()
+    w = kv.KvferryConnector(config(node.path, save_marks="step"), kv.KVConnectorRole.WORKER)
+    w.register_kv_caches(caches)
+    run_saving_step(node, w, caches)
+    assert node.calls("save_kv_layer") == [{"layer": i, "event_slot": 0} for i in range(3)]
+    assert [e.records for e in fake_cuda] == [1, 0, 0, 0, 0, 0]
+
+
+def test_step_marks_send_at_wait_for_save_when_the_last_layer_saved_nothing(node, fake_cuda):
+    caches = fake_cuda_caches()
+    w = kv.KvferryConnector(config(node.path, save_marks="step"), kv.KVConnectorRole.WORKER)
+    w.register_kv_caches(caches)
+    saved = dict(list(caches.items())[:2])  # the last layer is not one of this connector's
+    run_saving_step(node, w, saved)
+    assert node.calls("save_kv_layer") == [{"layer": i, "event_slot": 0} for i in range(2)]
+    assert [e.records for e in fake_cuda] == [1, 0, 0, 0, 0, 0]
+
+
+def test_a_cuda_consumer_asks_for_the_nodes_load_events(node, fake_cuda):
+    w = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.WORKER)
+    w.register_kv_caches(fake_cuda_caches(2))
+    hello = [h for h in node.hellos if h["side"] == "worker"][0]
+    assert hello["load_events"] is True and hello["memory"]["kind"] == "cuda_ipc"
+
+
+def test_layers_on_two_devices_or_an_unknown_marking_are_refused_by_name(node, fake_cuda, shm):
+    host, _ = shm((2, 8, 16, 2, 4))
     w = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.WORKER)
-    with pytest.raises(kv.CudaKvCacheNotSupported, match="CUDA IPC") as e:
-        w.register_kv_caches({"l0": FakeCudaTensor()})
-    assert isinstance(e.value, NotImplementedError)
+    with pytest.raises(ValueError, match="share one device"):
+        w.register_kv_caches({"l0": FakeCudaTensor(0x10000), "l1": host})
+    with pytest.raises(ValueError, match="kv_connector_extra_config.save_marks"):
+        kv.KvferryConnector(config(node.path, save_marks="sometimes"), kv.KVConnectorRole.WORKER)
+
+
+def test_real_cuda_caches_share_their_allocation_and_events(node):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA here: the real handles need a GPU (the fake_cuda tests cover the protocol)")
+    kvc = torch.zeros((3, 2, 8, 16, 2, 4), dtype=torch.float16, device="cuda:0")
+    caches = {f"model.layers.{i}.self_attn.attn": kvc[i] for i in range(3)}
+    w = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.WORKER)
+    w.register_kv_caches(caches)
+    hello = [h for h in node.hellos if h["side"] == "worker"][0]
+    layers = hello["memory"]["layers"]
+    assert hello["memory"]["device_uuid"].startswith("GPU-")
+    assert len({bytes(x["handle"]) for x in layers}) == 1 and all(len(x["handle"]) == 64 for x in layers)
+    length = kvc[0].numel() * 2
+    assert [x["offset"] - layers[0]["offset"] for x in layers] == [0, length, 2 * length]
+    assert len(hello["events"]) == 6 and all(len(h) == 64 for h in hello["events"])
+    run_saving_step(node, w, caches)
+    torch.cuda.synchronize()
+    assert node.calls("save_kv_layer") == [{"layer": i, "event_slot": i} for i in range(3)]
 
 
 def test_worker_says_hello_again_at_the_next_step_after_the_node_restarts(tmp_path, shm):
