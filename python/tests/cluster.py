@@ -131,7 +131,8 @@ class Node(JvmProcess):
 
     def __init__(self, workdir: str, role: str, *, engine_id: str, modes: str = "write,read", tp: int = 1,
                  seed_port: int | None = None, port: int | None = None, socket_path: str | None = None,
-                 config: dict[str, str] | None = None, in_service: bool = False):
+                 config: dict[str, str] | None = None, in_service: bool = False,
+                 extra_args: list[str] | None = None):
         self.role = role
         self.port = port or free_port()
         self.socket = socket_path or os.path.join(workdir, f"{role}-{engine_id}.sock")
@@ -142,7 +143,8 @@ class Node(JvmProcess):
         super().__init__(os.path.join(workdir, f"node-{role}-{engine_id}-{time.monotonic_ns()}.log"),
                          ["node", "--role", role, "--engine-id", engine_id, "--mode", modes, "--engine", "port",
                           "--engine-socket", self.socket, "--tp-size", str(tp), "--port", str(self.port),
-                          "--management-port", str(management_port), "--seed-nodes", seeds],
+                          "--management-port", str(management_port), "--seed-nodes", seeds,
+                          *(extra_args or [])],
                          config, in_service=in_service)
 
     def wait_ready(self, timeout_s: float = 120) -> None:

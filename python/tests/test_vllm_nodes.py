@@ -1,0 +1,133 @@
+"""vLLM's connector (kvferry.vllm) on both sides of a real transfer: a P and a D node (JVMs from
+the jar), each driven by a scheduler-side and a worker-side KvferryConnector in vLLM's call order
+(the stand-ins for vLLM's objects are test_vllm_adapter's), KV moved in WRITE mode and checked at D
+byte for byte. Host memory (shm tensors, cma) runs everywhere; GPU memory (CUDA IPC handles and
+events, the nodes on --transport cuda) where CUDA is, else skipped with the reason."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the KV caches here are torch tensors (Debian: python3-torch)")
+
+from kvferry import vllm as kv  # noqa: E402
+
+from .cluster import Node, skip_reason  # noqa: E402
+from .test_vllm_adapter import (  # noqa: E402
+    KVCacheBlocks, NewRequestData, Request, RequestStatus, SchedulerOutput, config)
+
+LAYERS, BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM = 3, 16, 16, 2, 8
+
+
+def caches(kind: str, tag: str) -> tuple[dict, list[str]]:
+    """One KV cache tensor per layer in vLLM's layout, in shared memory or on GPU 0."""
+    shape = (2, BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    if kind == "cuda":
+        whole = torch.zeros((LAYERS, *shape), dtype=torch.float16, device="cuda:0")
+        return {f"model.layers.{i}.self_attn.attn": whole[i] for i in range(LAYERS)}, []
+    out, paths = {}, []
+    for i in range(LAYERS):
+        path = f"/dev/shm/kvferry-vllm-nodes-{os.getpid()}-{tag}-{i}-{time.monotonic_ns()}"
+        paths.append(path)
+        out[f"model.layers.{i}.self_attn.attn"] = kv.shm_tensor(shape, torch.float16, path)
+    return out, paths
+
+
+def step(sched, worker, output: SchedulerOutput, layers: dict | None = None, write=None,
+         finished: set[str] = frozenset()) -> tuple[set | None, set | None]:
+    """One engine step in vLLM's order: the scheduler's metadata, then the worker's calls, the
+    forward writing each layer (``write``) before its save."""
+    worker.bind_connector_metadata(sched.build_connector_meta(output))
+    worker.start_load_kv(None)
+    for name, tensor in (layers or {}).items():
+        worker.wait_for_layer_load(name)
+        if write is not None:
+            write(name, tensor)
+        worker.save_kv_layer(name, tensor, None)
+    worker.wait_for_save()
+    done = worker.get_finished(set(finished))
+    worker.clear_connector_metadata()
+    return done
+
+
+@pytest.mark.node
+@pytest.mark.parametrize("kind", ["host", "cuda"])
+def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind):
+    if skip_reason():
+        pytest.skip(skip_reason())
+    if kind == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA here: GPU memory through the connector needs a GPU host")
+    extra = ["--gpu", "0", "--transport", "cuda"] if kind == "cuda" else ["--transport", "cma"]
+    p_node = Node(str(tmp_path), "prefill", engine_id="p0", modes="write", extra_args=extra)
+    d_node = Node(str(tmp_path), "decode", engine_id="d0", modes="write", seed_port=p_node.port, extra_args=extra)
+    p_kv, d_kv, paths = {}, {}, []
+    clients = []
+    try:
+        p_node.wait_ready()
+        d_node.wait_ready()
+        p_kv, p_paths = caches(kind, "p")
+        d_kv, d_paths = caches(kind, "d")
+        paths = p_paths + d_paths
+        p_sched = kv.KvferryConnector(config(p_node.socket, "kv_producer", mode="write"), kv.KVConnectorRole.SCHEDULER)
+        p_work = kv.KvferryConnector(config(p_node.socket, "kv_producer", mode="write"), kv.KVConnectorRole.WORKER)
+        d_sched = kv.KvferryConnector(config(d_node.socket, "kv_consumer", mode="write"), kv.KVConnectorRole.SCHEDULER)
+        d_work = kv.KvferryConnector(config(d_node.socket, "kv_consumer", mode="write"), kv.KVConnectorRole.WORKER)
+        clients = [p_sched, p_work, d_sched, d_work]
+        p_work.register_kv_caches(p_kv)
+        d_work.register_kv_caches(d_kv)
+
+        n = 40  # three blocks of 16, the last one partly
+        prompt = list(range(100, 100 + n))
+        p_blocks, d_blocks = [3, 4, 5], [9, 10, 11]
+        # D first (WRITE): it names its blocks to P through the nodes (docs/engine-port.md's
+        # walk-through: the whole prompt is matched; vLLM's D computes the last token again).
+        d_req = Request("r1", prompt, {"do_remote_prefill": True, "do_remote_decode": False,
+                                       "transfer_id": "x1", "remote_engine_id": "p0"})
+        count, is_async = d_sched.get_num_new_matched_tokens(d_req, 0)
+        assert (count, is_async) == (n, True)
+        d_sched.update_state_after_alloc(d_req, KVCacheBlocks(d_blocks), count)
+        d_req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        p_req = Request("r1", prompt, {"do_remote_decode": True, "do_remote_prefill": False,
+                                       "transfer_id": "x1", "remote_engine_id": "d0"})
+        assert p_sched.get_num_new_matched_tokens(p_req, 0) == (0, False)
+        p_sched.update_state_after_alloc(p_req, KVCacheBlocks(p_blocks), 0)
+        gen = torch.Generator().manual_seed(5)
+        written = {name: torch.randn((2, len(p_blocks), BLOCK_SIZE, KV_HEADS, HEAD_DIM), generator=gen)
+                   .to(torch.float16) for name in p_kv}
+
+        def write(name, tensor):  # the attention layer's KV of the whole prompt into P's blocks
+            tensor[:, p_blocks] = written[name].to(tensor.device)
+
+        step(p_sched, p_work, SchedulerOutput(scheduled_new_reqs=[NewRequestData("r1", (p_blocks,), 0)],
+                                              num_scheduled_tokens={"r1": n}), p_kv, write)
+        p_req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        delay, _ = p_sched.request_finished(p_req, p_blocks)
+        assert delay  # P keeps its blocks until the node has written them to D
+        sent = received = False
+        deadline = time.monotonic() + 60
+        finished = {"r1"}
+        while not (sent and received) and time.monotonic() < deadline:
+            p_done, _ = step(p_sched, p_work, SchedulerOutput(finished_req_ids=finished), finished=finished)
+            finished = set()
+            _, d_done = step(d_sched, d_work, SchedulerOutput())
+            sent |= "r1" in (p_done or set())
+            received |= "r1" in (d_done or set())
+        assert sent and received, (sent, received, p_node.tail(), d_node.tail())
+        assert d_work.get_block_ids_with_load_errors() == set()
+        if kind == "cuda":
+            torch.cuda.synchronize()
+        for name in p_kv:
+            p_tokens = p_kv[name][:, p_blocks].reshape(2, -1, KV_HEADS, HEAD_DIM)[:, :n].cpu()
+            d_tokens = d_kv[name][:, d_blocks].reshape(2, -1, KV_HEADS, HEAD_DIM)[:, :n].cpu()
+            assert torch.equal(p_tokens.view(torch.int16), d_tokens.view(torch.int16)), name
+            assert p_tokens.abs().sum() > 0  # the pattern, not two caches of zeros
+    finally:
+        for c in clients:
+            c.shutdown()
+        for node in (d_node, p_node):
+            node.stop()
+        for path in paths:
+            os.unlink(path)
