@@ -166,8 +166,12 @@ _keepalive: list[Any] = []  # mappings shm_tensor made: they must outlive every 
 
 
 def register_shm_region(address: int, length: int, path: str, file_offset: int = 0) -> None:
-    """Declares that ``length`` bytes at ``address`` map ``path`` from ``file_offset`` (shared)."""
+    """Declares that ``length`` bytes at ``address`` map ``path`` from ``file_offset`` (shared).
+    Earlier regions it overlaps are dropped: a process maps one thing at an address at a time, so
+    they were unmapped (a cache freed and allocated again can land where the old one was)."""
     with _regions_lock:
+        _regions[:] = [r for r in _regions
+                       if r.address + r.length <= address or address + length <= r.address]
         _regions.append(ShmRegion(address, length, path, file_offset))
 
 

@@ -272,6 +272,17 @@ def test_mla_caches_register_with_the_mla_layout(node, shm):
     assert g == {"layout": "mla", "num_blocks": 8, "block_size": 16, "latent": 12, "dtype_bytes": 2}
 
 
+def test_a_region_registered_where_an_older_one_was_replaces_it():
+    # Found when two tests in one process each made shm caches: the second's landed at the first's
+    # (freed) addresses, and the lookup named the first's deleted file to the node.
+    base = 1 << 44  # no real mapping of this process is here
+    kv.register_shm_region(base, 4096, "/dev/shm/old-a")
+    kv.register_shm_region(base + 4096, 4096, "/dev/shm/old-b")
+    kv.register_shm_region(base + 2048, 4096, "/dev/shm/new")
+    assert kv._find_region(base + 2048, 4096).path == "/dev/shm/new"
+    assert kv._find_region(base, 2048) is None and kv._find_region(base + 6144, 2048) is None
+
+
 def test_caches_outside_shared_memory_are_refused_with_the_fix(node):
     w = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.WORKER)
     with pytest.raises(ValueError, match="shm_tensor"):

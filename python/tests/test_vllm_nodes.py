@@ -1,8 +1,8 @@
 """vLLM's connector (kvferry.vllm) on both sides of a real transfer: a P and a D node (JVMs from
 the jar), each driven by a scheduler-side and a worker-side KvferryConnector in vLLM's call order
-(the stand-ins for vLLM's objects are test_vllm_adapter's), KV moved in WRITE mode and checked at D
-byte for byte. Host memory (shm tensors, cma) runs everywhere; GPU memory (CUDA IPC handles and
-events, the nodes on --transport cuda) where CUDA is, else skipped with the reason."""
+(the stand-ins for vLLM's objects are test_vllm_adapter's), KV moved in WRITE and READ mode and
+checked at D byte for byte. Host memory (shm tensors, cma) runs everywhere; GPU memory (CUDA IPC
+handles and events, the nodes on --transport cuda) where CUDA is, else skipped with the reason."""
 
 from __future__ import annotations
 
@@ -54,15 +54,16 @@ def step(sched, worker, output: SchedulerOutput, layers: dict | None = None, wri
 
 
 @pytest.mark.node
+@pytest.mark.parametrize("mode", ["write", "read"])
 @pytest.mark.parametrize("kind", ["host", "cuda"])
-def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind):
+def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind, mode):
     if skip_reason():
         pytest.skip(skip_reason())
     if kind == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA here: GPU memory through the connector needs a GPU host")
     extra = ["--gpu", "0", "--transport", "cuda"] if kind == "cuda" else ["--transport", "cma"]
-    p_node = Node(str(tmp_path), "prefill", engine_id="p0", modes="write", extra_args=extra)
-    d_node = Node(str(tmp_path), "decode", engine_id="d0", modes="write", seed_port=p_node.port, extra_args=extra)
+    p_node = Node(str(tmp_path), "prefill", engine_id="p0", modes=mode, extra_args=extra)
+    d_node = Node(str(tmp_path), "decode", engine_id="d0", modes=mode, seed_port=p_node.port, extra_args=extra)
     p_kv, d_kv, paths = {}, {}, []
     clients = []
     try:
@@ -71,10 +72,13 @@ def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind):
         p_kv, p_paths = caches(kind, "p")
         d_kv, d_paths = caches(kind, "d")
         paths = p_paths + d_paths
-        p_sched = kv.KvferryConnector(config(p_node.socket, "kv_producer", mode="write"), kv.KVConnectorRole.SCHEDULER)
-        p_work = kv.KvferryConnector(config(p_node.socket, "kv_producer", mode="write"), kv.KVConnectorRole.WORKER)
-        d_sched = kv.KvferryConnector(config(d_node.socket, "kv_consumer", mode="write"), kv.KVConnectorRole.SCHEDULER)
-        d_work = kv.KvferryConnector(config(d_node.socket, "kv_consumer", mode="write"), kv.KVConnectorRole.WORKER)
+
+        def connector(node, role, side):
+            return kv.KvferryConnector(config(node.socket, role, mode=mode), side)
+
+        sides = (kv.KVConnectorRole.SCHEDULER, kv.KVConnectorRole.WORKER)
+        p_sched, p_work = (connector(p_node, "kv_producer", side) for side in sides)
+        d_sched, d_work = (connector(d_node, "kv_consumer", side) for side in sides)
         clients = [p_sched, p_work, d_sched, d_work]
         p_work.register_kv_caches(p_kv)
         d_work.register_kv_caches(d_kv)
@@ -82,14 +86,19 @@ def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind):
         n = 40  # three blocks of 16, the last one partly
         prompt = list(range(100, 100 + n))
         p_blocks, d_blocks = [3, 4, 5], [9, 10, 11]
-        # D first (WRITE): it names its blocks to P through the nodes (docs/engine-port.md's
-        # walk-through: the whole prompt is matched; vLLM's D computes the last token again).
-        d_req = Request("r1", prompt, {"do_remote_prefill": True, "do_remote_decode": False,
-                                       "transfer_id": "x1", "remote_engine_id": "p0"})
-        count, is_async = d_sched.get_num_new_matched_tokens(d_req, 0)
-        assert (count, is_async) == (n, True)
-        d_sched.update_state_after_alloc(d_req, KVCacheBlocks(d_blocks), count)
-        d_req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        d_params = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": "x1",
+                    "remote_engine_id": "p0"}
+
+        def admit_d(params, want):
+            # docs/engine-port.md's walk-throughs: WRITE matches the whole prompt (vLLM's D
+            # computes the last token again), READ all but the last token.
+            d_req = Request("r1", prompt, params)
+            count, is_async = d_sched.get_num_new_matched_tokens(d_req, 0)
+            assert (count, is_async) == (want, True)
+            d_sched.update_state_after_alloc(d_req, KVCacheBlocks(d_blocks), count)
+
+        if mode == "write":  # D first: it names its blocks to P through the nodes
+            admit_d(d_params, n)
         p_req = Request("r1", prompt, {"do_remote_decode": True, "do_remote_prefill": False,
                                        "transfer_id": "x1", "remote_engine_id": "d0"})
         assert p_sched.get_num_new_matched_tokens(p_req, 0) == (0, False)
@@ -104,8 +113,11 @@ def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind):
         step(p_sched, p_work, SchedulerOutput(scheduled_new_reqs=[NewRequestData("r1", (p_blocks,), 0)],
                                               num_scheduled_tokens={"r1": n}), p_kv, write)
         p_req.status = RequestStatus.FINISHED_LENGTH_CAPPED
-        delay, _ = p_sched.request_finished(p_req, p_blocks)
-        assert delay  # P keeps its blocks until the node has written them to D
+        delay, p_params = p_sched.request_finished(p_req, p_blocks)
+        assert delay  # P keeps its blocks until D has them
+        if mode == "read":  # the router hands P's params to D
+            assert p_params["remote_block_ids"] == p_blocks, p_params
+            admit_d(p_params, n - 1)
         sent = received = False
         deadline = time.monotonic() + 60
         finished = {"r1"}
@@ -119,9 +131,10 @@ def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind):
         assert d_work.get_block_ids_with_load_errors() == set()
         if kind == "cuda":
             torch.cuda.synchronize()
+        moved = n if mode == "write" else n - 1
         for name in p_kv:
-            p_tokens = p_kv[name][:, p_blocks].reshape(2, -1, KV_HEADS, HEAD_DIM)[:, :n].cpu()
-            d_tokens = d_kv[name][:, d_blocks].reshape(2, -1, KV_HEADS, HEAD_DIM)[:, :n].cpu()
+            p_tokens = p_kv[name][:, p_blocks].reshape(2, -1, KV_HEADS, HEAD_DIM)[:, :moved].cpu()
+            d_tokens = d_kv[name][:, d_blocks].reshape(2, -1, KV_HEADS, HEAD_DIM)[:, :moved].cpu()
             assert torch.equal(p_tokens.view(torch.int16), d_tokens.view(torch.int16)), name
             assert p_tokens.abs().sum() > 0  # the pattern, not two caches of zeros
     finally:
