@@ -101,8 +101,9 @@ class SaveMarks:
     layer's writes and its ``save_kv_layer`` sent at once, so the node's copies overlap the next
     layers' compute; ``step``, one event after the last layer and every layer's save naming it in
     one frame (one stream operation and one frame per step; the copies start after the step).
-    Without MPS on a GPU it shares with its node, ``step`` took P's added prefill time from about
-    1.2 ms to nothing at 1,024 tokens (docs/gpu.md, "One mark per step without MPS")."""
+    Without MPS on a GPU it shares with its node, ``step`` took the reference engine's added
+    prefill time from 1.15-1.39 ms to below zero at 1,024 tokens (docs/gpu.md, "One mark per step
+    without MPS")."""
 
     def __init__(self, worker: GpuWorkerClient, events: list[Any], layers: int, marks: str = "layer"):
         if not events:

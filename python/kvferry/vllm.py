@@ -19,8 +19,9 @@ node beside the engine when none answers on the socket.
 Memory. GPU (CUDA) KV caches, vLLM's usual case, are named to the node by CUDA IPC handles
 (``cuda_ipc`` in docs/engine-port.md): the node must run on the same GPU (``--gpu N``, matched by
 the GPU's UUID) with ``--transport cuda``. Each layer's save records an interprocess CUDA event on
-the current stream and the node's copies wait for it on the GPU; a consumer in READ mode makes its
-stream wait on the node's load events. ``save_marks`` in the extra config: ``layer`` (default) or
+the current stream and the node's copies wait for it on the GPU; a consumer's per-layer waits
+(READ with ``kvferry.connector.reads-at-admission`` off) make its stream wait on the node's load
+events instead of the CPU. ``save_marks`` in the extra config: ``layer`` (default) or
 ``step`` (one event after the last layer for all of the step's saves; faster where the engine and
 its node share a GPU without MPS, docs/operations.md). Host KV caches must live in a
 shared-memory file the node can open: allocate the cache with :func:`shm_tensor` (a file under
