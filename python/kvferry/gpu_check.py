@@ -1325,13 +1325,19 @@ def summarize(report: dict) -> dict:
             path = "GPU event" if lw["event"] > 0 else "CPU wait"
             lines.append(f"  D's wait_for_layer_load path: {path} (asked for load events {lw['asked']}, node exported "
                          f"{lw['exported']}; answers with an event {lw['event']}, without {lw['no_event']})")
-        ok = not errors and kv == len(done) == first == toks and len(done) > 0 and not late
+        # A mode that planned no request (--prompts 0: a TTFT run) has nothing to fail; one that
+        # planned some and completed none does.
+        ok = not errors and kv == len(done) == first == toks and (len(done) > 0 or not reqs) and not late
         ends = m["blocks_at_end"]
         for side in ("P", "D"):
             if ends[side]["free_blocks"] != ends[side]["num_blocks"]:
                 ok = False
                 lines.append(f"  LEAK: {side} has {ends[side]['num_blocks'] - ends[side]['free_blocks']} blocks held at the end")
         all_ok &= ok
+    if report.get("ttft_error"):
+        # A TTFT run that stopped fails the run: its rows are missing, not merely slow.
+        lines.append(f"TTFT FAILED: {report['ttft_error'][-500:]}")
+        all_ok = False
     for row in report.get("ttft", []):
         lines.append(f"TTFT {row['mode']} {row['prompt_tokens']} tokens: disaggregated {row['ttft_disagg_ms']:.3f} ms, "
                      f"without {row['ttft_baseline_ms']:.3f} ms, added {row['added_ms']:.3f} ms, one layer's copy "

@@ -39,3 +39,13 @@ def test_a_baseline_unlike_p_is_named_apart_from_a_late_copy_and_still_fails():
     assert not s["all_ok"]  # the bitwise check could not hold: the run does not pass
     assert any("D's transferred KV changed after the check in 0" in line for line in s["lines"])
     assert any("computed other KV than P for the same chunks in 1: odd" in line for line in s["lines"])
+
+
+def test_a_ttft_run_without_check_requests_passes_and_a_stopped_one_fails():
+    # --prompts 0 (TTFT only): no request planned is not a failure; a TTFT run that raised is.
+    assert summarize(_report())["all_ok"]
+    s = summarize({**_report(), "ttft_error": "ttft-warm-write-0: engine left the cluster"})
+    assert not s["all_ok"]
+    assert "TTFT FAILED: ttft-warm-write-0: engine left the cluster" in s["lines"]
+    assert not summarize({**_report(), "modes": [{**_report()["modes"][0], "requests": [
+        {"request": "x", "kind": "plain", "error": "timeout"}]}]})["all_ok"]
