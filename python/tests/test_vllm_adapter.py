@@ -390,7 +390,7 @@ def test_step_marks_send_at_wait_for_save_when_the_last_layer_saved_nothing(node
     caches = fake_cuda_caches()
     w = kv.KvferryConnector(config(node.path, save_marks="step"), kv.KVConnectorRole.WORKER)
     w.register_kv_caches(caches)
-    saved = dict(list(caches.items())[:2])  # the last layer is not one of this connector's
+    saved = dict(list(caches.items())[:2])  # this step's forward saved the first two layers only
     run_saving_step(node, w, saved)
     assert node.calls("save_kv_layer") == [{"layer": i, "event_slot": 0} for i in range(2)]
     assert [e.records for e in fake_cuda] == [1, 0, 0, 0, 0, 0]
