@@ -3,7 +3,8 @@
 
 In the 2026-12-04 TTFT runs P's wall time in connector calls during a 1,024-token prefill
 (``p_port_ms``, 0.78-0.89 ms) was about twice the sum of its timed ops: the rest sits in
-``ModelEngine._saver``, which records one interprocess CUDA event per layer. This probe times the
+``ModelEngine._saver`` (now ``kvferry.cuda_port.SaveMarks``), which records one interprocess
+CUDA event per layer. This probe times the
 host side of each way of marking "layer done" on the engine's stream, one process, the GPU idle
 and busy (matmuls queued ahead, as in a prefill):
 

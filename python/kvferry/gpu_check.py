@@ -461,7 +461,7 @@ class _EngineState:
         pre = b.prefill(rid, prompt, None, finish=False)
         tp = time.perf_counter()
         prof_text = _profiler_done(prof, sort_by="self_cpu_time_total")
-        idle_steps = self._idle_steps(idle_steps_ms / 1e3) if idle_steps_ms > 0 else 0
+        idle_steps = self._e().idle_for(idle_steps_ms / 1e3) if idle_steps_ms > 0 else 0
         tp_idle = time.perf_counter()
         prof = _profiler() if profile_first else None
         allocs = _device_allocs(b.cache.device)
@@ -475,21 +475,6 @@ class _EngineState:
         return {"ttft_s": t1 - t0 - (tp_idle - tp), "prefill_s": tp - t0, "first_s": t1 - tf,
                 "first_split": dict(b.last_first), "profile": prof_text, "first_profile": first_text,
                 "device_allocs": allocs, "idle_steps": idle_steps}
-
-    def _idle_steps(self, seconds: float) -> int:
-        """Steps of this process's kvferry engine with nothing scheduled, for ``seconds``: the
-        connector calls of D's wait for a transfer. Run between transfers only: a result in them
-        would be another request's, lost to its own wait, so it fails loudly."""
-        e = self._e()
-        end = time.perf_counter() + seconds
-        steps = 0
-        while time.perf_counter() < end:
-            e._step_begin([], [])
-            f = e._step_end()
-            steps += 1
-            if f["done_sending"] or f["done_receiving"] or f["failed"]:
-                raise RuntimeError(f"idle steps got a transfer's result, the diagnostic needs none in flight: {f}")
-        return steps
 
     def cmd_layer_copy_time(self, tokens: int, reps: int = 20) -> dict:
         """One layer's KV of ``tokens`` tokens copied device to device by torch (the same bytes

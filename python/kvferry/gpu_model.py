@@ -471,7 +471,25 @@ class ModelEngine:
     def reset_prefix_cache(self) -> None:
         self.pool = BlockPool(self.cache.num_blocks, prefix_caching=True)
 
+    def idle_for(self, seconds: float) -> int:
+        """Steps with nothing scheduled for ``seconds`` (at least one), as an engine waiting for a
+        transfer runs them; returns how many. For use between transfers only: a result in them
+        would be another request's, lost to its own wait, so it raises."""
+        end = time.perf_counter() + seconds
+        steps = 0
+        while steps == 0 or time.perf_counter() < end:
+            f = self._idle_step()
+            steps += 1
+            if f["done_sending"] or f["done_receiving"] or f["failed"]:
+                raise RuntimeError(f"idle steps got a transfer's result, none may be in flight: {f}")
+        return steps
+
     # ---- one step's connector calls ----
+
+    def _idle_step(self) -> dict[str, Any]:
+        """One step with nothing to compute: the connector calls only."""
+        self._step_begin([], [])
+        return self._step_end()
 
     def _step_begin(self, new: list[dict], cached: list[dict]) -> int:
         if self.sched is None:
@@ -601,8 +619,7 @@ class ModelEngine:
         out: dict[str, str] = {}
         deadline = time.monotonic() + timeout_s
         while left and time.monotonic() < deadline:
-            self._step_begin([], [])
-            f = self._step_end()
+            f = self._idle_step()
             for rid in f["done_sending"] + f["done_receiving"]:
                 if rid in left:
                     out[rid] = "sent" if rid in f["done_sending"] else "received"

@@ -632,11 +632,10 @@ class KvferryWorker:
             return  # as the seed: only the producer saves
         if kv_layer is not None and hasattr(kv_layer, "data_ptr") and kv_layer.data_ptr() != self.layer_address[layer_name]:
             raise ValueError(f"save_kv_layer({layer_name}): not the tensor registered for this layer")
-        client = self._client()
         if self.marks is not None:  # GPU: an event after the layer's writes on this stream
             self.marks.saved(self.layer_index[layer_name])
         else:
-            client.save_kv_layer(self.layer_index[layer_name])
+            self._client().save_kv_layer(self.layer_index[layer_name])
 
     def wait_for_save(self) -> None:
         if self.marks is not None:

@@ -8,7 +8,6 @@ so its cases skip without it. The GPU run with numbers is scripts/gpu-model.sh o
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
@@ -19,7 +18,7 @@ torch = pytest.importorskip(
 
 from kvferry.gpu_model import (  # noqa: E402
     ModelEngine, ModelSpec, PagedKvCache, build_model, have_transformers, model_source)
-from tests.cluster import free_port  # noqa: E402
+from tests.cluster import Node, needs_node  # noqa: E402
 
 needs_transformers = pytest.mark.skipif(
     not have_transformers(), reason="the MLA model is transformers' DeepseekV3ForCausalLM; transformers is "
@@ -28,7 +27,6 @@ SMALL = ModelSpec(layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=64, v
 SMALL_MLA = ModelSpec(arch="mla", layers=2, heads=4, head_dim=16, intermediate=64, vocab=256, seed=7,
                       kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
 PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JAR = os.environ.get("KVFERRY_JAR", os.path.join(PYTHON_DIR, "..", "cli", "target", "kvferry.jar"))
 
 
 def test_host_cache_is_shared_memory_in_vllms_layout():
@@ -124,30 +122,18 @@ def test_the_same_work_on_other_blocks_gives_the_same_kv_logits_and_tokens(spec)
             c.close()
 
 
-def _start_nodes(tmp_path, gpu: list[str]) -> list[subprocess.Popen]:
-    """A router and a P and a D node on engine ports (sockets prefill.sock, decode.sock)."""
-    router = free_port()
-    procs = [subprocess.Popen(["java", "-cp", JAR, "dev.kvferry.cli.KvferryCli", "router", "--port", str(router),
-                               "--management-port", str(free_port()), "--seed-nodes", f"127.0.0.1:{router}"],
-                              stdout=open(tmp_path / "router.log", "w"), stderr=subprocess.STDOUT)]
-    for role in ("prefill", "decode"):
-        procs.append(subprocess.Popen(
-            ["java", "-cp", JAR, "dev.kvferry.cli.KvferryCli", "node", "--role", role, "--engine-id", f"{role}-0",
-             "--mode", "write,read", "--engine", "port", "--engine-socket", str(tmp_path / f"{role}.sock"),
-             "--tp-size", "1", "--port", str(free_port()), "--management-port", str(free_port()),
-             "--seed-nodes", f"127.0.0.1:{router}", *gpu],
-            stdout=open(tmp_path / f"{role}.log", "w"), stderr=subprocess.STDOUT))
-    return procs
+def _start_nodes(tmp_path, extra: list[str]) -> list[Node]:
+    """A P and a D node on engine ports (sockets prefill.sock, decode.sock), D seeded by P."""
+    p = Node(str(tmp_path), "prefill", engine_id="prefill-0", socket_path=str(tmp_path / "prefill.sock"),
+             extra_args=extra)
+    d = Node(str(tmp_path), "decode", engine_id="decode-0", socket_path=str(tmp_path / "decode.sock"),
+             seed_port=p.port, extra_args=extra)
+    return [p, d]
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            p.kill()
+def _stop(nodes: list[Node]) -> None:
+    for n in nodes:
+        n.stop()
 
 
 def _gpu_check(tmp_path, dev: str, *flags: str) -> subprocess.CompletedProcess:
@@ -161,19 +147,14 @@ def _gpu_check(tmp_path, dev: str, *flags: str) -> subprocess.CompletedProcess:
         env={**os.environ, "PYTHONPATH": python_path}, capture_output=True, text=True, timeout=600)
 
 
-def _needs_node() -> None:
-    if shutil.which("java") is None or not os.path.exists(JAR):
-        pytest.skip(f"needs java and the kvferry jar ({JAR})")
-
-
 @pytest.mark.node
+@needs_node
 @pytest.mark.parametrize("arch", ["llama", pytest.param("mla", marks=needs_transformers)])
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(tmp_path, device, arch):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA here: the GPU part (CUDA IPC memory and events) runs on a GPU host with "
                     "scripts/gpu-model.sh P_GPU D_GPU")
-    _needs_node()
     gpu = ["--gpu", "0", "--transport", "cuda"] if device == "cuda" else ["--transport", "cma"]
     procs = _start_nodes(tmp_path, gpu)
     try:
@@ -193,11 +174,11 @@ def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(t
 
 
 @pytest.mark.node
+@needs_node
 def test_time_to_first_token_runs_on_the_cpu_with_its_diagnostics(tmp_path):
     """The TTFT path (paired estimates, parts, timeline) on the CPU with host memory, with D's
     baseline idling in its kvferry engine's steps before its first token (a diagnostic): the
     numbers mean nothing here, the path and its report do."""
-    _needs_node()
     procs = _start_nodes(tmp_path, ["--transport", "cma"])
     try:
         out = _gpu_check(tmp_path, "cpu", "--prompts", "1", "--max-prompt-tokens", "64", "--modes", "write",

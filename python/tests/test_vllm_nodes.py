@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch", reason="the KV caches here are torch tensor
 
 from kvferry import vllm as kv  # noqa: E402
 
-from .cluster import Node, skip_reason  # noqa: E402
+from .cluster import Node, needs_node  # noqa: E402
 from .test_vllm_adapter import (  # noqa: E402
     KVCacheBlocks, NewRequestData, Request, RequestStatus, SchedulerOutput, config)
 
@@ -54,11 +54,10 @@ def step(sched, worker, output: SchedulerOutput, layers: dict | None = None, wri
 
 
 @pytest.mark.node
+@needs_node
 @pytest.mark.parametrize("mode", ["write", "read"])
 @pytest.mark.parametrize("kind", ["host", "cuda"])
 def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind, mode):
-    if skip_reason():
-        pytest.skip(skip_reason())
     if kind == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA here: GPU memory through the connector needs a GPU host")
     extra = ["--gpu", "0", "--transport", "cuda"] if kind == "cuda" else ["--transport", "cma"]
