@@ -895,19 +895,7 @@ def run_ttft(p: _Proc, d: _Proc, mode: str, args: argparse.Namespace, rng: rando
         began = time.perf_counter()
         for i in range(args.ttft_warmup):
             prompt = [rng.randrange(3, args.vocab) for _ in range(48)]
-            for attempt in range(3):
-                rid = f"ttft-warm-{mode}-{i}" + (f"-again{attempt}" if attempt else "")
-                try:
-                    _disaggregated_first(p, d, mode, rid, prompt, p_info, d_info)
-                    break
-                except RuntimeError as e:
-                    # Both engines attached again just now: a node can see the other engine's old
-                    # worker dropped before its new one is listed, and fail the transfer as if
-                    # the engine had left (docs/gpu.md, "Not done"). Not what is timed here.
-                    if "left the cluster" not in str(e) or attempt == 2:
-                        raise
-                    log(f"  TTFT {mode}: warm-up {rid} failed, tried again: {e}")
-                    d.call("abort", rid=rid)
+            _disaggregated_first(p, d, mode, f"ttft-warm-{mode}-{i}", prompt, p_info, d_info)
         log(f"  TTFT {mode}: {args.ttft_warmup} warm-up requests of 48 tokens took "
             f"{time.perf_counter() - began:.1f} s")
     rows = []

@@ -47,7 +47,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   public sealed interface Command
       permits PeerProtocol.Message, StartLoad, SaveLayer, SealWrites, AnnounceRemoteBlocks,
           AbortTransfer, AbortReceive, ReceiveOverdue, ReleaseOverdue, PeerGone, PeerIntroduced,
-          GetTransfers, Stop, ListingChanged, ListedWorkerStopped {}
+          GetTransfers, Stop, ListingChanged, ListedWorkerStopped, ReattachGraceOver {}
 
   // ---- from the local engine (worker and scheduler side) ----
 
@@ -119,6 +119,9 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
    */
   private record ListedWorkerStopped(ActorRef<Command> ref) implements Command, LocalOnly {}
 
+  /** A worker the listing dropped while its node stayed: its engine did not attach again in time. */
+  private record ReattachGraceOver(ActorRef<Command> ref) implements Command, LocalOnly {}
+
   /** Everything needed to start a worker. */
   public record Setup(
       EngineIdentity identity,
@@ -187,7 +190,8 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     this.receiveSide =
         self.mode() == TransferMode.READ ? reader.narrow() : receiver.narrow();
     this.duplicates = new DuplicateIdGuard(ctx, self);
-    this.workers = new ListedWorkers(ctx, self.role(), ListedWorkerStopped::new);
+    this.workers = new ListedWorkers(ctx, self.role(), ListedWorkerStopped::new,
+        setup.settings().reattachGrace(), ReattachGraceOver::new);
 
     ActorRef<Receptionist.Listing> listingAdapter =
         ctx.messageAdapter(Receptionist.Listing.class, ListingChanged::new);
@@ -219,6 +223,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         .onMessage(GetTransfers.class, this::onGetTransfers)
         .onMessage(ListingChanged.class, this::onListingChanged)
         .onMessage(ListedWorkerStopped.class, this::onListedWorkerStopped)
+        .onMessage(ReattachGraceOver.class, this::onReattachGraceOver)
         .onMessage(Stop.class, this::onStop)
         .build();
   }
@@ -366,6 +371,15 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
     if (stopped.introducedChanged()) {
       // An engine no listing shows may have gone with it: no listing change would say so.
       tracker.tell(new RequestTrackerActor.IntroducedChanged(workers.introducedEngines()));
+    }
+    return this;
+  }
+
+  /** The engine of a worker the listing dropped did not attach again in time: it has left. */
+  private Behavior<Command> onReattachGraceOver(ReattachGraceOver m) {
+    Role role = workers.graceOver(m.ref());
+    if (role != null) {
+      publishDirectory(role == self.role());
     }
     return this;
   }

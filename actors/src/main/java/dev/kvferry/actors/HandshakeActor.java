@@ -20,9 +20,6 @@ import org.apache.pekko.actor.typed.javadsl.ActorContext;
 import org.apache.pekko.actor.typed.javadsl.Behaviors;
 import org.apache.pekko.actor.typed.javadsl.Receive;
 import org.apache.pekko.actor.typed.javadsl.TimerScheduler;
-import org.apache.pekko.cluster.Member;
-import org.apache.pekko.cluster.MemberStatus;
-import org.apache.pekko.cluster.typed.Cluster;
 import org.jspecify.annotations.Nullable;
 
 /**
@@ -78,8 +75,8 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   private final AgentMetadata local;
   private final @Nullable ActorRef<EngineActor.Command> owner;
   private final byte[] localBlob;
-  /** Whether this system has cluster membership to check askers against. */
-  private final boolean clustered;
+  /** The cluster membership askers are checked against (none without a cluster: local only). */
+  private final ClusterMembers members;
   private final ConnectorSettings settings;
   private final TimerScheduler<Command> timers;
   /**
@@ -136,9 +133,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
     this.timers = timers;
     this.local = local;
     this.localBlob = local.pack();
-    // Pekko's resolved provider class ("cluster" in config and its class name both end here).
-    this.clustered = ctx.getSystem().settings().classicSettings().ProviderClass()
-        .equals("org.apache.pekko.cluster.ClusterActorRefProvider");
+    this.members = new ClusterMembers(ctx.getSystem());
     this.settings = settings;
   }
 
@@ -156,7 +151,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
   private Behavior<Command> onServe(Serve m) {
     ActorRef<PeerProtocol.MetadataReply> to = m.request().replyTo();
     Address from = to.path().address();
-    if (from.hasGlobalScope() && !isClusterMember(from)) {
+    if (from.hasGlobalScope() && !members.isIn(from)) {
       // Artery delivers messages from any system that can reach our port, joined or not; the
       // metadata (CMA pid and addresses, CUDA IPC handles, tcp tokens) goes to members only.
       getContext().getLog().warn(
@@ -173,19 +168,7 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
     return this;
   }
 
-  private boolean isClusterMember(Address address) {
-    if (!clustered) {
-      return false; // no membership to check: only local askers are served
-    }
-    for (Member member : Cluster.get(getContext().getSystem()).state().getMembers()) {
-      if (member.address().equals(address)) {
-        MemberStatus status = member.status();
-        return status != MemberStatus.down() && status != MemberStatus.removed()
-            && status != MemberStatus.exiting();
-      }
-    }
-    return false;
-  }
+
 
   private Behavior<Command> onFetch(Fetch m) {
     PeerKey key = new PeerKey(m.engineId(), m.tpRank());

@@ -2,6 +2,8 @@ package dev.kvferry.actors;
 
 import dev.kvferry.actors.connector.Role;
 import dev.kvferry.actors.engine.EngineDirectory;
+import dev.kvferry.actors.engine.EngineIdentity;
+import java.time.Duration;
 import java.util.EnumMap;
 import java.util.HashMap;
 import java.util.HashSet;
@@ -23,6 +25,13 @@ import org.jspecify.annotations.Nullable;
  * died before the Receptionist's news of it got here), and then only its stop says it went. Every
  * listed or introduced worker but the owner is death-watched through the owner's context. Not
  * thread-safe: owned by one actor.
+ *
+ * <p>An engine that detaches and attaches again stops its old worker before its new one
+ * registers, so a listing can show neither for a moment. Workers a listing drops while their node
+ * stays up in the cluster <em>linger</em>: their engine counts as listed (never routed to) until
+ * a worker of it is listed again or the re-attach grace is over. Without that, every transfer
+ * with such an engine could end as "left the cluster" although the engine is back a moment later.
+ * A node that leaves or is downed lingers nothing: its engines are gone at once.
  */
 final class ListedWorkers {
 
@@ -39,12 +48,23 @@ final class ListedWorkers {
   /** Peer workers that asked for our metadata and have not stopped, with their engine ids. */
   private final Map<ActorRef<EngineActor.Command>, String> introduced = new HashMap<>();
   private final Map<Role, EngineDirectory> directories = new EnumMap<>(Role.class);
+  /** Workers the listing dropped while their node stays up, by role, until the grace is over. */
+  private final Map<ActorRef<EngineActor.Command>, Role> lingering = new HashMap<>();
+  private final Duration reattachGrace;
+  /** The message the owner gets when a lingering worker's grace is over. */
+  private final Function<ActorRef<EngineActor.Command>, EngineActor.Command> graceOverMessage;
+  private final ClusterMembers members;
 
   ListedWorkers(ActorContext<EngineActor.Command> ctx, Role ownRole,
-      Function<ActorRef<EngineActor.Command>, EngineActor.Command> stoppedMessage) {
+      Function<ActorRef<EngineActor.Command>, EngineActor.Command> stoppedMessage,
+      Duration reattachGrace,
+      Function<ActorRef<EngineActor.Command>, EngineActor.Command> graceOverMessage) {
     this.ctx = ctx;
     this.ownRole = ownRole;
     this.stoppedMessage = stoppedMessage;
+    this.reattachGrace = reattachGrace;
+    this.graceOverMessage = graceOverMessage;
+    this.members = new ClusterMembers(ctx.getSystem());
   }
 
   /** Takes a Receptionist listing; returns whether it is of our own role. */
@@ -53,7 +73,10 @@ final class ListedWorkers {
       if (listing.isForKey(EngineActor.serviceKey(role))) {
         // Unreachable workers too: one that is unreachable may still copy (a partition heals), so
         // only a worker the cluster downed and removed counts as gone (block lifetime rule).
-        listed.put(role, Set.copyOf(listing.getAllServiceInstances(EngineActor.serviceKey(role))));
+        Set<ActorRef<EngineActor.Command>> now =
+            Set.copyOf(listing.getAllServiceInstances(EngineActor.serviceKey(role)));
+        linger(role, listed.getOrDefault(role, Set.of()), now);
+        listed.put(role, now);
         if (role == ownRole) {
           reachableOwnRole =
               Set.copyOf(listing.getServiceInstances(EngineActor.serviceKey(role)));
@@ -63,6 +86,51 @@ final class ListedWorkers {
     watchListed();
     rebuild();
     return listing.isForKey(EngineActor.serviceKey(ownRole));
+  }
+
+  /**
+   * Workers of {@code role} that {@code now} drops while their node stays up linger (unless a
+   * worker of their engine is still listed); those whose engine {@code now} lists again stop
+   * lingering.
+   */
+  private void linger(Role role, Set<ActorRef<EngineActor.Command>> before,
+      Set<ActorRef<EngineActor.Command>> now) {
+    Set<String> listedEngines = new HashSet<>();
+    now.forEach(ref -> engineId(ref).ifPresent(listedEngines::add));
+    lingering.entrySet().removeIf(e -> e.getValue() == role
+        && engineId(e.getKey()).map(listedEngines::contains).orElse(true));
+    for (ActorRef<EngineActor.Command> ref : before) {
+      if (now.contains(ref) || reattachGrace.isZero() || lingering.containsKey(ref)) {
+        continue;
+      }
+      boolean engineGone = engineId(ref).map(id -> !listedEngines.contains(id)).orElse(false);
+      boolean nodeStays =
+          !ref.path().address().hasGlobalScope() || members.isUp(ref.path().address());
+      if (engineGone && nodeStays) {
+        lingering.put(ref, role);
+        ctx.scheduleOnce(reattachGrace, ctx.getSelf(), graceOverMessage.apply(ref));
+        ctx.getLog().debug("worker {} no longer listed while its node stays: its engine counts as"
+            + " listed for {} ms more, in case it attaches again", ref.path(),
+            reattachGrace.toMillis());
+      }
+    }
+  }
+
+  /**
+   * The re-attach grace of a lingering worker is over: returns its role if it still lingered
+   * (its engine no longer counts as listed), else null.
+   */
+  @Nullable Role graceOver(ActorRef<EngineActor.Command> ref) {
+    Role role = lingering.remove(ref);
+    if (role != null) {
+      watchListed();
+      rebuild();
+    }
+    return role;
+  }
+
+  private static java.util.Optional<String> engineId(ActorRef<EngineActor.Command> ref) {
+    return EngineIdentity.fromActorName(ref.path().name()).map(EngineIdentity::engineId);
   }
 
   /**
@@ -131,10 +199,18 @@ final class ListedWorkers {
   }
 
   private void rebuild() {
+    Set<ActorRef<EngineActor.Command>> unroutable = new HashSet<>(stopped);
+    unroutable.addAll(lingering.keySet());
     for (Map.Entry<Role, Set<ActorRef<EngineActor.Command>>> e : listed.entrySet()) {
-      directories.put(e.getKey(), EngineDirectory.of(e.getValue(), stopped));
+      Set<ActorRef<EngineActor.Command>> counted = new HashSet<>(e.getValue());
+      lingering.forEach((ref, role) -> {
+        if (role == e.getKey()) {
+          counted.add(ref);
+        }
+      });
+      directories.put(e.getKey(), EngineDirectory.of(counted, unroutable));
     }
-    ctx.getLog().debug("listed {}, stopped {}", listed, stopped);
+    ctx.getLog().debug("listed {}, stopped {}, lingering {}", listed, stopped, lingering.keySet());
   }
 
   /**
@@ -144,6 +220,7 @@ final class ListedWorkers {
   private void watchListed() {
     Set<ActorRef<EngineActor.Command>> all = new HashSet<>(introduced.keySet());
     listed.values().forEach(all::addAll);
+    all.addAll(lingering.keySet());
     stopped.retainAll(all);
     for (Iterator<ActorRef<EngineActor.Command>> it = watched.iterator(); it.hasNext(); ) {
       ActorRef<EngineActor.Command> ref = it.next();

@@ -172,7 +172,7 @@ class BadPeerInputTest {
     ConnectorSettings d = ConnectorSettings.DEFAULTS;
     return new ConnectorSettings(d.handshakeTimeout(), d.handshakeAttempts(),
         d.handshakeBackoff(), d.deferTimeout(), transferTimeout, d.readAbortTimeout(),
-        terminalIdCapacity, d.readsAtAdmission());
+        terminalIdCapacity, d.readsAtAdmission(), d.reattachGrace());
   }
 
   /** P tells {@code decode} (listed or not) that transfer {@code tx} failed. */

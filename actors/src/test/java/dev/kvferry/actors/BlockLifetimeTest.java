@@ -455,7 +455,7 @@ class BlockLifetimeTest {
     gated.open(); // copies land at once
     ConnectorSettings capacityTwo = new ConnectorSettings(Duration.ofSeconds(3), 4,
         Duration.ofMillis(200), Duration.ofSeconds(60), Duration.ofMinutes(10),
-        Duration.ofSeconds(120), 2, false);
+        Duration.ofSeconds(120), 2, false, Duration.ofSeconds(1));
     ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0", capacityTwo, gated,
         fx.localLayers);
     d.startLoadKv(new ConnectorMetadata(List.of(), List.of(

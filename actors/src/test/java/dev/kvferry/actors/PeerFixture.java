@@ -218,6 +218,21 @@ final class PeerFixture implements AutoCloseable {
         });
   }
 
+  /** Waits until the receptionist lists no worker of {@code engineId}. */
+  void awaitUnlisted(Role role, String engineId) {
+    TestProbe<Receptionist.Listing> probe = kit.createTestProbe();
+    String name = java.net.URLEncoder.encode(engineId, java.nio.charset.StandardCharsets.UTF_8);
+    probe.awaitAssert(
+        Duration.ofSeconds(10),
+        () -> {
+          kit.system().receptionist().tell(Receptionist.find(EngineActor.serviceKey(role), probe.ref()));
+          Receptionist.Listing l = probe.receiveMessage();
+          assertTrue(l.getAllServiceInstances(EngineActor.serviceKey(role)).stream()
+              .noneMatch(r -> r.path().name().endsWith(name)), engineId + " still listed");
+          return null;
+        });
+  }
+
   /** P, WRITE: the worker computes every layer of {@code request} and fires its events. */
   static void saveAllLayers(ConnectorWorker p, ReqMeta request) {
     ConnectorMetadata meta = new ConnectorMetadata(List.of(request), List.of(), List.of());

@@ -12,6 +12,7 @@ import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineIdentity;
 import java.time.Duration;
+import java.util.Set;
 import java.util.concurrent.TimeUnit;
 import org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes;
 import org.apache.pekko.actor.typed.ActorRef;
@@ -72,6 +73,26 @@ class PrefillIncarnationTest {
     d.engineRef().tell(new PeerProtocol.WriteDone("tx-r1", "prefill-0", 0));
     Finished f = fx.awaitFinished(d, x -> x.doneReceiving().contains("r1"));
     assertTrue(f.failed().isEmpty(), f.toString());
+  }
+
+  @Test
+  void aPrefillEngineUnlistedForAMomentWhileAttachingAgainKeepsItsReceive() {
+    // The order a real engine attaching again has: its old worker stops (and its entry goes)
+    // before the new one registers. The engine lingers as listed over that moment.
+    ActorRef<EngineActor.Command> old = fx.startPeer(prefill, fx::peerMetadata);
+    ConnectorWorker d = announced("r3", new int[] {4, 1});
+
+    fx.kit.stop(old);
+    fx.awaitUnlisted(Role.PREFILL, "prefill-0"); // no worker of P's listed for a moment
+    fx.startPeerUnder("again", prefill, fx::peerMetadata);
+    PeerProtocol.RemoteBlocks again = nextBlocks();
+    assertEquals("tx-r3", again.transferId());
+    assertArrayEquals(new int[] {4, 1}, again.blockIds());
+
+    d.engineRef().tell(new PeerProtocol.WriteDone("tx-r3", "prefill-0", 0));
+    Finished f = fx.awaitFinished(d, x -> x.doneReceiving().contains("r3") || !x.failed().isEmpty());
+    assertTrue(f.failed().isEmpty(), f.toString());
+    assertEquals(Set.of("r3"), f.doneReceiving());
   }
 
   @Test

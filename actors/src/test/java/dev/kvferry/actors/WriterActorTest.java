@@ -17,6 +17,7 @@ import java.time.Duration;
 import java.util.List;
 import java.util.Set;
 import org.apache.pekko.actor.testkit.typed.javadsl.FishingOutcomes;
+import org.apache.pekko.actor.typed.ActorRef;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 
@@ -74,6 +75,31 @@ class WriterActorTest {
     p.engineRef().tell(new PeerProtocol.RemoteBlocks("tx1", "r1", new int[] {5, 6}, "decode-0", 0, 0));
     fx.peerInbox.expectNoMessage(Duration.ofMillis(300));
     assertTrue(p.getFinished().isEmpty());
+  }
+
+  @Test
+  void aDecodeEngineUnlistedForAMomentWhileAttachingAgainKeepsTheWrite() {
+    ActorRef<EngineActor.Command> old = fx.startPeer(decode, fx::peerMetadata);
+    fx.awaitListed(Role.DECODE, "decode-0");
+    ConnectorWorker p = fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0",
+        ConnectorSettings.DEFAULTS);
+    // A first write: once it is done, P has seen D listed.
+    p.engineRef().tell(new PeerProtocol.RemoteBlocks("tx7", "r7", new int[] {4}, "decode-0", 0, 0));
+    PeerFixture.saveAllLayers(p, new ReqMeta("r7", "tx7", new int[] {1}, null, "decode-0", 0));
+    assertEquals("tx7", fishPeer(PeerProtocol.WriteDone.class).transferId());
+    ReqMeta r = new ReqMeta("r8", "tx8", new int[] {2}, null, "decode-0", 0);
+    p.engineRef().tell(new PeerProtocol.RemoteBlocks("tx8", "r8", new int[] {5}, "decode-0", 0, 0));
+
+    // D's engine attaches again: its old worker's entry goes before the new one is listed.
+    fx.kit.stop(old);
+    fx.awaitUnlisted(Role.DECODE, "decode-0");
+    fx.startPeerUnder("again", decode, fx::peerMetadata);
+    PeerFixture.saveAllLayers(p, r);
+
+    assertEquals("tx8", fishPeer(PeerProtocol.WriteDone.class).transferId());
+    Finished f = fx.awaitFinished(p, x -> x.doneSending().contains("r8") || !x.failed().isEmpty());
+    assertTrue(f.failed().isEmpty(), f.toString());
+    assertEquals(block(fx.localLayers, 1, 2), block(fx.peerLayers, 1, 5));
   }
 
   @Test

@@ -141,6 +141,7 @@ public record NodeSettings(
         c.getDuration("transfer-timeout"),
         c.getDuration("read-abort-timeout"),
         c.getInt("terminal-id-capacity"),
-        c.getBoolean("reads-at-admission"));
+        c.getBoolean("reads-at-admission"),
+        c.getDuration("reattach-grace"));
   }
 }

@@ -118,7 +118,7 @@ class InProcessLoadTest {
   private static ConnectorSettings withTerminalIdCapacity(ConnectorSettings s, int capacity) {
     return new ConnectorSettings(s.handshakeTimeout(), s.handshakeAttempts(),
         s.handshakeBackoff(), s.deferTimeout(), s.transferTimeout(), s.readAbortTimeout(),
-        capacity, s.readsAtAdmission());
+        capacity, s.readsAtAdmission(), s.reattachGrace());
   }
 
   private static long heapAfterGc() {

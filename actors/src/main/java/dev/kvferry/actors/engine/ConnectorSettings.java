@@ -17,6 +17,9 @@ import java.time.Duration;
  *     ({@code update_state_after_alloc}) instead of in the next step's {@code start_load_kv}; the
  *     engine then learns of the KV from {@code get_finished} alone (the load is asynchronous), and
  *     no step waits per layer for it
+ * @param reattachGrace how long an engine whose workers all stopped while their node stays in the
+ *     cluster (it detached) still counts as listed: one attaching again registers its new worker
+ *     after the old one's entry went, and in that moment its transfers must not end as "left"
  */
 public record ConnectorSettings(
     Duration handshakeTimeout,
@@ -26,7 +29,8 @@ public record ConnectorSettings(
     Duration transferTimeout,
     Duration readAbortTimeout,
     int terminalIdCapacity,
-    boolean readsAtAdmission) {
+    boolean readsAtAdmission,
+    Duration reattachGrace) {
 
   /**
    * Defaults for code that builds settings itself (tests, benchmarks). Reads start in the step
@@ -42,42 +46,52 @@ public record ConnectorSettings(
           Duration.ofSeconds(30),
           Duration.ofSeconds(120),
           65_536,
-          false);
+          false,
+          Duration.ofSeconds(1));
 
   public ConnectorSettings {
     if (handshakeAttempts < 1 || terminalIdCapacity < 1) {
       throw new IllegalArgumentException("handshake attempts and terminal id capacity must be >= 1");
+    }
+    if (reattachGrace.isNegative()) {
+      throw new IllegalArgumentException("reattach grace must be >= 0, got " + reattachGrace);
     }
   }
 
   public ConnectorSettings withTransferTimeout(Duration d) {
     return new ConnectorSettings(
         handshakeTimeout, handshakeAttempts, handshakeBackoff, deferTimeout, d, readAbortTimeout,
-        terminalIdCapacity, readsAtAdmission);
+        terminalIdCapacity, readsAtAdmission, reattachGrace);
   }
 
   public ConnectorSettings withDeferTimeout(Duration d) {
     return new ConnectorSettings(
         handshakeTimeout, handshakeAttempts, handshakeBackoff, d, transferTimeout, readAbortTimeout,
-        terminalIdCapacity, readsAtAdmission);
+        terminalIdCapacity, readsAtAdmission, reattachGrace);
   }
 
   public ConnectorSettings withReadAbortTimeout(Duration d) {
     return new ConnectorSettings(
         handshakeTimeout, handshakeAttempts, handshakeBackoff, deferTimeout, transferTimeout, d,
-        terminalIdCapacity, readsAtAdmission);
+        terminalIdCapacity, readsAtAdmission, reattachGrace);
   }
 
   /** With D's reads started at admission (true) or in the next step's {@code start_load_kv}. */
   public ConnectorSettings withReadsAtAdmission(boolean atAdmission) {
     return new ConnectorSettings(
         handshakeTimeout, handshakeAttempts, handshakeBackoff, deferTimeout, transferTimeout,
-        readAbortTimeout, terminalIdCapacity, atAdmission);
+        readAbortTimeout, terminalIdCapacity, atAdmission, reattachGrace);
   }
 
   public ConnectorSettings withHandshake(Duration timeout, int attempts, Duration backoff) {
     return new ConnectorSettings(
         timeout, attempts, backoff, deferTimeout, transferTimeout, readAbortTimeout,
-        terminalIdCapacity, readsAtAdmission);
+        terminalIdCapacity, readsAtAdmission, reattachGrace);
+  }
+
+  public ConnectorSettings withReattachGrace(Duration grace) {
+    return new ConnectorSettings(
+        handshakeTimeout, handshakeAttempts, handshakeBackoff, deferTimeout, transferTimeout,
+        readAbortTimeout, terminalIdCapacity, readsAtAdmission, grace);
   }
 }
