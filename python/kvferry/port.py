@@ -984,6 +984,8 @@ class PortClient:
             self._receiving[request_id][1] = True  # the node's one transfer per request is taken
         if self.side == "scheduler" and not plain:
             self._alloc_since_build[request_id] = None
+            # Allocated again (preempted, scheduled again): the node drops its pending save.
+            self._pending_save.pop(request_id, None)
         self._one_way(
             "update_state_after_alloc",
             {"request_id": request_id, "block_ids": list(block_ids), "num_external_tokens": num_external_tokens},
@@ -1107,8 +1109,11 @@ class PortClient:
                 elif computed >= prompt:
                     saves += 1
                     del self._pending_save[rid]
-        computed_after = ({r["request_id"]: r.get("num_computed_tokens") for r in new_reqs}
-                          if self._alloc_since_build else {})
+        computed_after: dict[str, Any] = {}
+        if self._alloc_since_build:
+            computed_after = {r["request_id"]: r.get("num_computed_tokens") for r in new_reqs}
+            for c in cached:  # a request preempted and scheduled again shows as cached
+                computed_after.setdefault(c["request_id"], c.get("num_computed_tokens"))
         for rid in self._alloc_since_build:
             kind, prompt = self._kv_kinds.get(rid, ("unsure", 0))
             if kind == "prefill":

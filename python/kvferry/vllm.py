@@ -261,6 +261,21 @@ def _geometry_of(name: str, info: _TensorInfo) -> dict[str, Any]:
                      "flash-attention layout)")
 
 
+def _in_scheduler_blocks(geometry: dict[str, Any], block_size: int | None) -> dict[str, Any]:
+    """The geometry in the scheduler's blocks, the ones whose ids kvferry moves. An attention
+    backend may page the cache in smaller kernel blocks (vLLM then gives each layer
+    ``block_size // kernel_block_size`` kernel blocks per scheduler block, consecutive, so one
+    scheduler block is one contiguous run in either layout); taken as they are, the ids would name
+    the wrong bytes."""
+    kernel = geometry["block_size"]
+    if not block_size or block_size == kernel:
+        return geometry
+    if block_size % kernel or geometry["num_blocks"] % (block_size // kernel):
+        raise ValueError(f"the KV cache's blocks of {kernel} tokens ({geometry['num_blocks']} of them) do not "
+                         f"divide into the scheduler's blocks of {block_size} tokens")
+    return {**geometry, "num_blocks": geometry["num_blocks"] // (block_size // kernel), "block_size": block_size}
+
+
 def _host_layer(name: str, info: _TensorInfo) -> dict[str, Any]:
     """A host layer as the hello names it: the shared-memory file that holds it."""
     region = _find_region(info.address, info.nbytes)
@@ -309,20 +324,27 @@ def _engine_identity(vllm_config: Any, extra: dict[str, Any]) -> dict[str, Any]:
             ident[key] = extra[key]
     pc = getattr(vllm_config, "parallel_config", None)
     if pc is not None:
+        for size in ("pipeline_parallel_size", "decode_context_parallel_size"):
+            if int(getattr(pc, size, 1) or 1) > 1:
+                raise ValueError(f"KvferryConnector does not support {size} > 1 (got {getattr(pc, size)}): an "
+                                 "engine's workers are named by TP rank only")
         ident["tp_size"] = int(getattr(pc, "tensor_parallel_size", 1))
         ident["dp_rank"] = int(getattr(pc, "data_parallel_rank", 0) or 0)
         ident["dp_size"] = int(getattr(pc, "data_parallel_size", 1) or 1)
     return ident
 
 
-def _tp_rank(extra: dict[str, Any]) -> int:
+def _tp_rank(extra: dict[str, Any], tp_size: int) -> int:
     if "tp_rank" in extra:
         return int(extra["tp_rank"])
     try:
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank  # type: ignore
 
         return int(get_tensor_model_parallel_rank())
-    except Exception:
+    except Exception as e:
+        if tp_size > 1:  # every rank would claim rank 0: the node refuses all but one
+            raise ValueError(f"cannot tell this worker's TP rank (vLLM's parallel state: {e}); set "
+                             "kv_connector_extra_config.tp_rank") from e
         return 0
 
 
@@ -436,6 +458,17 @@ def _first_group(block_ids: Any) -> list[int] | None:
     return [int(b) for b in block_ids]
 
 
+def _resumed(cached: Any):
+    """Whether a scheduled-again request was preempted: its ``new_block_ids`` are then all its
+    blocks, not blocks added. vLLM names these by id (``resumed_req_ids``) or, before, per column
+    (``resumed_from_preemption``)."""
+    ids = getattr(cached, "resumed_req_ids", None)
+    if ids is not None:
+        return lambda i, rid: rid in ids
+    flags = getattr(cached, "resumed_from_preemption", None) or []
+    return lambda i, rid: bool(flags[i]) if i < len(flags) else False
+
+
 # ---- the two sides ----
 
 
@@ -450,7 +483,9 @@ class KvferryScheduler:
         self.client = PortClient(self.socket_path, "scheduler", engine=self.identity,
                                  http_url=extra.get("http_url"), send_plain=bool(extra.get("send_plain", False)))
         self.client.reconnect(wait_s=float(extra.get("connect_timeout_s", 60)))
-        self.pending_sends: set[str] = set()
+        self.pending_sends: set[str] = set()  # finished, blocks held until reported sent
+        self.awaiting_loads: set[str] = set()  # loading asynchronously until reported received
+        self.ended_early: set[str] = set()  # reported sent (failed) while still running
         self.seen: set[str] = set()  # named to the node, not finished yet
         # Requests whose kv_transfer_params the node refused: served without kvferry (the engine
         # computes them itself), so the node hears nothing more of them.
@@ -479,7 +514,10 @@ class KvferryScheduler:
             self.seen.discard(rid)
             self.refused.add(rid)
             return 0, False
-        return count, bool(is_async and count > 0)
+        is_async = bool(is_async and count > 0)
+        if is_async:
+            self.awaiting_loads.add(rid)
+        return count, is_async
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if request.request_id in self.refused:
@@ -499,13 +537,16 @@ class KvferryScheduler:
         cached_reqs = []
         cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
         if cached is not None and hasattr(cached, "req_ids"):  # vLLM >= 0.10: one object of columns
+            resumed = _resumed(cached)
             for i, rid in enumerate(cached.req_ids):
                 cached_reqs.append({"request_id": rid, "new_block_ids": _first_group(cached.new_block_ids[i]),
-                                    "num_computed_tokens": int(cached.num_computed_tokens[i]) + int(scheduled.get(rid, 0))})
+                                    "num_computed_tokens": int(cached.num_computed_tokens[i]) + int(scheduled.get(rid, 0)),
+                                    "resumed": resumed(i, rid)})
         elif cached is not None:  # older vLLM: a list of per-request objects
             for r in cached:
                 cached_reqs.append({"request_id": r.req_id, "new_block_ids": _first_group(r.new_block_ids),
-                                    "num_computed_tokens": int(r.num_computed_tokens) + int(scheduled.get(r.req_id, 0))})
+                                    "num_computed_tokens": int(r.num_computed_tokens) + int(scheduled.get(r.req_id, 0)),
+                                    "resumed": bool(getattr(r, "resumed_from_preemption", False))})
         metadata = self.client.build_connector_meta(new_reqs, cached_reqs, raise_op_errors=False)
         for e in self.client.last_op_errors:  # a one-way update_state_after_alloc the node refused
             log.error("kvferry node refused %s: %s: %s", e.get("op"), e.get("code"), e.get("message"))
@@ -525,13 +566,41 @@ class KvferryScheduler:
         self.seen.discard(rid)
         delay, params = self.client.request_finished(request.request_id, [int(b) for b in block_ids],
                                                      _request_status(request))
-        if delay:
-            self.pending_sends.add(request.request_id)
+        if rid in self.ended_early:
+            # Its transfer already ended (failed) while it ran, and the node said so then: the
+            # node copies nothing more from its blocks, and no second report comes.
+            self.ended_early.discard(rid)
+            return False, params
+        if delay and rid not in self.awaiting_loads:
+            self.pending_sends.add(rid)
+        elif not delay:
+            self.awaiting_loads.discard(rid)  # vLLM frees it now: a late report must not reach it
         return delay, params
 
     def update_connector_output(self, connector_output: Any) -> None:
-        for rid in getattr(connector_output, "finished_sending", None) or ():
-            self.pending_sends.discard(rid)
+        """vLLM calls this before it acts on the step's reports, and asserts on every id there:
+        one it does not expect (a failure reported while a request still runs, a receive reported
+        for a request that loads in its step or was freed already) would stop its engine core. So
+        only reports of requests that wait for them go on."""
+        sending = getattr(connector_output, "finished_sending", None)
+        if sending:
+            for rid in list(sending):
+                if rid in self.pending_sends:
+                    self.pending_sends.discard(rid)
+                    continue
+                sending.discard(rid)
+                if rid in self.seen:
+                    self.ended_early.add(rid)  # its blocks go when it finishes
+                else:
+                    log.debug("kvferry: dropped a send report of %s, which vLLM does not wait for", rid)
+        recving = getattr(connector_output, "finished_recving", None)
+        if recving:
+            for rid in list(recving):
+                if rid in self.awaiting_loads:
+                    self.awaiting_loads.discard(rid)
+                else:
+                    recving.discard(rid)
+                    log.debug("kvferry: dropped a receive report of %s, which vLLM does not wait for", rid)
 
     def has_pending_push_work(self) -> bool:
         # WRITE on P: a finished request's blocks wait to be written to D; keep stepping.
@@ -549,7 +618,9 @@ class KvferryWorker:
         self.extra = extra
         self.identity = _engine_identity(vllm_config, extra)
         self.is_producer = self.identity.get("role") == "prefill"
-        self.tp_rank = _tp_rank(extra)
+        self.tp_rank = _tp_rank(extra, int(self.identity.get("tp_size", 1)))
+        cache_config = getattr(vllm_config, "cache_config", None)
+        self.block_size = int(getattr(cache_config, "block_size", 0) or 0) or None
         self.client: PortClient | None = None
         self.save_marks = cuda_port.save_marks_setting(extra.get("save_marks"), "kv_connector_extra_config.save_marks")
         self.marks: cuda_port.SaveMarks | None = None  # GPU memory: how saved layers are marked
@@ -564,11 +635,18 @@ class KvferryWorker:
         layers = []
         geometry: dict[str, Any] | None = None
         device: Any = None
+        shared: dict[int, str] = {}
         for name, tensor in kv_caches.items():  # vLLM's registration order = layer order
             info = _tensor_info(name, tensor)
+            if info.address in shared:
+                # A layer that shares another's KV (kv_sharing_target_layer_name) writes none of
+                # its own: the bytes move once, with the layer that owns them.
+                log.info("layer %s shares layer %s's KV cache; moved with it", name, shared[info.address])
+                continue
+            shared[info.address] = name
             if not info.contiguous:
                 raise ValueError(f"layer {name}: the KV cache tensor is not contiguous")
-            g = _geometry_of(name, info)
+            g = _in_scheduler_blocks(_geometry_of(name, info), self.block_size)
             if geometry is None:
                 geometry, device = g, info.device
             elif g != geometry:
@@ -728,6 +806,14 @@ class KvferryConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def get_handshake_metadata(self) -> Any:
         return None  # the nodes handshake with each other; vLLM carries nothing for kvferry
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        return True  # save_kv_layer and wait_for_layer_load run per layer: a full graph skips them
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+        return "NHD"  # [2, num_blocks, block_size, kv_heads, head_dim]: the layout the node pages
 
     def shutdown(self) -> None:
         if self.connector_worker is not None:

@@ -90,12 +90,19 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     data_parallel_rank: int = 0
     data_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
 
 
 @dataclass
 class VllmConfig:
     kv_transfer_config: KVTransferConfig
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    cache_config: CacheConfig | None = None
 
 
 def config(socket: str, kv_role: str = "kv_producer", **extra) -> VllmConfig:
@@ -175,8 +182,10 @@ def test_scheduler_side_on_prefill_follows_a_chunked_prefill_and_finish(node):
     metas = node.calls("build_connector_meta")
     assert metas[0] == {"scheduled_new_reqs": [{"request_id": "r1", "block_ids": [5, 9], "num_computed_tokens": 32}],
                         "scheduled_cached_reqs": []}
-    assert metas[1]["scheduled_cached_reqs"] == [{"request_id": "r1", "new_block_ids": [11], "num_computed_tokens": 40}]
-    assert metas[2]["scheduled_cached_reqs"] == [{"request_id": "r1", "new_block_ids": None, "num_computed_tokens": 41}]
+    assert metas[1]["scheduled_cached_reqs"] == [{"request_id": "r1", "new_block_ids": [11], "num_computed_tokens": 40,
+                                                  "resumed": False}]
+    assert metas[2]["scheduled_cached_reqs"] == [{"request_id": "r1", "new_block_ids": None, "num_computed_tokens": 41,
+                                                  "resumed": False}]
     assert node.calls("get_num_new_matched_tokens")[0]["kv_transfer_params"]["transfer_id"] == "t1"
     assert node.calls("request_finished") == [{"request_id": "r1", "block_ids": [5, 9, 11], "status": "length_capped"}]
     assert node.ops("scheduler") == ["hello", "get_num_new_matched_tokens", "update_state_after_alloc",
@@ -198,6 +207,98 @@ def test_scheduler_side_on_decode_names_only_the_blocks_it_must_receive(node):
         c.request_finished(req, [])
         assert node.calls("request_finished")[-1]["status"] == want
     assert not c.has_pending_push_work()
+
+
+def test_a_request_preempted_and_scheduled_again_is_named_resumed(node):
+    c = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.SCHEDULER)
+    for rid in "abc":  # P's chunked prefills: the node reads their cached entries
+        c.get_num_new_matched_tokens(Request(rid, list(range(64)), {"do_remote_decode": True, "transfer_id": rid,
+                                                                    "remote_engine_id": "d0"}), 0)
+    columns = CachedRequestData(["a", "b"], [([4, 5],), ([6],)], [0, 16])
+    columns.resumed_req_ids = {"a"}  # vLLM's newer form: by id
+    c.build_connector_meta(SchedulerOutput(scheduled_cached_reqs=columns, num_scheduled_tokens={"a": 16, "b": 8}))
+    older = CachedRequestData(["c"], [([7, 8],)], [0])
+    older.resumed_from_preemption = [True]  # the form before: a flag per column
+    c.build_connector_meta(SchedulerOutput(scheduled_cached_reqs=older, num_scheduled_tokens={"c": 16}))
+    metas = node.calls("build_connector_meta")
+    assert [(r["request_id"], r["resumed"]) for r in metas[0]["scheduled_cached_reqs"]] == [("a", True), ("b", False)]
+    assert metas[1]["scheduled_cached_reqs"][0]["resumed"] is True
+
+
+def from_p(rid: str) -> Request:
+    """A request D is to receive from P."""
+    return Request(rid, list(range(20)), {"do_remote_prefill": True, "remote_block_ids": [1, 2], "transfer_id": rid,
+                                          "remote_engine_id": "p0"})
+
+
+def test_reports_vllm_does_not_wait_for_never_reach_it(node):
+    # vLLM asserts on every id it is told of: a send failure reported while P's request still
+    # runs, or a receive of a request that loads in its step, would stop its engine core.
+    node.finish = lambda a: {"delay_free": True, "kv_transfer_params": None}
+    p = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.SCHEDULER)
+    running = Request("p1", list(range(20)), {"do_remote_decode": True, "transfer_id": "t", "remote_engine_id": "d0"})
+    p.get_num_new_matched_tokens(running, 0)
+    out = KVConnectorOutput(finished_sending={"p1", "gone"})
+    p.update_connector_output(out)
+    assert out.finished_sending == set()
+    running.status = RequestStatus.FINISHED_LENGTH_CAPPED
+    # Its transfer ended already (the node reported it then): its blocks go now, not never.
+    assert p.request_finished(running, [1, 2]) == (False, None)
+    assert not p.has_pending_push_work()
+
+    node.matched = lambda a: {"count": 16, "async": a["request_id"] == "d1"}
+    d = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.SCHEDULER)
+    loading, in_step = from_p("d1"), from_p("d2")
+    assert d.get_num_new_matched_tokens(loading, 0) == (16, True)
+    assert d.get_num_new_matched_tokens(in_step, 0) == (16, False)
+    first = KVConnectorOutput(finished_recving={"d1", "d2"})
+    d.update_connector_output(first)
+    assert first.finished_recving == {"d1"}
+    again = KVConnectorOutput(finished_recving={"d1"})  # reported twice: vLLM got it once
+    d.update_connector_output(again)
+    assert again.finished_recving == set()
+
+
+def test_a_request_aborted_while_loading_has_its_receive_report_passed_on(node):
+    node.matched = lambda a: {"count": 16, "async": True}
+    node.finish = lambda a: {"delay_free": True, "kv_transfer_params": None}
+    d = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.SCHEDULER)
+    req = from_p("d3")
+    d.get_num_new_matched_tokens(req, 0)
+    req.status = RequestStatus.FINISHED_ABORTED
+    assert d.request_finished(req, [3])[0]  # vLLM holds its blocks until the load is over
+    assert not d.has_pending_push_work()
+    out = KVConnectorOutput(finished_recving={"d3"})
+    d.update_connector_output(out)
+    assert out.finished_recving == {"d3"}  # vLLM frees its blocks on this report
+
+
+def test_a_request_freed_at_once_has_a_late_receive_report_dropped(node):
+    node.matched = lambda a: {"count": 16, "async": True}
+    d = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.SCHEDULER)
+    req = from_p("d4")
+    d.get_num_new_matched_tokens(req, 0)
+    req.status = RequestStatus.FINISHED_ABORTED
+    assert d.request_finished(req, [3]) == (False, None)  # the node let it go at once
+    out = KVConnectorOutput(finished_recving={"d4"})
+    d.update_connector_output(out)
+    assert out.finished_recving == set()
+
+
+def test_the_connector_asks_vllm_for_piecewise_graphs_and_the_nhd_layout():
+    assert kv.KvferryConnector.requires_piecewise_for_cudagraph({}) is True
+    assert kv.KvferryConnector.get_required_kvcache_layout(None) == "NHD"
+
+
+def test_unsupported_parallelism_is_refused_by_name(node):
+    cfg = config(node.path)
+    cfg.parallel_config.pipeline_parallel_size = 2
+    with pytest.raises(ValueError, match="pipeline_parallel_size"):
+        kv.KvferryConnector(cfg, kv.KVConnectorRole.SCHEDULER)
+    cfg = config(node.path)
+    cfg.parallel_config.tensor_parallel_size = 2
+    with pytest.raises(ValueError, match="tp_rank"):  # no vLLM here to ask the rank
+        kv.KvferryConnector(cfg, kv.KVConnectorRole.WORKER)
 
 
 def test_zero_matched_tokens_is_never_async(node):
@@ -270,6 +371,31 @@ def test_mla_caches_register_with_the_mla_layout(node, shm):
     w.register_kv_caches(caches)
     g = [h for h in node.hellos if h["side"] == "worker"][0]["geometry"]
     assert g == {"layout": "mla", "num_blocks": 8, "block_size": 16, "latent": 12, "dtype_bytes": 2}
+
+
+def test_kernel_blocks_smaller_than_the_schedulers_are_named_in_the_schedulers_blocks(node, shm):
+    # An attention backend paging 16-token kernel blocks under 32-token scheduler blocks: block
+    # id b is kernel blocks 2b and 2b+1, one contiguous run per K or V plane.
+    caches, _ = kv_caches(shm, layers=1)  # [2, 8, 16, 2, 4]
+    cfg = config(node.path)
+    cfg.cache_config = CacheConfig(block_size=32)
+    kv.KvferryConnector(cfg, kv.KVConnectorRole.WORKER).register_kv_caches(caches)
+    g = [h for h in node.hellos if h["side"] == "worker"][0]["geometry"]
+    assert (g["num_blocks"], g["block_size"]) == (4, 32)
+    cfg.cache_config = CacheConfig(block_size=24)
+    with pytest.raises(ValueError, match="do not divide"):
+        kv.KvferryConnector(cfg, kv.KVConnectorRole.WORKER).register_kv_caches(caches)
+
+
+def test_layers_sharing_one_kv_cache_are_registered_once(node, shm):
+    caches, paths = kv_caches(shm, layers=2)
+    caches["model.layers.2.self_attn.attn"] = caches["model.layers.0.self_attn.attn"]  # KV sharing
+    w = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.WORKER)
+    w.register_kv_caches(caches)
+    hello = [h for h in node.hellos if h["side"] == "worker"][0]
+    assert [layer["path"] for layer in hello["memory"]["layers"]] == paths
+    w.save_kv_layer("model.layers.2.self_attn.attn", caches["model.layers.2.self_attn.attn"], None)
+    assert node.calls("save_kv_layer") == []  # its KV moves with layer 0
 
 
 def test_a_region_registered_where_an_older_one_was_replaces_it():

@@ -17,7 +17,8 @@ from kvferry import vllm as kv  # noqa: E402
 
 from .cluster import Node, needs_node  # noqa: E402
 from .test_vllm_adapter import (  # noqa: E402
-    KVCacheBlocks, NewRequestData, Request, RequestStatus, SchedulerOutput, config)
+    CachedRequestData, KVCacheBlocks, KVConnectorOutput, NewRequestData, Request, RequestStatus, SchedulerOutput,
+    config)
 
 LAYERS, BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM = 3, 16, 16, 2, 8
 
@@ -39,7 +40,8 @@ def caches(kind: str, tag: str) -> tuple[dict, list[str]]:
 def step(sched, worker, output: SchedulerOutput, layers: dict | None = None, write=None,
          finished: set[str] = frozenset()) -> tuple[set | None, set | None]:
     """One engine step in vLLM's order: the scheduler's metadata, then the worker's calls, the
-    forward writing each layer (``write``) before its save."""
+    forward writing each layer (``write``) before its save, and the worker's reports through the
+    scheduler side's ``update_connector_output`` (what vLLM's scheduler then acts on)."""
     worker.bind_connector_metadata(sched.build_connector_meta(output))
     worker.start_load_kv(None)
     for name, tensor in (layers or {}).items():
@@ -48,16 +50,20 @@ def step(sched, worker, output: SchedulerOutput, layers: dict | None = None, wri
             write(name, tensor)
         worker.save_kv_layer(name, tensor, None)
     worker.wait_for_save()
-    done = worker.get_finished(set(finished))
+    sending, recving = worker.get_finished(set(finished))
     worker.clear_connector_metadata()
-    return done
+    out = KVConnectorOutput(set(sending or ()), set(recving or ()))
+    sched.update_connector_output(out)
+    return out.finished_sending, out.finished_recving
 
 
 @pytest.mark.node
 @needs_node
-@pytest.mark.parametrize("mode", ["write", "read"])
+@pytest.mark.parametrize("mode,preempted", [("write", False), ("read", False), ("write", True)])
 @pytest.mark.parametrize("kind", ["host", "cuda"])
-def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind, mode):
+def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind, mode, preempted):
+    """``preempted``: P's chunked prefill is preempted after its first chunk (vLLM frees its blocks)
+    and scheduled again from its start with other blocks; D must get those blocks' bytes."""
     if kind == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA here: GPU memory through the connector needs a GPU host")
     extra = ["--gpu", "0", "--transport", "cuda"] if kind == "cuda" else ["--transport", "cma"]
@@ -101,7 +107,8 @@ def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind, 
         p_req = Request("r1", prompt, {"do_remote_decode": True, "do_remote_prefill": False,
                                        "transfer_id": "x1", "remote_engine_id": "d0"})
         assert p_sched.get_num_new_matched_tokens(p_req, 0) == (0, False)
-        p_sched.update_state_after_alloc(p_req, KVCacheBlocks(p_blocks), 0)
+        first_blocks = [12, 13]  # preempted: the first chunk's, freed by vLLM
+        p_sched.update_state_after_alloc(p_req, KVCacheBlocks(first_blocks if preempted else p_blocks), 0)
         gen = torch.Generator().manual_seed(5)
         written = {name: torch.randn((2, len(p_blocks), BLOCK_SIZE, KV_HEADS, HEAD_DIM), generator=gen)
                    .to(torch.float16) for name in p_kv}
@@ -109,8 +116,22 @@ def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind, 
         def write(name, tensor):  # the attention layer's KV of the whole prompt into P's blocks
             tensor[:, p_blocks] = written[name].to(tensor.device)
 
-        step(p_sched, p_work, SchedulerOutput(scheduled_new_reqs=[NewRequestData("r1", (p_blocks,), 0)],
-                                              num_scheduled_tokens={"r1": n}), p_kv, write)
+        if preempted:
+            def write_first_chunk(name, tensor):  # KV that preemption throws away
+                tensor[:, first_blocks] = -1.0
+
+            step(p_sched, p_work, SchedulerOutput(scheduled_new_reqs=[NewRequestData("r1", (first_blocks,), 0)],
+                                                  num_scheduled_tokens={"r1": 20}), p_kv, write_first_chunk)
+            # vLLM's scheduler takes it from waiting again: matched, allocated, then resumed.
+            assert p_sched.get_num_new_matched_tokens(p_req, 0) == (0, False)
+            p_sched.update_state_after_alloc(p_req, KVCacheBlocks(p_blocks), 0)
+            resumed = CachedRequestData(["r1"], [(p_blocks,)], [0])
+            resumed.resumed_req_ids = {"r1"}
+            step(p_sched, p_work, SchedulerOutput(scheduled_cached_reqs=resumed, num_scheduled_tokens={"r1": n}),
+                 p_kv, write)
+        else:
+            step(p_sched, p_work, SchedulerOutput(scheduled_new_reqs=[NewRequestData("r1", (p_blocks,), 0)],
+                                                  num_scheduled_tokens={"r1": n}), p_kv, write)
         p_req.status = RequestStatus.FINISHED_LENGTH_CAPPED
         delay, p_params = p_sched.request_finished(p_req, p_blocks)
         assert delay  # P keeps its blocks until D has them

@@ -102,6 +102,9 @@ public final class ConnectorScheduler {
       return;
     }
     if (p.doRemoteDecode()) {
+      // A second allocation is a request preempted and scheduled again: vLLM freed the blocks it
+      // had, and these are all of its blocks now.
+      reqsNeedPendingSave.remove(request.requestId());
       reqsNeedSave.put(request.requestId(), new Pending(request, blockIds.clone()));
     }
     if (p.doRemotePrefill()) {
@@ -140,12 +143,15 @@ public final class ConnectorScheduler {
         }
         // vLLM passes no new block ids when the chunk fits in the blocks it has: none added.
         int[] added = c.newBlockIds() == null ? new int[0] : c.newBlockIds();
-        int[] blocks = concat(pending.blockIds(), added);
-        if (isLastChunk(pending.request(), blocks, c.computedTokensAfterStep())) {
-          reqsNeedPendingSave.remove(c.requestId());
-          save.add(toSaveMeta(pending.request(), blocks));
-        } else {
-          reqsNeedPendingSave.put(c.requestId(), new Pending(pending.request(), blocks));
+        // Preempted and scheduled again: vLLM freed the old blocks and lists all the new ones.
+        int[] blocks = c.resumed() ? added : concat(pending.blockIds(), added);
+        nextChunk(pending, blocks, c.computedTokensAfterStep(), save);
+      }
+      // A newer vLLM schedules a preempted request again as a new one, with all its blocks.
+      for (SchedulerOutput.NewRequest n : output.scheduledNewReqs()) {
+        Pending pending = reqsNeedPendingSave.get(n.requestId());
+        if (pending != null) {
+          nextChunk(pending, n.blockIds(), n.computedTokensAfterStep(), save);
         }
       }
     }
@@ -155,6 +161,9 @@ public final class ConnectorScheduler {
     Map<String, Integer> computedAfterStep = new HashMap<>();
     for (SchedulerOutput.NewRequest n : output.scheduledNewReqs()) {
       computedAfterStep.put(n.requestId(), n.computedTokensAfterStep());
+    }
+    for (SchedulerOutput.CachedRequest c : output.scheduledCachedReqs()) {
+      computedAfterStep.putIfAbsent(c.requestId(), c.computedTokensAfterStep()); // resumed ones
     }
     for (Pending pr : reqsNeedSave.values()) {
       int computed = computedAfterStep.getOrDefault(pr.request().requestId(), -1);
@@ -174,6 +183,17 @@ public final class ConnectorScheduler {
     reqsNeedSave.clear();
     reqsNeedSend.clear();
     return new ConnectorMetadata(save, recv, send);
+  }
+
+  /** P, WRITE: a later chunk of a chunked prefill; its last one is saved this step. */
+  private void nextChunk(Pending pending, int[] blocks, int computedAfterStep, List<ReqMeta> save) {
+    String id = pending.request().requestId();
+    if (isLastChunk(pending.request(), blocks, computedAfterStep)) {
+      reqsNeedPendingSave.remove(id);
+      save.add(toSaveMeta(pending.request(), blocks));
+    } else {
+      reqsNeedPendingSave.put(id, new Pending(pending.request(), blocks));
+    }
   }
 
   /**

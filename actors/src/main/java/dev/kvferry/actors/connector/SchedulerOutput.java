@@ -25,8 +25,18 @@ public record SchedulerOutput(List<NewRequest> scheduledNewReqs, List<CachedRequ
     }
   }
 
-  /** A request scheduled again (a later prefill chunk); see {@link NewRequest} for the count. */
-  public record CachedRequest(String requestId, int[] newBlockIds, int computedTokensAfterStep) {
+  /**
+   * A request scheduled again (a later prefill chunk); see {@link NewRequest} for the count.
+   *
+   * @param resumed the request was preempted and is scheduled again: {@code newBlockIds} are all
+   *     its blocks now (vLLM freed the old ones), not blocks added to those it had
+   */
+  public record CachedRequest(String requestId, int[] newBlockIds, int computedTokensAfterStep,
+      boolean resumed) {
+    public CachedRequest(String requestId, int[] newBlockIds, int computedTokensAfterStep) {
+      this(requestId, newBlockIds, computedTokensAfterStep, false);
+    }
+
     public CachedRequest(String requestId, int[] newBlockIds) {
       this(requestId, newBlockIds, -1);
     }

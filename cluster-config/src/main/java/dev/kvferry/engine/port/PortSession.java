@@ -482,7 +482,8 @@ final class PortSession implements Runnable {
     List<SchedulerOutput.CachedRequest> cached = new ArrayList<>();
     for (PortArgs r : a.mapList("scheduled_cached_reqs")) {
       cached.add(new SchedulerOutput.CachedRequest(r.string("request_id"),
-          r.intList("new_block_ids", true), r.optionalInt("num_computed_tokens", 0, -1)));
+          r.intList("new_block_ids", true), r.optionalInt("num_computed_tokens", 0, -1),
+          r.bool("resumed", false)));
     }
     long toldLoads = told == null ? 0 : told.integer("loads", 0, Integer.MAX_VALUE);
     long toldSaves = told == null ? 0 : told.integer("saves", 0, Integer.MAX_VALUE);
