@@ -685,6 +685,10 @@ class KvferryWorker:
         return self.client
 
     def bind(self, metadata: Any) -> None:
+        # The step's loads are known once its start_load_kv ran. A newer vLLM calls that after the
+        # forward when every load is asynchronous (kvferry's are): the forward's per-layer waits
+        # must not act on the step before's count, so none until then.
+        self.loads = 0
         c = self._client()
         if not c.connected:
             c.reconnect()  # the start of a step: say hello again after a node restart

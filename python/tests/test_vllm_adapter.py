@@ -365,6 +365,26 @@ def test_decode_worker_waits_per_layer_when_loading_and_reports_failures_for_rec
     assert node.calls("save_kv_layer") == []
 
 
+def test_a_step_whose_start_load_kv_comes_after_the_forward_waits_for_no_layer(node, shm):
+    # vLLM with only asynchronous loads (kvferry's) starts them after the forward: that forward's
+    # per-layer waits must not use the step before's load count.
+    caches, _ = kv_caches(shm, layers=2)
+    node.loads = 1
+    w = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.WORKER)
+    w.register_kv_caches(caches)
+    s = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.SCHEDULER)
+    w.bind_connector_metadata(s.build_connector_meta(SchedulerOutput()))
+    w.start_load_kv(None)  # a step in the older order: it loads, so its layers wait
+    for name in caches:
+        w.wait_for_layer_load(name)
+    w.clear_connector_metadata()
+    w.bind_connector_metadata(s.build_connector_meta(SchedulerOutput()))
+    for name in caches:  # the newer order: the forward first
+        w.wait_for_layer_load(name)
+    w.start_load_kv(None)
+    assert [a["layer"] for a in node.calls("wait_for_layer_load")] == [0, 1]
+
+
 def test_mla_caches_register_with_the_mla_layout(node, shm):
     caches, _ = kv_caches(shm, layers=2, shape=(8, 16, 12))
     w = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.WORKER)
