@@ -627,6 +627,7 @@ class KvferryWorker:
         self.layer_index: dict[str, int] = {}
         self.layer_address: dict[str, int] = {}
         self.loads = 0
+        self.forward_began = False  # this step's layers ran (before its start_load_kv: newer vLLM)
         self.load_errors: set[int] = set()
         self.failed_layers: set[int] = set()
         self.op_errors: list[dict[str, Any]] = []
@@ -689,6 +690,7 @@ class KvferryWorker:
         # forward when every load is asynchronous (kvferry's are): the forward's per-layer waits
         # must not act on the step before's count, so none until then.
         self.loads = 0
+        self.forward_began = False
         c = self._client()
         if not c.connected:
             c.reconnect()  # the start of a step: say hello again after a node restart
@@ -696,13 +698,20 @@ class KvferryWorker:
             c.bind_connector_metadata(metadata.data)
 
     def start_load_kv(self) -> None:
-        self.loads = self._client().start_load_kv()
+        c = self._client()
+        if self.forward_began and c.pipelined_layer_waits:
+            # This vLLM starts loads after the forward: waits sent ahead now would be answered only
+            # once their reads landed, and the step's next call would wait for those replies.
+            log.info("kvferry: start_load_kv comes after the forward; layer waits are not sent ahead")
+            c.pipelined_layer_waits = False
+        self.loads = c.start_load_kv()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """vLLM runs the layer's attention after this returns. Host memory (what this adapter
         registers): the node answers once the layer's reads landed. A client with the node's load
         events (GPU memory) instead gets an event slot and makes the current stream wait on it
         before returning, so the layer's kernels queue behind the copies without a CPU wait."""
+        self.forward_began = True
         if self.loads <= 0 or layer_name not in self.layer_index:
             return
         layer = self.layer_index[layer_name]
@@ -710,6 +719,7 @@ class KvferryWorker:
             self.failed_layers.add(layer)  # its blocks come back from get_finished
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any) -> None:
+        self.forward_began = True
         if not self.is_producer or layer_name not in self.layer_index:
             return  # as the seed: only the producer saves
         if kv_layer is not None and hasattr(kv_layer, "data_ptr") and kv_layer.data_ptr() != self.layer_address[layer_name]:

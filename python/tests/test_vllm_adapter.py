@@ -345,12 +345,17 @@ def test_worker_registers_shm_caches_and_runs_a_prefill_step_in_vllms_order(node
     assert node.calls("get_finished") == [{"finished_req_ids": ["r0"]}, {}]
 
 
-def test_decode_worker_waits_per_layer_when_loading_and_reports_failures_for_recompute(node, shm):
+def loading_consumer(node, shm):
+    """A consumer's worker and scheduler over two layers, the node answering every step loads."""
     caches, _ = kv_caches(shm, layers=2)
     node.loads = 1
     w = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.WORKER)
     w.register_kv_caches(caches)
-    s = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.SCHEDULER)
+    return caches, w, kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.SCHEDULER)
+
+
+def test_decode_worker_waits_per_layer_when_loading_and_reports_failures_for_recompute(node, shm):
+    caches, w, s = loading_consumer(node, shm)
     w.bind_connector_metadata(s.build_connector_meta(SchedulerOutput()))
     w.start_load_kv(None)
     for name, t in caches.items():
@@ -368,11 +373,7 @@ def test_decode_worker_waits_per_layer_when_loading_and_reports_failures_for_rec
 def test_a_step_whose_start_load_kv_comes_after_the_forward_waits_for_no_layer(node, shm):
     # vLLM with only asynchronous loads (kvferry's) starts them after the forward: that forward's
     # per-layer waits must not use the step before's load count.
-    caches, _ = kv_caches(shm, layers=2)
-    node.loads = 1
-    w = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.WORKER)
-    w.register_kv_caches(caches)
-    s = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.SCHEDULER)
+    caches, w, s = loading_consumer(node, shm)
     w.bind_connector_metadata(s.build_connector_meta(SchedulerOutput()))
     w.start_load_kv(None)  # a step in the older order: it loads, so its layers wait
     for name in caches:
@@ -382,7 +383,11 @@ def test_a_step_whose_start_load_kv_comes_after_the_forward_waits_for_no_layer(n
     for name in caches:  # the newer order: the forward first
         w.wait_for_layer_load(name)
     w.start_load_kv(None)
+    # ... and no waits sent ahead then: their replies would come only once the reads landed, and
+    # the step's next call would wait for them.
+    w.get_finished(set())
     assert [a["layer"] for a in node.calls("wait_for_layer_load")] == [0, 1]
+    assert not w.connector_worker.client.pipelined_layer_waits
 
 
 def test_mla_caches_register_with_the_mla_layout(node, shm):
