@@ -7,6 +7,7 @@ import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.OptionalInt;
+import java.util.function.Consumer;
 import java.util.function.IntConsumer;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.slf4j.Logger;
@@ -138,14 +139,14 @@ final class PeerOutbox {
 
   /**
    * Drops what is held for a transfer that ended: work waiting for a peer's TP size, and our
-   * blocks announced to P workers not listed yet ({@code blocksDropped} hears each such worker's
-   * rank: it can never write now).
+   * blocks announced to P workers not listed yet ({@code blocksDropped} hears each such worker:
+   * it can never write now, and was never told of the transfer).
    */
-  void drop(String transferId, IntConsumer blocksDropped) {
+  void drop(String transferId, Consumer<PeerKey> blocksDropped) {
     awaitingTpSize.removeIf(a -> transferId.equals(a.transferId()));
     held.removeIf(h -> {
       if (h.message() instanceof PeerProtocol.RemoteBlocks b && b.transferId().equals(transferId)) {
-        blocksDropped.accept(h.to().tpRank());
+        blocksDropped.accept(h.to());
         return true;
       }
       return false;

@@ -96,6 +96,12 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
   private final Map<String, ReadJob> reads = new HashMap<>();
   private final Map<PeerKey, List<ReqMeta>> readsAwaitingPeer = new HashMap<>();
   /**
+   * D: loads held until their P engine is listed (its TP size says which P workers to read):
+   * one that ends meanwhile still owes those workers a release, or P keeps its blocks for us
+   * until its read-abort timeout.
+   */
+  private final Map<String, ReqMeta> heldLoads = new HashMap<>();
+  /**
    * D: transfers that ended here, or that a P worker ended before this worker began them: an
    * announce of one reads nothing (the tracker refuses the id as a duplicate), so nothing is read
    * into blocks the engine was told are not being received, from blocks P may have freed.
@@ -159,12 +165,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       if (r.localBlockIds().length == 0 || abortedBeforeBegun.contains(r.transferId())) {
         // Aborted before it was scheduled (or nothing to load), or before its load came here:
         // read nothing, and still tell P to free its blocks.
-        outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> {
-          for (int source : PeerPlanning.sourcesFor(self, prefillTp, mla)) {
-            outbox.send(r.remoteEngineId(), source, r.remoteWorkerUid(source),
-                release(r.transferId()));
-          }
-        });
+        releaseWhenListed(r);
         continue;
       }
       // The worker told the tracker to expect it.
@@ -176,7 +177,9 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
         continue; // a duplicate of one in flight: the tracker refuses it, the first goes on
       }
       ReadStamps.mark(r.transferId(), ReadStamps.Stage.READER);
+      heldLoads.put(r.transferId(), r);
       outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> {
+        heldLoads.remove(r.transferId());
         int[] sources = PeerPlanning.sourcesFor(self, prefillTp, mla);
         reads.put(r.transferId(), new ReadJob(r, sources, setup.layerRegions().size()));
         setup.sink().layerLoads().readsPerLayer(r.transferId(), sources.length);
@@ -195,6 +198,15 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       });
     }
     return this;
+  }
+
+  /** Tells P's workers of {@code r} to free its blocks, once P's TP size says which they are. */
+  private void releaseWhenListed(ReqMeta r) {
+    outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> {
+      for (int source : PeerPlanning.sourcesFor(self, prefillTp, mla)) {
+        outbox.send(r.remoteEngineId(), source, r.remoteWorkerUid(source), release(r.transferId()));
+      }
+    });
   }
 
   private Behavior<Command> onPeerReady(PeerReady m) {
@@ -325,7 +337,11 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       if (outbox.holdsWorkFor(transferId)) {
         ended.add(transferId); // it waited for P's listing: it never begins now
       }
-      outbox.drop(transferId, rank -> {});
+      outbox.drop(transferId, peer -> {});
+      ReqMeta held = heldLoads.remove(transferId);
+      if (held != null) {
+        releaseWhenListed(held); // P keeps its blocks for this read until released
+      }
       tracker.tell(new RequestTrackerActor.TransferFailed(transferId, reason));
     }
   }

@@ -3,6 +3,7 @@ package dev.kvferry.actors;
 import dev.kvferry.actors.connector.ReqMeta;
 import dev.kvferry.actors.engine.EngineDirectory;
 import dev.kvferry.actors.engine.EngineIdentity;
+import dev.kvferry.actors.engine.PeerKey;
 import dev.kvferry.actors.engine.TerminalIds;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import java.util.ArrayList;
@@ -225,7 +226,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     forgetDoneWord(transferId);
     WriteStamps.mark(WriteStamps.Stage.WRITER_DONE_SEEN);
     endIncoming(transferId);
-    outbox.drop(transferId, rank -> {});
+    outbox.drop(transferId, peer -> {});
     String failure = in.failure;
     if (failure != null) {
       // Ending already (we asked P to abandon): the engine was promised a failure.
@@ -280,7 +281,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
   private void endTransfer(String transferId, String reason) {
     IncomingReceive in = incoming.get(transferId);
     if (in == null) {
-      outbox.drop(transferId, rank -> {});
+      outbox.drop(transferId, peer -> abandonWhenListed(peer, transferId, reason));
       tracker.tell(new RequestTrackerActor.TransferFailed(transferId, reason));
       return;
     }
@@ -290,21 +291,38 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
       in.failure = reason;
       forgetDoneWord(transferId);
       IntHashSet due = in.mayWrite;
-      // Blocks still held for P workers not listed: those can never write now.
-      outbox.drop(transferId, rank -> {
+      // Blocks still held for P workers not listed: those can never write now, and hear that
+      // the transfer is over once listed (else P keeps its blocks until its defer timeout).
+      outbox.drop(transferId, peer -> {
         if (due != null) {
-          due.remove(rank);
+          due.remove(peer.tpRank());
         }
+        abandonWhenListed(peer, transferId, reason);
       });
       if (due != null) {
         due.forEachInt(source -> outbox.send(in.request.remoteEngineId(), source,
             new PeerProtocol.TransferFailed(transferId, self.engineId(), reason, self.tpRank())));
+      } else {
+        // Our blocks were never told (P's TP size was not known yet): P may still wait for them
+        // with its KV saved, so it hears the transfer is over once it is listed.
+        String p = in.request.remoteEngineId();
+        outbox.withTpSizeOf(p, transferId, prefillTp -> {
+          for (int source : PeerPlanning.sourcesFor(self, prefillTp, mla)) {
+            abandonWhenListed(new PeerKey(p, source), transferId, reason);
+          }
+        });
       }
     }
     if (in.nobodyMayWrite()) {
       endIncoming(transferId);
       tracker.tell(new RequestTrackerActor.TransferFailed(transferId, failure));
     }
+  }
+
+  /** Tells a P worker never told our blocks that the transfer is over (held until listed). */
+  private void abandonWhenListed(PeerKey peer, String transferId, String reason) {
+    outbox.send(peer.engineId(), peer.tpRank(),
+        new PeerProtocol.TransferFailed(transferId, self.engineId(), reason, self.tpRank()));
   }
 
   /**

@@ -328,6 +328,41 @@ class BlockLifetimeTest {
   }
 
   @Test
+  void aReadAbortedWhileItsPrefillWasNotListedYetStillReleasesPrefillOnceListed() {
+    // Found with vLLM's rules through real nodes (python/tests/test_vllm_loop.py): P kept the
+    // blocks of a request D aborted for its whole read-abort timeout.
+    GatedTransport gated = new GatedTransport(fx.transport);
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0", ConnectorSettings.DEFAULTS,
+        gated, fx.localLayers);
+    d.startLoadKv(new ConnectorMetadata(List.of(),
+        List.of(new ReqMeta("r15", "tx15", new int[] {1, 2}, new int[] {3, 4}, "prefill-5", 0)),
+        List.of()));
+    TrackedTransfers.assertCount(fx, d, 1); // held: P's TP size is not known yet
+    d.engineRef().tell(new EngineActor.AbortReceive("r15", "tx15", "request r15 aborted"));
+    assertTrue(fx.awaitFinished(d, x -> x.failed().containsKey("r15")).failed().get("r15")
+        .contains("aborted"));
+    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-5", 0, 1, 0, 1, TransferMode.READ));
+    assertEquals("tx15", fishPeer(PeerProtocol.Release.class).transferId());
+    assertEquals(0, gated.submitted(), "read after its abort");
+  }
+
+  @Test
+  void aWriteReceiveAbortedBeforePrefillWasListedStillEndsItOnPrefillOnceListed() {
+    // P had saved the request's KV and waited for our blocks: it waited out its defer timeout.
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0", ConnectorSettings.DEFAULTS);
+    d.engineRef().tell(new EngineActor.AnnounceRemoteBlocks(
+        new ReqMeta("r16", "tx16", new int[] {5, 6}, null, "prefill-6", 0)));
+    TrackedTransfers.assertCount(fx, d, 1);
+    d.engineRef().tell(new EngineActor.AbortReceive("r16", "tx16", "request r16 aborted"));
+    assertTrue(fx.awaitFinished(d, x -> x.failed().containsKey("r16")).failed().get("r16")
+        .contains("aborted"));
+    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-6", 0, 1, 0, 1, TransferMode.WRITE));
+    PeerProtocol.TransferFailed told = fishPeer(PeerProtocol.TransferFailed.class);
+    assertEquals("tx16", told.transferId());
+    assertTrue(told.reason().contains("aborted"), told.reason());
+  }
+
+  @Test
   void readWorkHeldForAnUnlistedPrefillIsDroppedWhenItsTransferEnds() {
     GatedTransport gated = new GatedTransport(fx.transport);
     ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0",
