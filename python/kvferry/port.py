@@ -1092,8 +1092,9 @@ class PortClient:
         known = role in ("prefill", "decode") and mode in ("read", "write")
         saves = 0
         if role == "prefill" and mode == "write":
-            # A chunked prefill's request is saved in the step that computes its last tokens.
-            for c in cached:
+            # A chunked prefill's request is saved in the step that computes its last tokens; one
+            # scheduled as new again (preempted, not allocated again) is at its next chunk too.
+            for c in (*cached, *new_reqs):
                 rid = c["request_id"]
                 if rid in self._unsure_pending:
                     known = False

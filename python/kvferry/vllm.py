@@ -45,6 +45,7 @@ import shlex
 import subprocess
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,9 @@ from . import cuda_port
 from .port import BadArgs, NodeUnavailable, PortClient, PortError
 
 log = logging.getLogger("kvferry.vllm")
+
+# Request ids a worker remembers having reported (far more than run at once).
+_REPORTED_KEPT = 1 << 16
 
 try:  # vLLM present: subclass the real base class.
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
@@ -486,6 +490,7 @@ class KvferryScheduler:
         self.pending_sends: set[str] = set()  # finished, blocks held until reported sent
         self.awaiting_loads: set[str] = set()  # loading asynchronously until reported received
         self.ended_early: set[str] = set()  # reported sent (failed) while still running
+        self.received: set[str] = set()  # loaded: every rank reported its receive ended
         self.seen: set[str] = set()  # named to the node, not finished yet
         # Requests whose kv_transfer_params the node refused: served without kvferry (the engine
         # computes them itself), so the node hears nothing more of them.
@@ -568,12 +573,21 @@ class KvferryScheduler:
                                                      _request_status(request))
         if rid in self.ended_early:
             # Its transfer already ended (failed) while it ran, and the node said so then: the
-            # node copies nothing more from its blocks, and no second report comes.
+            # node copies nothing more from its blocks, and no second report comes. No params
+            # either: a D told of these blocks would read them after vLLM reused them.
             self.ended_early.discard(rid)
+            return False, None
+        if rid in self.received:
+            # D, aborted (or finished) after every rank reported its load over: nothing can land
+            # in its blocks any more. The node may still ask to wait (it cannot tell that all
+            # ranks are done); a rank reports each request once, so no report would end the wait.
+            self.received.discard(rid)
             return False, params
-        if delay and rid not in self.awaiting_loads:
+        if delay and (rid in self.awaiting_loads or self.identity.get("role") == "decode"):
+            self.awaiting_loads.add(rid)  # D: its blocks go with the receive's report
+        elif delay:
             self.pending_sends.add(rid)
-        elif not delay:
+        else:
             self.awaiting_loads.discard(rid)  # vLLM frees it now: a late report must not reach it
         return delay, params
 
@@ -598,6 +612,8 @@ class KvferryScheduler:
             for rid in list(recving):
                 if rid in self.awaiting_loads:
                     self.awaiting_loads.discard(rid)
+                    if rid in self.seen:  # still running: its request_finished comes later
+                        self.received.add(rid)
                 else:
                     recving.discard(rid)
                     log.debug("kvferry: dropped a receive report of %s, which vLLM does not wait for", rid)
@@ -630,6 +646,10 @@ class KvferryWorker:
         self.forward_began = False  # this step's layers ran (before its start_load_kv: newer vLLM)
         self.load_errors: set[int] = set()
         self.failed_layers: set[int] = set()
+        # Requests this rank reported (sent or received): vLLM counts one report per rank, and a
+        # second one (the node's report of an abort after the receive was reported done) would
+        # complete its count while another rank's copies still land. Bounded: the oldest go.
+        self.reported: OrderedDict[str, None] = OrderedDict()
         self.op_errors: list[dict[str, Any]] = []
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
@@ -747,7 +767,15 @@ class KvferryWorker:
         for rid, why in f["failed"].items():
             log.warning("kvferry transfer of %s failed: %s", rid, why)
             (sending if self.is_producer else recving).add(rid)
-        return sending or None, recving or None
+        return self._first_reports(sending) or None, self._first_reports(recving) or None
+
+    def _first_reports(self, ids: set[str]) -> set[str]:
+        fresh = {rid for rid in ids if rid not in self.reported}
+        for rid in fresh:
+            self.reported[rid] = None
+        while len(self.reported) > _REPORTED_KEPT:
+            self.reported.popitem(last=False)
+        return fresh
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         out = set(self.load_errors)

@@ -259,18 +259,49 @@ def test_reports_vllm_does_not_wait_for_never_reach_it(node):
     assert again.finished_recving == set()
 
 
-def test_a_request_aborted_while_loading_has_its_receive_report_passed_on(node):
+def loading_from_p(node, rid: str):
+    """A consumer's scheduler with request ``rid`` loading asynchronously; the node keeps the
+    blocks of whatever finishes."""
     node.matched = lambda a: {"count": 16, "async": True}
     node.finish = lambda a: {"delay_free": True, "kv_transfer_params": None}
     d = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.SCHEDULER)
-    req = from_p("d3")
+    req = from_p(rid)
     d.get_num_new_matched_tokens(req, 0)
+    return d, req
+
+
+def test_a_request_aborted_while_loading_has_its_receive_report_passed_on(node):
+    d, req = loading_from_p(node, "d3")
     req.status = RequestStatus.FINISHED_ABORTED
     assert d.request_finished(req, [3])[0]  # vLLM holds its blocks until the load is over
     assert not d.has_pending_push_work()
     out = KVConnectorOutput(finished_recving={"d3"})
     d.update_connector_output(out)
     assert out.finished_recving == {"d3"}  # vLLM frees its blocks on this report
+
+
+def test_a_request_aborted_after_its_load_was_reported_is_freed_at_once(node):
+    # Every rank reported its receive over, so nothing can land in its blocks; the node, which
+    # cannot tell that all ranks are done, still asks to wait, and no second report would come.
+    d, req = loading_from_p(node, "d5")
+    loaded = KVConnectorOutput(finished_recving={"d5"})
+    d.update_connector_output(loaded)
+    assert loaded.finished_recving == {"d5"}
+    req.status = RequestStatus.FINISHED_ABORTED
+    assert d.request_finished(req, [3]) == (False, None)
+    late = KVConnectorOutput(finished_recving={"d5"})  # the node's report of the abort
+    d.update_connector_output(late)
+    assert late.finished_recving == set()
+
+
+def test_a_worker_reports_each_request_once(node, shm):
+    # vLLM counts one report per rank; a second one would complete the count while another
+    # rank's copies may still land.
+    caches, w, _ = loading_consumer(node, shm)
+    node.finished[0].append({"done_receiving": ["a"]})
+    assert w.get_finished(set()) == (None, {"a"})
+    node.finished[0].append({"failed": {"a": "request a aborted"}, "done_receiving": ["b"]})
+    assert w.get_finished(set()) == (None, {"b"})
 
 
 def test_a_request_freed_at_once_has_a_late_receive_report_dropped(node):

@@ -168,8 +168,6 @@ public final class HandshakeActor extends AbstractBehavior<HandshakeActor.Comman
     return this;
   }
 
-
-
   private Behavior<Command> onFetch(Fetch m) {
     PeerKey key = new PeerKey(m.engineId(), m.tpRank());
     Waiter waiter = new Waiter(m.replyTo(), m.incarnation());

@@ -9,6 +9,7 @@ import java.util.HashMap;
 import java.util.HashSet;
 import java.util.Iterator;
 import java.util.Map;
+import java.util.Optional;
 import java.util.Set;
 import java.util.function.Function;
 import org.apache.pekko.actor.typed.ActorRef;
@@ -31,7 +32,8 @@ import org.jspecify.annotations.Nullable;
  * stays up in the cluster <em>linger</em>: their engine counts as listed (never routed to) until
  * a worker of it is listed again or the re-attach grace is over. Without that, every transfer
  * with such an engine could end as "left the cluster" although the engine is back a moment later.
- * A node that leaves or is downed lingers nothing: its engines are gone at once.
+ * A worker dropped while its node is leaving, down or removed does not linger (one whose node
+ * starts leaving during the grace lingers on until the grace is over: that only delays "left").
  */
 final class ListedWorkers {
 
@@ -129,7 +131,7 @@ final class ListedWorkers {
     return role;
   }
 
-  private static java.util.Optional<String> engineId(ActorRef<EngineActor.Command> ref) {
+  private static Optional<String> engineId(ActorRef<EngineActor.Command> ref) {
     return EngineIdentity.fromActorName(ref.path().name()).map(EngineIdentity::engineId);
   }
 

@@ -1,5 +1,6 @@
 package dev.kvferry.actors;
 
+import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.typesafe.config.ConfigFactory;
@@ -203,23 +204,18 @@ final class PeerFixture implements AutoCloseable {
 
   /** Waits until the receptionist lists at least {@code workers} workers of {@code engineId}. */
   void awaitListed(Role role, String engineId, int workers) {
-    TestProbe<Receptionist.Listing> probe = kit.createTestProbe();
-    String name = java.net.URLEncoder.encode(engineId, java.nio.charset.StandardCharsets.UTF_8);
-    probe.awaitAssert(
-        Duration.ofSeconds(10),
-        () -> {
-          kit.system().receptionist().tell(Receptionist.find(EngineActor.serviceKey(role), probe.ref()));
-          Receptionist.Listing l = probe.receiveMessage();
-          long listed = l.getServiceInstances(EngineActor.serviceKey(role)).stream()
-              .filter(r -> r.path().name().endsWith(name))
-              .count();
-          assertTrue(listed >= workers, engineId + ": " + listed + " of " + workers + " listed yet");
-          return null;
-        });
+    awaitWorkersListed(role, engineId, listed -> assertTrue(listed >= workers,
+        engineId + ": " + listed + " of " + workers + " listed yet"));
   }
 
   /** Waits until the receptionist lists no worker of {@code engineId}. */
   void awaitUnlisted(Role role, String engineId) {
+    awaitWorkersListed(role, engineId, listed -> assertEquals(0L, listed, engineId + " still listed"));
+  }
+
+  /** Asks the receptionist until {@code check} passes for the count of {@code engineId}'s workers. */
+  private void awaitWorkersListed(Role role, String engineId,
+      java.util.function.LongConsumer check) {
     TestProbe<Receptionist.Listing> probe = kit.createTestProbe();
     String name = java.net.URLEncoder.encode(engineId, java.nio.charset.StandardCharsets.UTF_8);
     probe.awaitAssert(
@@ -227,8 +223,9 @@ final class PeerFixture implements AutoCloseable {
         () -> {
           kit.system().receptionist().tell(Receptionist.find(EngineActor.serviceKey(role), probe.ref()));
           Receptionist.Listing l = probe.receiveMessage();
-          assertTrue(l.getAllServiceInstances(EngineActor.serviceKey(role)).stream()
-              .noneMatch(r -> r.path().name().endsWith(name)), engineId + " still listed");
+          check.accept(l.getAllServiceInstances(EngineActor.serviceKey(role)).stream()
+              .filter(r -> r.path().name().endsWith(name))
+              .count());
           return null;
         });
   }

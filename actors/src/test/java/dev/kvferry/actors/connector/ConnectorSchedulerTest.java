@@ -55,51 +55,56 @@ class ConnectorSchedulerTest {
     assertArrayEquals(blocks, second.reqsToSave().get(0).localBlockIds());
   }
 
-  @Test
-  void aPrefillPreemptedBetweenChunksIsSavedFromTheBlocksItWasGivenBack() {
+  /**
+   * P, WRITE: request "r" of 40 tokens allocated blocks 1 and 2 and scheduled for its first 20
+   * tokens (nothing saved yet): the state a preemption finds.
+   */
+  private ConnectorScheduler firstChunkScheduled(ConnectorRequest r) {
     ConnectorScheduler s = prefill(TransferMode.WRITE);
-    ConnectorRequest r = new ConnectorRequest("r", 40, KvTransferParams.forPrefill("tx", "decode-0", 0));
     s.updateStateAfterAlloc(r, new int[] {1, 2}, 0);
     assertTrue(s.buildConnectorMeta(new SchedulerOutput(
         List.of(new SchedulerOutput.NewRequest("r", new int[] {1, 2}, 20)), List.of()))
         .reqsToSave().isEmpty());
+    return s;
+  }
+
+  private static ConnectorRequest fortyTokensForDecode() {
+    return new ConnectorRequest("r", 40, KvTransferParams.forPrefill("tx", "decode-0", 0));
+  }
+
+  private static int[] savedBlocksOfOnlySave(ConnectorMetadata m) {
+    assertEquals(1, m.reqsToSave().size(), m.reqsToSave().toString());
+    return m.reqsToSave().get(0).localBlockIds();
+  }
+
+  @Test
+  void aPrefillPreemptedBetweenChunksIsSavedFromTheBlocksItWasGivenBack() {
+    ConnectorScheduler s = firstChunkScheduled(fortyTokensForDecode());
     // Preempted (blocks 1 and 2 freed), then scheduled again from its start with new blocks.
     assertTrue(s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of(
         new SchedulerOutput.CachedRequest("r", new int[] {8, 9}, 20, true)))).reqsToSave().isEmpty());
-    ConnectorMetadata last = s.buildConnectorMeta(new SchedulerOutput(
-        List.of(), List.of(new SchedulerOutput.CachedRequest("r", new int[] {5}, 40))));
-    assertArrayEquals(new int[] {8, 9, 5}, last.reqsToSave().get(0).localBlockIds());
+    assertArrayEquals(new int[] {8, 9, 5}, savedBlocksOfOnlySave(s.buildConnectorMeta(new SchedulerOutput(
+        List.of(), List.of(new SchedulerOutput.CachedRequest("r", new int[] {5}, 40))))));
   }
 
   @Test
   void aPrefillPreemptedAndAllocatedAgainIsSavedOnceFromItsNewBlocks() {
     // vLLM's own order: a preempted request goes back to waiting, and when it is scheduled again
     // its blocks are allocated again (update_state_after_alloc) before it shows as resumed.
-    ConnectorScheduler s = prefill(TransferMode.WRITE);
-    ConnectorRequest r = new ConnectorRequest("r", 40, KvTransferParams.forPrefill("tx", "decode-0", 0));
-    s.updateStateAfterAlloc(r, new int[] {1, 2}, 0);
-    s.buildConnectorMeta(new SchedulerOutput(
-        List.of(new SchedulerOutput.NewRequest("r", new int[] {1, 2}, 20)), List.of()));
+    ConnectorRequest r = fortyTokensForDecode();
+    ConnectorScheduler s = firstChunkScheduled(r);
     s.updateStateAfterAlloc(r, new int[] {8, 9, 5}, 0);
-    ConnectorMetadata again = s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of(
-        new SchedulerOutput.CachedRequest("r", new int[] {8, 9, 5}, 40, true))));
-    assertEquals(1, again.reqsToSave().size());
-    assertArrayEquals(new int[] {8, 9, 5}, again.reqsToSave().get(0).localBlockIds());
+    assertArrayEquals(new int[] {8, 9, 5}, savedBlocksOfOnlySave(s.buildConnectorMeta(new SchedulerOutput(
+        List.of(), List.of(new SchedulerOutput.CachedRequest("r", new int[] {8, 9, 5}, 40, true))))));
     assertTrue(s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of(
         new SchedulerOutput.CachedRequest("r", null, 41)))).reqsToSave().isEmpty(), "saved twice");
   }
 
   @Test
   void aPrefillPreemptedAndScheduledAgainAsNewIsSavedFromItsNewBlocks() {
-    ConnectorScheduler s = prefill(TransferMode.WRITE);
-    ConnectorRequest r = new ConnectorRequest("r", 40, KvTransferParams.forPrefill("tx", "decode-0", 0));
-    s.updateStateAfterAlloc(r, new int[] {1, 2}, 0);
-    s.buildConnectorMeta(new SchedulerOutput(
-        List.of(new SchedulerOutput.NewRequest("r", new int[] {1, 2}, 20)), List.of()));
-    ConnectorMetadata again = s.buildConnectorMeta(new SchedulerOutput(
-        List.of(new SchedulerOutput.NewRequest("r", new int[] {6, 4, 3}, 40)), List.of()));
-    assertEquals(1, again.reqsToSave().size());
-    assertArrayEquals(new int[] {6, 4, 3}, again.reqsToSave().get(0).localBlockIds());
+    ConnectorScheduler s = firstChunkScheduled(fortyTokensForDecode());
+    assertArrayEquals(new int[] {6, 4, 3}, savedBlocksOfOnlySave(s.buildConnectorMeta(new SchedulerOutput(
+        List.of(new SchedulerOutput.NewRequest("r", new int[] {6, 4, 3}, 40)), List.of()))));
   }
 
   @Test
