@@ -140,17 +140,20 @@ final class PeerOutbox {
   /**
    * Drops what is held for a transfer that ended: work waiting for a peer's TP size, and our
    * blocks announced to P workers not listed yet ({@code blocksDropped} hears each such worker:
-   * it can never write now, and was never told of the transfer).
+   * it can never write now, and was never told of the transfer). {@code blocksDropped} runs
+   * once they are out of the outbox, so it may send through it.
    */
   void drop(String transferId, Consumer<PeerKey> blocksDropped) {
     awaitingTpSize.removeIf(a -> transferId.equals(a.transferId()));
+    List<PeerKey> dropped = new ArrayList<>();
     held.removeIf(h -> {
       if (h.message() instanceof PeerProtocol.RemoteBlocks b && b.transferId().equals(transferId)) {
-        blocksDropped.accept(h.to());
+        dropped.add(h.to());
         return true;
       }
       return false;
     });
+    dropped.forEach(blocksDropped);
   }
 
   /** After a directory change: runs the work whose peer is listed now, then sends what was held. */

@@ -38,6 +38,28 @@ class PeerOutboxTest {
   }
 
   @Test
+  void blocksDroppedForAnUnlistedWorkerMayBeAnsweredThroughTheOutboxAndReachItOnceListed() {
+    // Found in CI: D's receiver, ending a receive, sent P "abandoned" from inside drop's callback
+    // while drop walked the held messages; the ConcurrentModificationException stopped the
+    // receiver, and D's request hung.
+    PeerOutbox outbox = new PeerOutbox(LoggerFactory.getLogger(PeerOutboxTest.class),
+        ConnectorSettings.DEFAULTS);
+    for (int i = 0; i < 15; i++) { // a full deque: what the callback adds makes it grow
+      outbox.send("prefill-9", 0, new PeerProtocol.Release("tx-other-" + i, "decode-0", 0, 1));
+    }
+    outbox.send("prefill-0", 0,
+        new PeerProtocol.RemoteBlocks("tx-2", "r2", new int[] {1}, "decode-0", 0, 0));
+    PeerProtocol.TransferFailed abandoned =
+        new PeerProtocol.TransferFailed("tx-2", "decode-0", "request r2 aborted", 0);
+    outbox.drop("tx-2", peer -> outbox.send(peer.engineId(), peer.tpRank(), abandoned));
+    TestProbe<EngineActor.Command> probe = kit.createTestProbe();
+    outbox.replaceDirectory(EngineDirectory.of(List.of(incarnation(probe))));
+    outbox.flush();
+    assertEquals(abandoned, probe.receiveMessage(Duration.ofSeconds(5))); // not the blocks
+    probe.expectNoMessage(Duration.ofMillis(100));
+  }
+
+  @Test
   void aMessageForANamedIncarnationWaitsWhileAnotherIsListed() {
     PeerOutbox outbox = new PeerOutbox(LoggerFactory.getLogger(PeerOutboxTest.class),
         ConnectorSettings.DEFAULTS);
