@@ -254,15 +254,21 @@ def _tensor_info(name: str, t: Any) -> _TensorInfo:
 
 def _geometry_of(name: str, info: _TensorInfo) -> dict[str, Any]:
     s = info.shape
-    if len(s) == 5 and s[0] == 2:
+    if len(s) == 5 and s[0] == 2 and s[1] == 2:
+        raise ValueError(f"layer {name}: shape {s} could be [2, num_blocks, ...] or [num_blocks, 2, ...]; "
+                         "a cache of 2 blocks cannot say which (give the engine more blocks)")
+    if len(s) == 5 and s[0] == 2:  # flash-attention's: K of every block, then V
         return {"layout": "standard", "num_blocks": s[1], "block_size": s[2], "kv_heads": s[3],
+                "head_dim": s[4], "dtype_bytes": info.element_bytes}
+    if len(s) == 5 and s[1] == 2:  # FlashInfer's: each block's K, then its V
+        return {"layout": "blocks_first", "num_blocks": s[0], "block_size": s[2], "kv_heads": s[3],
                 "head_dim": s[4], "dtype_bytes": info.element_bytes}
     if len(s) == 3:
         return {"layout": "mla", "num_blocks": s[0], "block_size": s[1], "latent": s[2],
                 "dtype_bytes": info.element_bytes}
-    raise ValueError(f"layer {name}: shape {s} is neither [2, num_blocks, block_size, kv_heads, head_dim] "
-                     "nor MLA's [num_blocks, block_size, latent] (use an attention backend with vLLM's "
-                     "flash-attention layout)")
+    raise ValueError(f"layer {name}: shape {s} is none of [2, num_blocks, block_size, kv_heads, head_dim] "
+                     "(flash-attention), [num_blocks, 2, block_size, kv_heads, head_dim] (FlashInfer) "
+                     "and MLA's [num_blocks, block_size, latent]")
 
 
 def _in_scheduler_blocks(geometry: dict[str, Any], block_size: int | None) -> dict[str, Any]:
@@ -274,6 +280,12 @@ def _in_scheduler_blocks(geometry: dict[str, Any], block_size: int | None) -> di
     kernel = geometry["block_size"]
     if not block_size or block_size == kernel:
         return geometry
+    if geometry["layout"] == "blocks_first":
+        # A scheduler block would be [k, 2, kernel, ...]: its tokens' K and V interleave by kernel
+        # block, which no geometry of scheduler blocks describes.
+        raise ValueError(f"a [num_blocks, 2, ...] KV cache paged in kernel blocks of {kernel} tokens under "
+                         f"scheduler blocks of {block_size} is not supported (its K and V interleave within a "
+                         "scheduler block); use a backend whose kernel block is the scheduler's")
     if block_size % kernel or geometry["num_blocks"] % (block_size // kernel):
         raise ValueError(f"the KV cache's blocks of {kernel} tokens ({geometry['num_blocks']} of them) do not "
                          f"divide into the scheduler's blocks of {block_size} tokens")

@@ -496,6 +496,66 @@ def test_mla_layout_moves_verified_kv_tp2_to_tp1(cluster):
         base.stop()
 
 
+def _blocks_first_pair_moves_verified_kv(engine, p_socket: str, d_socket: str, p_layout: list[str],
+                                         p_tp: int, d_tp: int, mode: str, baseline_url: str) -> None:
+    p = engine("p-bf", *p_layout, "--socket", p_socket, "--role", "prefill", "--mode", mode, "--tp-size", str(p_tp))
+    d = engine("d-bf", "--blocks-first", "--socket", d_socket, "--role", "decode", "--mode", mode,
+               "--tp-size", str(d_tp))
+    pair = Pair(p, d, mode)
+    try:
+        for n in (20, 150):  # within a block; several blocks and chunked prefill
+            q = prompt(n, 61)
+            _, d_out = pair.run(q)
+            assert d_out["kvferry"]["kv_verified"] is True, d_out["kvferry"]
+            assert d_out["kvferry"]["received_tokens"] == (n if mode == "write" else n - 1)
+            assert d_out["choices"][0]["token_ids"] == complete(baseline_url, q, 6)["choices"][0]["token_ids"]
+        assert_no_leak(p, d)
+    finally:
+        p.stop()
+        d.stop()
+
+
+@pytest.mark.parametrize("p_layout,mode", [
+    ([], "write"),  # [2, num_blocks, ...] on P: the layouts differ, token ranges map them
+    ([], "read"),
+    (["--blocks-first"], "write"),  # both blocks-first, P's TP 2 heads sliced into D's TP 1
+])
+def test_blocks_first_layout_moves_verified_kv_tp2_to_tp1(cluster, p_layout, mode):
+    """FlashInfer's [num_blocks, 2, block_size, heads, head_dim] on D, every byte checked, D's
+    tokens those of the undisaggregated baseline (its own layout the standard one)."""
+    if cluster.current is not None:
+        cluster.current.p.stop()
+        cluster.current.d.stop()
+        cluster.current = None
+    _blocks_first_pair_moves_verified_kv(cluster.engine, cluster.p_node.socket, cluster.d_node.socket, p_layout,
+                                         P_TP, D_TP, mode, cluster.baseline.url)
+
+
+def test_blocks_first_on_both_sides_of_one_tp_size_moves_whole_blocks(cluster):
+    """Same layout, block size and TP on both sides: the block plan, one copy per run of whole
+    blocks (K and V together). Its own TP 1 nodes, as the shared ones are TP 2 and 1."""
+    wd = workdir()
+    p_node = Node(wd, "prefill", engine_id="p-bf1", tp=1)
+    d_node = Node(wd, "decode", engine_id="d-bf1", tp=1, seed_port=p_node.port)
+    engines: list[Engine] = []
+
+    def engine(name: str, *args: str) -> Engine:
+        engines.append(Engine(wd, name, *GEOMETRY, *args))
+        return engines[-1]
+
+    try:
+        p_node.wait_ready()
+        d_node.wait_ready()
+        for mode in ("write", "read"):
+            _blocks_first_pair_moves_verified_kv(engine, p_node.socket, d_node.socket, ["--blocks-first"], 1, 1,
+                                                 mode, cluster.baseline.url)
+    finally:
+        for e in engines:
+            e.stop()
+        d_node.stop()
+        p_node.stop()
+
+
 def test_connector_starts_a_node_beside_the_engine_when_none_answers(tmp_path):
     from kvferry import vllm as kv
 

@@ -429,6 +429,32 @@ def test_mla_caches_register_with_the_mla_layout(node, shm):
     assert g == {"layout": "mla", "num_blocks": 8, "block_size": 16, "latent": 12, "dtype_bytes": 2}
 
 
+def test_flashinfer_caches_register_with_the_blocks_first_layout(node, shm):
+    caches, _ = kv_caches(shm, layers=2, shape=(8, 2, 16, 2, 4))  # FlashInfer's [N, 2, bs, H, D]
+    w = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.WORKER)
+    w.register_kv_caches(caches)
+    g = [h for h in node.hellos if h["side"] == "worker"][0]["geometry"]
+    assert g == {"layout": "blocks_first", "num_blocks": 8, "block_size": 16, "kv_heads": 2, "head_dim": 4,
+                 "dtype_bytes": 2}
+
+
+def test_a_shape_that_names_no_layout_or_two_is_refused(node, shm):
+    for shape, why in (((2, 2, 16, 2, 4), "cannot say which"), ((8, 3, 16, 2, 4), "none of")):
+        caches, _ = kv_caches(shm, layers=1, shape=shape)
+        with pytest.raises(ValueError, match=why):
+            kv.KvferryConnector(config(node.path), kv.KVConnectorRole.WORKER).register_kv_caches(caches)
+
+
+def test_blocks_first_kernel_blocks_smaller_than_the_schedulers_are_refused(node, shm):
+    # [N, 2, 16, ...] kernel blocks under 32-token scheduler blocks: a scheduler block would hold K
+    # and V of its first kernel block, then of its second, which no scheduler-block geometry says.
+    caches, _ = kv_caches(shm, layers=1, shape=(8, 2, 16, 2, 4))
+    cfg = config(node.path)
+    cfg.cache_config = CacheConfig(block_size=32)
+    with pytest.raises(ValueError, match="interleave"):
+        kv.KvferryConnector(cfg, kv.KVConnectorRole.WORKER).register_kv_caches(caches)
+
+
 def test_kernel_blocks_smaller_than_the_schedulers_are_named_in_the_schedulers_blocks(node, shm):
     # An attention backend paging 16-token kernel blocks under 32-token scheduler blocks: block
     # id b is kernel blocks 2b and 2b+1, one contiguous run per K or V plane.

@@ -51,9 +51,10 @@ class Req:
 class MiniVllm:
     """One engine: vLLM's scheduler and one worker, both sides of a KvferryConnector."""
 
-    def __init__(self, node: Node, kv_role: str, mode: str, tag: str):
+    def __init__(self, node: Node, kv_role: str, mode: str, tag: str, layout: str = "standard"):
         self.caches, self.paths = {}, []
-        shape = (2, BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+        self.blocks_first = layout == "blocks_first"  # FlashInfer's [N, 2, ...], not [2, N, ...]
+        shape = ((BLOCKS, 2) if self.blocks_first else (2, BLOCKS)) + (BLOCK_SIZE, KV_HEADS, HEAD_DIM)
         for i in range(LAYERS):
             path = f"/dev/shm/kvferry-vllm-loop-{os.getpid()}-{tag}-{i}-{time.monotonic_ns()}"
             self.paths.append(path)
@@ -75,6 +76,10 @@ class MiniVllm:
             c.shutdown()
         for p in self.paths:
             os.unlink(p)
+
+    def slot(self, tensor, region: int, block: int, slot: int):
+        """One token's K (region 0) or V (region 1) heads in a layer's cache."""
+        return tensor[block, region, slot] if self.blocks_first else tensor[region, block, slot]
 
     def add(self, r: Req) -> None:
         self.requests[r.req.request_id] = r
@@ -165,8 +170,8 @@ class MiniVllm:
                 for pos in range(r.computed, r.computed + tokens):
                     value = kv_value(r.index, layer, pos)
                     block, slot = r.blocks[pos // BLOCK_SIZE], pos % BLOCK_SIZE
-                    tensor[0, block, slot] = value
-                    tensor[1, block, slot] = -value
+                    self.slot(tensor, 0, block, slot).fill_(value)
+                    self.slot(tensor, 1, block, slot).fill_(-value)
             w.save_kv_layer(name, tensor, None)
         w.wait_for_save()
         sending, recving = w.get_finished(finished)
@@ -206,8 +211,13 @@ class MiniVllm:
 
 @pytest.mark.node
 @needs_node
-@pytest.mark.parametrize("mode", ["write", "read"])
-def test_vllms_rules_hold_through_chunked_prefill_aborts_and_both_modes(tmp_path, mode):
+@pytest.mark.parametrize("mode,p_layout,d_layout", [
+    ("write", "standard", "standard"),
+    ("read", "standard", "standard"),
+    ("write", "standard", "blocks_first"),  # FlashInfer's layout on D only: token ranges map them
+    ("read", "blocks_first", "blocks_first"),  # on both: whole blocks
+])
+def test_vllms_rules_hold_through_chunked_prefill_aborts_and_both_modes(tmp_path, mode, p_layout, d_layout):
     # Timers of ten minutes: whatever frees a block within the test's deadline is kvferry acting on
     # the aborts, not a timeout (P held an aborted request's blocks for its defer or read-abort
     # timeout when D ended the receive before P was listed on D).
@@ -220,8 +230,8 @@ def test_vllms_rules_hold_through_chunked_prefill_aborts_and_both_modes(tmp_path
     try:
         p_node.wait_ready()
         d_node.wait_ready()
-        p = MiniVllm(p_node, "kv_producer", mode, "p")
-        d = MiniVllm(d_node, "kv_consumer", mode, "d")
+        p = MiniVllm(p_node, "kv_producer", mode, "p", p_layout)
+        d = MiniVllm(d_node, "kv_consumer", mode, "d", d_layout)
         n_requests = 12
         prompts = {f"r{i}": [100 + i] * (40 + 23 * i % 90) for i in range(n_requests)}
         abort_on_p = {"r3": 1, "r8": 1}  # after that many P steps with the request in it
@@ -236,7 +246,8 @@ def test_vllms_rules_hold_through_chunked_prefill_aborts_and_both_modes(tmp_path
                 for pos in range(moved):
                     block, slot = r.blocks[pos // BLOCK_SIZE], pos % BLOCK_SIZE
                     want = kv_value(r.index, layer, pos)
-                    assert tensor[0, block, slot].eq(want).all() and tensor[1, block, slot].eq(-want).all(), \
+                    assert engine.slot(tensor, 0, block, slot).eq(want).all() \
+                        and engine.slot(tensor, 1, block, slot).eq(-want).all(), \
                         (r.req.request_id, layer, pos)
             checked[r.req.request_id] = moved
 

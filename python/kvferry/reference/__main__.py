@@ -36,6 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--dtype-bytes", type=int, default=2)
     p.add_argument("--mla", action="store_true", help="MLA layout [num_blocks, block_size, latent]")
+    p.add_argument("--blocks-first", action="store_true",
+                   help="FlashInfer's layout [num_blocks, 2, block_size, heads, head_dim] instead of "
+                        "[2, num_blocks, ...]")
     p.add_argument("--latent", type=int, default=576)
     p.add_argument("--max-num-batched-tokens", type=int, default=256, help="token budget per step")
     p.add_argument("--no-prefix-caching", action="store_true")
@@ -55,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         geometry = Geometry(layers=args.layers, num_blocks=args.num_blocks, block_size=args.block_size,
                             kv_heads=args.kv_heads, head_dim=args.head_dim, dtype_bytes=args.dtype_bytes,
-                            tp_size=args.tp_size, mla=args.mla, latent=args.latent if args.mla else 0)
+                            tp_size=args.tp_size, mla=args.mla, latent=args.latent if args.mla else 0,
+                            blocks_first=args.blocks_first)
     except ValueError as e:
         print(f"kvferry-reference: {e}", file=sys.stderr)
         return 2

@@ -13,7 +13,8 @@ PAGE = 4096
 
 class ShmKvCache:
     """One TP rank's KV cache: every layer in one shared-memory file (mode 0600), at page-aligned
-    offsets, each in vLLM's layout (``[2, num_blocks, block_size, heads, head_dim]`` or MLA
+    offsets, each in one of vLLM's layouts (``[2, num_blocks, block_size, heads, head_dim]``,
+    FlashInfer's ``[num_blocks, 2, block_size, heads, head_dim]`` or MLA's
     ``[num_blocks, block_size, latent]``). The node maps the same file; the engine owns it."""
 
     def __init__(self, geometry: Geometry, rank: int, path: str):
@@ -44,6 +45,8 @@ class ShmKvCache:
 
     def offset(self, layer: int, region: int, block: int, slot: int) -> int:
         g = self.geometry
+        if g.blocks_first:
+            return layer * self.layer_stride + ((block * 2 + region) * g.block_size + slot) * g.rank_token_bytes
         return (layer * self.layer_stride + region * self._region_bytes
                 + (block * g.block_size + slot) * g.rank_token_bytes)
 

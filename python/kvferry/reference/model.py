@@ -31,11 +31,15 @@ class Geometry:
     tp_size: int = 1
     mla: bool = False
     latent: int = 0
+    # [num_blocks, 2, block_size, heads, head_dim] (FlashInfer's) instead of [2, num_blocks, ...].
+    blocks_first: bool = False
 
     def __post_init__(self) -> None:
         for name in ("layers", "num_blocks", "block_size", "dtype_bytes", "tp_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.mla and self.blocks_first:
+            raise ValueError("mla and blocks_first are two layouts; choose one")
         if self.mla:
             if self.latent < 1:
                 raise ValueError("MLA needs --latent of at least 1")
@@ -74,7 +78,8 @@ class Geometry:
 
     def port_geometry(self) -> dict:
         """One rank's geometry as the port's worker hello names it."""
-        g = {"layout": "mla" if self.mla else "standard", "num_blocks": self.num_blocks,
+        layout = "mla" if self.mla else "blocks_first" if self.blocks_first else "standard"
+        g = {"layout": layout, "num_blocks": self.num_blocks,
              "block_size": self.block_size, "dtype_bytes": self.dtype_bytes}
         if self.mla:
             g["latent"] = self.latent

@@ -19,9 +19,10 @@ final class PeerPlanning {
   private PeerPlanning() {}
 
   /**
-   * Plans one layer's copies between this worker and {@code peer}. Same block size and same heads
-   * (equal TP sizes, or MLA): the block plan, exactly as before. Otherwise the token-range plan of
-   * the heads both hold.
+   * Plans one layer's copies between this worker and {@code peer}. Same layout, block size and
+   * heads (equal TP sizes, or MLA): the block plan, exactly as before. Otherwise (also a standard
+   * cache on one side and a blocks-first one on the other) the token-range plan of the heads both
+   * hold.
    *
    * <p>A prefix-cache hit on D leaves D fewer blocks than P: with equal block sizes P's list is cut
    * to its tail, as the seed does; with different block sizes the planner refuses it.
@@ -59,7 +60,7 @@ final class PeerPlanning {
       }
       l = localIsDecode ? decode : prefill;
       r = localIsDecode ? prefill : decode;
-      if (sameHeads) {
+      if (sameHeads && local.layout() == remote.layout()) {
         return planner.plan(local, remote.numBlocks(), l, r);
       }
     }

@@ -36,14 +36,22 @@ public record NodeSettings(
               + root.getInt("pekko.remote.artery.canonical.port") + "-dp" + dpRank;
     }
     Config kv = n.getConfig("kv-cache");
+    if (kv.getBoolean("mla") && kv.getBoolean("blocks-first")) {
+      throw new IllegalArgumentException(
+          "kvferry.node.kv-cache: mla and blocks-first are two layouts; set at most one");
+    }
     KvCacheGeometry geometry =
         kv.getBoolean("mla")
             ? KvCacheGeometry.mla(
                 kv.getInt("num-blocks"), kv.getInt("block-size"), kv.getInt("latent"),
                 kv.getInt("dtype-bytes"))
-            : KvCacheGeometry.standard(
-                kv.getInt("num-blocks"), kv.getInt("block-size"), kv.getInt("kv-heads"),
-                kv.getInt("head-dim"), kv.getInt("dtype-bytes"));
+            : kv.getBoolean("blocks-first")
+                ? KvCacheGeometry.blocksFirst(
+                    kv.getInt("num-blocks"), kv.getInt("block-size"), kv.getInt("kv-heads"),
+                    kv.getInt("head-dim"), kv.getInt("dtype-bytes"))
+                : KvCacheGeometry.standard(
+                    kv.getInt("num-blocks"), kv.getInt("block-size"), kv.getInt("kv-heads"),
+                    kv.getInt("head-dim"), kv.getInt("dtype-bytes"));
     int layers = kv.getInt("layers");
     if (layers < 1) {
       throw new IllegalArgumentException("kvferry.node.kv-cache.layers must be >= 1, got " + layers);

@@ -59,7 +59,7 @@ public final class KvPattern {
 
   /** Bytes of one token's slot in one of K, V (or the latent). */
   public static int tokenBytes(KvCacheGeometry g) {
-    return (int) (g.blockBytes() / g.blockSize());
+    return Math.toIntExact(g.tokenBytes());
   }
 
   /** The layer region as a buffer in native order, for {@link #fill} and {@link #verify}. */
@@ -144,7 +144,7 @@ public final class KvPattern {
 
   /** K and V, or the latent alone. */
   static int slotsPerToken(KvCacheGeometry g) {
-    return g.layout() == KvCacheGeometry.Layout.MLA ? 1 : 2;
+    return g.tokenRegions();
   }
 
   /** The first global KV head of TP rank {@code rank} (0 for MLA, whose latent each rank holds whole). */
@@ -168,7 +168,7 @@ public final class KvPattern {
 
   static long slotOffset(KvCacheGeometry g, int block, int pos, int kv) {
     return kv * g.kToVStrideBytes()
-        + (long) block * g.blockBytes()
+        + (long) block * g.blockStrideBytes()
         + (long) (pos % g.blockSize()) * tokenBytes(g);
   }
 

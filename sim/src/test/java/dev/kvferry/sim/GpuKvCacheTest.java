@@ -47,11 +47,15 @@ class GpuKvCacheTest {
     }
   }
 
-  /** Geometries of one rank: head bytes 16 (whole words), 6 (a cut word), MLA 24 and 10. */
+  /**
+   * Geometries of one rank: head bytes 16 (whole words), 6 (a cut word, also blocks-first), MLA 24
+   * and 10.
+   */
   private static List<KvCacheGeometry> geometries() {
     return List.of(
         KvCacheGeometry.standard(16, 4, 2, 8, 2),
         KvCacheGeometry.standard(16, 4, 3, 3, 2),
+        KvCacheGeometry.blocksFirst(16, 4, 3, 3, 2),
         KvCacheGeometry.mla(16, 4, 12, 2),
         KvCacheGeometry.mla(16, 4, 5, 2));
   }

@@ -254,6 +254,14 @@ class SimulatedEngineTest {
     verifiesEveryRequest(TransferMode.READ, KvCacheGeometry.mla(40, 4, 12, 2), KvCacheGeometry.mla(64, 4, 12, 2));
   }
 
+  @Test
+  void blocksFirstLayoutVerifiesInBothModesAndBesideAStandardPeer() {
+    verifiesEveryRequest(TransferMode.WRITE, KvCacheGeometry.blocksFirst(64, 4, 2, 8, 2),
+        KvCacheGeometry.blocksFirst(40, 4, 2, 8, 2));
+    verifiesEveryRequest(TransferMode.READ, KvCacheGeometry.standard(40, 4, 2, 8, 2),
+        KvCacheGeometry.blocksFirst(64, 4, 2, 8, 2));
+  }
+
   private static final int HEADS = 4;
 
   private static KvCacheGeometry rank(boolean mla, int numBlocks, int blockSize, int tp) {

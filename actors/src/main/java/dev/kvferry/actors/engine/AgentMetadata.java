@@ -144,9 +144,14 @@ public record AgentMetadata(
     KvCacheGeometry geometry;
     try {
       geometry =
-          "MLA".equals(layout)
-              ? KvCacheGeometry.mla(numBlocks, blockSize, latent, elem)
-              : KvCacheGeometry.standard(numBlocks, blockSize, kvHeads, headDim, elem);
+          switch (layout) {
+            case "MLA" -> KvCacheGeometry.mla(numBlocks, blockSize, latent, elem);
+            case "STANDARD" -> KvCacheGeometry.standard(numBlocks, blockSize, kvHeads, headDim, elem);
+            case "BLOCKS_FIRST" ->
+                KvCacheGeometry.blocksFirst(numBlocks, blockSize, kvHeads, headDim, elem);
+            default -> throw new IllegalArgumentException(
+                "layout " + layout + " is not one this build knows (STANDARD, BLOCKS_FIRST, MLA)");
+          };
     } catch (IllegalArgumentException e) {
       throw new HandshakeException("agent metadata of " + engineId + ": " + e.getMessage());
     }
@@ -192,7 +197,9 @@ public record AgentMetadata(
   public void checkCompatibleWith(AgentMetadata peer) throws HandshakeException {
     KvCacheGeometry a = geometry;
     KvCacheGeometry b = peer.geometry;
-    mismatch("layout", a.layout().name(), b.layout().name(), peer);
+    // STANDARD and BLOCKS_FIRST hold the same tokens in another order: the planner maps them.
+    mismatch("layout", a.layout().name(), b.layout().name(), peer,
+        a.layout() == b.layout() || (a.layout().hasHeads() && b.layout().hasHeads()));
     mismatch("head_dim", a.headDim(), b.headDim(), peer);
     mismatch("latent", a.latent(), b.latent(), peer);
     mismatch("elem_size (dtype bytes)", a.elementBytes(), b.elementBytes(), peer);

@@ -12,7 +12,8 @@ import org.jspecify.annotations.Nullable;
  * blocks that is contiguous on both sides, in local offset order.
  *
  * <p>Same output as the seed's {@code _compute_block_transfer_offsets} followed by {@code
- * merge_contiguous_blocks}: each block gives a K copy and, for the standard layout, a V copy; the
+ * merge_contiguous_blocks}: each block gives a K copy and, for the standard layout, a V copy (a
+ * blocks-first block is one copy of its K and V); the
  * remote V offset uses the remote K-to-V stride ({@code blockStride * remoteNumBlocks}); copies are
  * ordered by local offset (a stable sort) and a run merges while both local and remote offsets
  * advance by exactly one block. Unlike the seed it rejects ids it would silently turn into writes
@@ -221,17 +222,17 @@ public final class TransferPlanner {
               + " start at the request's first token (a prefix-cache hit on one side only is not"
               + " supported across block sizes)");
     }
-    boolean mla = local.layout() == KvCacheGeometry.Layout.MLA;
-    long tokenBytesL = local.blockBytes() / bl;
-    long tokenBytesR = remote.blockBytes() / br;
+    boolean mla = !local.layout().hasHeads();
+    long tokenBytesL = local.tokenBytes();
+    long tokenBytesR = remote.tokenBytes();
     long headBytes = mla ? 0 : (long) local.headDim() * local.elementBytes();
     if (!mla) {
-      Objects.requireNonNull(heads, "heads of a standard layout");
+      Objects.requireNonNull(heads, "heads of a layout with KV heads");
     }
     long innerL = mla || heads == null ? 0 : heads.localFirst() * headBytes;
     long innerR = mla || heads == null ? 0 : heads.remoteFirst() * headBytes;
     long slice = mla || heads == null ? tokenBytesL : heads.count() * headBytes;
-    int regions = local.regionsPerLayer();
+    int regions = local.tokenRegions();
     int max = (int) Math.min(Integer.MAX_VALUE - 8, tokens * regions);
     long[] lo = new long[Math.min(max, 1024)];
     long[] ro = new long[lo.length];
@@ -241,9 +242,9 @@ public final class TransferPlanner {
       long baseL = region * local.kToVStrideBytes();
       long baseR = region * remote.kToVStrideBytes();
       for (long t = 0; t < tokens; t++) { // long: blocks x block size can pass 2^31 tokens
-        long l = baseL + localBlockIds[(int) (t / bl)] * local.blockBytes() + (t % bl) * tokenBytesL
-            + innerL;
-        long r = baseR + remoteBlockIds[(int) (t / br)] * remote.blockBytes()
+        long l = baseL + localBlockIds[(int) (t / bl)] * local.blockStrideBytes()
+            + (t % bl) * tokenBytesL + innerL;
+        long r = baseR + remoteBlockIds[(int) (t / br)] * remote.blockStrideBytes()
             + (t % br) * tokenBytesR + innerR;
         if (count > 0
             && lo[count - 1] + sz[count - 1] == l
@@ -269,7 +270,7 @@ public final class TransferPlanner {
 
   private static void requireSameTokenShape(
       KvCacheGeometry local, KvCacheGeometry remote, @Nullable HeadSlice heads) {
-    if (local.layout() != remote.layout()
+    if (local.layout().hasHeads() != remote.layout().hasHeads()
         || local.headDim() != remote.headDim()
         || local.latent() != remote.latent()
         || local.elementBytes() != remote.elementBytes()) {
@@ -277,7 +278,7 @@ public final class TransferPlanner {
           "geometries cannot exchange tokens (the handshake should have refused them): " + local
               + " and " + remote);
     }
-    if (local.layout() == KvCacheGeometry.Layout.STANDARD) {
+    if (local.layout().hasHeads()) {
       Objects.requireNonNull(heads, "heads");
       if (heads.localFirst() + heads.count() > local.kvHeads()
           || heads.remoteFirst() + heads.count() > remote.kvHeads()) {

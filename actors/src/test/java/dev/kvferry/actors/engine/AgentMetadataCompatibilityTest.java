@@ -76,6 +76,17 @@ class AgentMetadataCompatibilityTest {
   }
 
   @Test
+  void acceptsAStandardPeerOfABlocksFirstCacheAndRefusesAnMlaOne() throws Exception {
+    AgentMetadata blocksFirst = meta("d", 0, 1, KvCacheGeometry.blocksFirst(6, 16, 4, 8, 2), 2);
+    AgentMetadata back = AgentMetadata.unpack(blocksFirst.pack());
+    assertEquals(blocksFirst.geometry(), back.geometry());
+    assertDoesNotThrow(() -> meta("p", 0, 1, KvCacheGeometry.standard(8, 16, 4, 8, 2), 2)
+        .checkCompatibleWith(back));
+    assertEquals("incompatible KV caches: layout is MLA on p/tp0 but BLOCKS_FIRST on d/tp0",
+        refusal(meta("p", 0, 1, KvCacheGeometry.mla(8, 16, 32, 2), 2), back));
+  }
+
+  @Test
   void refusesDifferentLatentNamingBothSides() {
     assertEquals("incompatible KV caches: latent is 32 on p/tp0 but 64 on d/tp0",
         refusal(meta("p", 0, 1, KvCacheGeometry.mla(8, 16, 32, 2), 2),

@@ -29,6 +29,28 @@ class KvCacheGeometryTest {
   }
 
   @Test
+  void derivesSizesOfABlocksFirstLayer() {
+    // [1000, 2, 16, 8, 128] bf16: a block id names one run of its K (32 KiB) and its V.
+    KvCacheGeometry g = KvCacheGeometry.blocksFirst(1000, 16, 8, 128, 2);
+
+    assertEquals(1, g.regionsPerLayer());
+    assertEquals(2, g.tokenRegions());
+    assertEquals(2_048, g.tokenBytes());
+    assertEquals(65_536, g.blockBytes());
+    assertEquals(65_536, g.blockStrideBytes());
+    assertEquals(32_768, g.kToVStrideBytes());
+    assertEquals(65_536_000, g.layerRegionBytes());
+    assertEquals(
+        KvCacheGeometry.standard(1000, 16, 8, 128, 2).layerRegionBytes(), g.layerRegionBytes());
+    assertThrows(
+        IllegalArgumentException.class,
+        () -> new KvCacheGeometry(KvCacheGeometry.Layout.BLOCKS_FIRST, 4, 16, 8, 128, 576, 2));
+    assertThrows(
+        IllegalArgumentException.class,
+        () -> KvCacheGeometry.blocksFirst(Integer.MAX_VALUE, 1 << 20, 1 << 10, 1 << 10, 8));
+  }
+
+  @Test
   void rejectsANonPositiveDimensionByName() {
     assertEquals(
         "numBlocks must be at least 1, got 0",

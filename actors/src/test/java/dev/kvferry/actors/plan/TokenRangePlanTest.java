@@ -26,13 +26,23 @@ class TokenRangePlanTest {
     return remote;
   }
 
-  /** Byte offset of (region, token, head, byte within the head) in a layer of geometry g. */
+  /**
+   * Byte offset of (region, token, head, byte within the head) in a layer of geometry g, from the
+   * tensor's shape alone (row-major index), not from the geometry's stride helpers.
+   */
   private static int at(KvCacheGeometry g, int[] ids, int region, int token, int head, int b) {
     int headBytes = g.layout() == KvCacheGeometry.Layout.MLA
         ? g.latent() * g.elementBytes() : g.headDim() * g.elementBytes();
     int heads = g.layout() == KvCacheGeometry.Layout.MLA ? 1 : g.kvHeads();
-    return (int) (region * g.kToVStrideBytes() + ids[token / g.blockSize()] * g.blockBytes())
-        + (token % g.blockSize()) * heads * headBytes + head * headBytes + b;
+    int block = ids[token / g.blockSize()];
+    int slot = token % g.blockSize();
+    // Index of the token's row of heads in the tensor seen as [..., block_size, heads, bytes].
+    int row = switch (g.layout()) {
+      case STANDARD -> (region * g.numBlocks() + block) * g.blockSize() + slot; // [2, N, bs, ..]
+      case BLOCKS_FIRST -> (block * 2 + region) * g.blockSize() + slot; // [N, 2, bs, ..]
+      case MLA -> block * g.blockSize() + slot; // [N, bs, latent]
+    };
+    return (row * heads + head) * headBytes + b;
   }
 
   private static byte[] numbered(KvCacheGeometry g) {
@@ -53,7 +63,7 @@ class TokenRangePlanTest {
     int headBytes = mla ? l.latent() * l.elementBytes() : l.headDim() * l.elementBytes();
     int heads = mla ? 1 : s.count();
     long moved = 0;
-    for (int region = 0; region < l.regionsPerLayer(); region++) {
+    for (int region = 0; region < (mla ? 1 : 2); region++) {
       for (int t = 0; t < tokens; t++) {
         for (int h = 0; h < heads; h++) {
           for (int b = 0; b < headBytes; b++) {
@@ -110,6 +120,46 @@ class TokenRangePlanTest {
     movesExactlyTheSlice(p, d, null, new int[] {0, 1, 6, 7}, new int[] {2, 4}, 16);
     assertEquals(2, planner.planTokenRanges(p, d, null, new int[] {0, 1, 6, 7},
         new int[] {2, 4}).count());
+  }
+
+  @Test
+  void blocksFirstMovesEachBlocksKAndVAcrossBlockSizesAndHeadSlices() throws Exception {
+    // [N, 2, bs, heads, dim]: a block's K then its V. P rank 1 of 2 (heads 2,3) into D's TP 1.
+    KvCacheGeometry p = KvCacheGeometry.blocksFirst(8, 4, 2, 8, 2);
+    KvCacheGeometry d = KvCacheGeometry.blocksFirst(8, 8, 4, 8, 2);
+    movesExactlyTheSlice(p, d, TensorParallelSplit.slice(1, 2, 0, 1, 4), new int[] {1, 2, 5},
+        new int[] {3, 7}, 12);
+    // Same heads, blocks of 4 into blocks of 8: a P block's K is one run on both sides.
+    KvCacheGeometry d4 = KvCacheGeometry.blocksFirst(8, 8, 2, 8, 2);
+    movesExactlyTheSlice(p, d4, HeadSlice.all(2), new int[] {6, 0}, new int[] {2}, 8);
+    assertEquals(4, planner.planTokenRanges(p, d4, HeadSlice.all(2), new int[] {6, 0},
+        new int[] {2}).count());
+  }
+
+  @Test
+  void aStandardCacheExchangesTokensWithABlocksFirstOneBothWays() throws Exception {
+    KvCacheGeometry standard = KvCacheGeometry.standard(10, 4, 2, 8, 2);
+    KvCacheGeometry blocksFirst = KvCacheGeometry.blocksFirst(6, 4, 2, 8, 2);
+    movesExactlyTheSlice(standard, blocksFirst, HeadSlice.all(2), new int[] {9, 3, 4},
+        new int[] {0, 5, 1}, 12);
+    movesExactlyTheSlice(blocksFirst, standard, HeadSlice.all(2), new int[] {0, 5, 1},
+        new int[] {9, 3, 4}, 12);
+    // One copy per block and region: a block's K (or V) is contiguous on both sides.
+    assertEquals(6, planner.planTokenRanges(standard, blocksFirst, HeadSlice.all(2),
+        new int[] {9, 3, 4}, new int[] {0, 5, 1}).count());
+    // Head slices too: D's TP 2 rank 0 takes heads 0..1 of P's 4.
+    KvCacheGeometry wide = KvCacheGeometry.standard(10, 4, 4, 8, 2);
+    movesExactlyTheSlice(wide, blocksFirst, TensorParallelSplit.slice(0, 1, 0, 2, 4),
+        new int[] {2, 7}, new int[] {4, 3}, 8);
+  }
+
+  @Test
+  void refusesToExchangeTokensBetweenHeadsAndALatent() {
+    KvCacheGeometry blocksFirst = KvCacheGeometry.blocksFirst(6, 4, 2, 8, 2);
+    KvCacheGeometry mla = KvCacheGeometry.mla(6, 4, 32, 2);
+    assertThrows(IllegalArgumentException.class,
+        () -> planner.planTokenRanges(blocksFirst, mla, HeadSlice.all(2), new int[] {0},
+            new int[] {0}));
   }
 
   @Test

@@ -67,6 +67,19 @@ class TransferPlannerTest {
   }
 
   @Test
+  void plansOneCopyPerRunOfWholeBlocksForBlocksFirst() throws Exception {
+    // [100, 2, 16, 2, 64] bf16: a block's K and V are one 8 KiB run, so a run of blocks is one copy.
+    KvCacheGeometry blocksFirst = KvCacheGeometry.blocksFirst(100, 16, 2, 64, 2);
+    long block = 2L * 16 * 2 * 64 * 2;
+
+    TransferBatch batch = planner.plan(blocksFirst, 7, new int[] {11, 10, 40}, new int[] {1, 0, 2});
+
+    assertArrayEquals(new long[] {10 * block, 40 * block}, batch.localOffsets());
+    assertArrayEquals(new long[] {0, 2 * block}, batch.remoteOffsets());
+    assertArrayEquals(new long[] {2 * block, block}, batch.sizes());
+  }
+
+  @Test
   void returnsAnEmptyBatchForNoBlocks() throws Exception {
     assertSame(TransferBatch.EMPTY, planner.plan(TEN_BLOCKS, 10, new int[0], new int[0]));
   }

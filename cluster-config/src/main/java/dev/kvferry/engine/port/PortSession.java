@@ -309,9 +309,13 @@ final class PortSession implements Runnable {
         case "standard" -> KvCacheGeometry.standard(g.integer("num_blocks", 1),
             g.integer("block_size", 1), g.integer("kv_heads", 1), g.integer("head_dim", 1),
             g.integer("dtype_bytes", 1));
+        case "blocks_first" -> KvCacheGeometry.blocksFirst(g.integer("num_blocks", 1),
+            g.integer("block_size", 1), g.integer("kv_heads", 1), g.integer("head_dim", 1),
+            g.integer("dtype_bytes", 1));
         case "mla" -> KvCacheGeometry.mla(g.integer("num_blocks", 1), g.integer("block_size", 1),
             g.integer("latent", 1), g.integer("dtype_bytes", 1));
-        default -> throw PortException.badArgs("args.geometry.layout must be standard or mla");
+        default -> throw PortException.badArgs(
+            "args.geometry.layout must be standard, blocks_first or mla");
       };
     } catch (IllegalArgumentException | ArithmeticException e) {
       throw PortException.badArgs("args.geometry: " + e.getMessage());
