@@ -24,7 +24,7 @@ import picocli.CommandLine.Spec;
     mixinStandardHelpOptions = true,
     description = {
       "Plans the copies that move one request's KV cache, like the seed's planner script.",
-      "Reads one JSON object on stdin: layout (standard|mla), num_blocks, remote_num_blocks"
+      "Reads one JSON object on stdin: layout (standard|blocks_first|mla), num_blocks, remote_num_blocks"
           + " (default: num_blocks), block_size, kv_heads, head_dim, latent, elem_size,"
           + " local_block_ids, remote_block_ids.",
       "Prints one JSON line: {\"local_offsets\": [...], \"remote_offsets\": [...], \"sizes\":"

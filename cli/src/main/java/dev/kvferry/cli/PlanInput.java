@@ -15,7 +15,8 @@ import java.util.Set;
 /**
  * One request for {@code kvferry plan}, read from the JSON schema of the seed's planner script
  * (the bench peer {@code seed_planner.py}): layout, num_blocks, remote_num_blocks (defaults to
- * num_blocks), block_size, kv_heads and head_dim (standard), latent (mla), elem_size,
+ * num_blocks), block_size, kv_heads and head_dim (standard, blocks_first: kvferry's own, not the
+ * script's), latent (mla), elem_size,
  * local_block_ids, remote_block_ids. Fields the layout does not use are ignored, as the script
  * does; unknown fields are refused, so a misspelt optional field cannot fall back to its default.
  */
@@ -80,12 +81,11 @@ record PlanInput(
     }
 
     JsonNode layoutNode = required(root, "layout");
-    if (!layoutNode.isTextual()
-        || !(layoutNode.asText().equals("standard") || layoutNode.asText().equals("mla"))) {
+    String layout = layoutNode.isTextual() ? layoutNode.asText() : "";
+    if (!Set.of("standard", "blocks_first", "mla").contains(layout)) {
       throw new InvalidPlanInputException(
-          "layout must be \"standard\" or \"mla\", got " + layoutNode);
+          "layout must be \"standard\", \"blocks_first\" or \"mla\", got " + layoutNode);
     }
-    boolean mla = layoutNode.asText().equals("mla");
     int numBlocks = positiveInt(root, "num_blocks");
     int remoteNumBlocks =
         root.has("remote_num_blocks") ? positiveInt(root, "remote_num_blocks") : numBlocks;
@@ -94,14 +94,14 @@ record PlanInput(
     KvCacheGeometry geometry;
     try {
       geometry =
-          mla
-              ? KvCacheGeometry.mla(numBlocks, blockSize, positiveInt(root, "latent"), elementBytes)
-              : KvCacheGeometry.standard(
-                  numBlocks,
-                  blockSize,
-                  positiveInt(root, "kv_heads"),
-                  positiveInt(root, "head_dim"),
-                  elementBytes);
+          switch (layout) {
+            case "mla" ->
+                KvCacheGeometry.mla(numBlocks, blockSize, positiveInt(root, "latent"), elementBytes);
+            case "blocks_first" -> KvCacheGeometry.blocksFirst(numBlocks, blockSize,
+                positiveInt(root, "kv_heads"), positiveInt(root, "head_dim"), elementBytes);
+            default -> KvCacheGeometry.standard(numBlocks, blockSize,
+                positiveInt(root, "kv_heads"), positiveInt(root, "head_dim"), elementBytes);
+          };
     } catch (IllegalArgumentException e) {
       throw new InvalidPlanInputException(String.valueOf(e.getMessage()));
     }

@@ -69,6 +69,19 @@ class PlanCommandTest {
   }
 
   @Test
+  void plansWholeBlocksOfABlocksFirstCacheAsOneCopyPerRun() {
+    // [10, 2, 16, 8, 128] bf16: a block is 64 KiB of K then V; blocks 2..4 to 7..9 are one copy.
+    Result result = runPlan(String.format(STANDARD, "[2, 3, 4]", "[7, 8, 9]")
+        .replace("\"standard\"", "\"blocks_first\""));
+
+    assertEquals(0, result.exitCode(), result.err());
+    assertEquals(
+        "{\"local_offsets\": [131072], \"remote_offsets\": [458752], \"sizes\": [196608]}"
+            + System.lineSeparator(),
+        result.out());
+  }
+
+  @Test
   void printsEmptyListsForARequestWithoutBlocks() {
     Result result = runPlan(String.format(STANDARD, "[]", "[]"));
 
@@ -129,7 +142,7 @@ class PlanCommandTest {
   void rejectsAnUnknownLayout() {
     assertInvalid(
         runPlan(String.format(STANDARD, "[1]", "[1]").replace("\"standard\"", "\"paged\"")),
-        "layout must be \"standard\" or \"mla\", got \"paged\"");
+        "layout must be \"standard\", \"blocks_first\" or \"mla\", got \"paged\"");
   }
 
   @Test
