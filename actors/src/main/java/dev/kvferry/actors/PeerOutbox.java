@@ -10,6 +10,7 @@ import java.util.OptionalInt;
 import java.util.function.Consumer;
 import java.util.function.IntConsumer;
 import org.apache.pekko.actor.typed.ActorRef;
+import org.jspecify.annotations.Nullable;
 import org.slf4j.Logger;
 
 /**
@@ -25,9 +26,13 @@ final class PeerOutbox {
   private record Held(
       PeerKey to, int incarnation, PeerProtocol.Message message, long heldSinceNanos) {}
 
-  /** Work that needs a peer engine's TP size; dropped when its transfer ends. */
+  /**
+   * Work that needs a peer engine's TP size. Droppable work goes when its transfer ends ({@code
+   * onDropped} then runs); work owed to the peer (a release, an abandon) stays until it is done.
+   */
   private record AwaitingTpSize(
-      String engineId, String transferId, IntConsumer action, long heldSinceNanos) {}
+      String engineId, String transferId, IntConsumer action, boolean droppable,
+      @Nullable Runnable onDropped, long heldSinceNanos) {}
 
   /** Hears each message as it is told to a worker, at once or when held ones are flushed. */
   interface Delivery {
@@ -105,7 +110,26 @@ final class PeerOutbox {
    * (dropped when transfer {@code transferId} ends, see {@link #drop}).
    */
   void withTpSizeOf(String engineId, String transferId, IntConsumer action) {
-    runOrHold(new AwaitingTpSize(engineId, transferId, action, System.nanoTime()));
+    withTpSizeOf(engineId, transferId, action, null);
+  }
+
+  /**
+   * As {@link #withTpSizeOf(String, String, IntConsumer)}; if the transfer ends while the work is
+   * held, {@link #drop} runs {@code onDropped} instead (once the work is out of the outbox).
+   */
+  void withTpSizeOf(
+      String engineId, String transferId, IntConsumer action, @Nullable Runnable onDropped) {
+    runOrHold(new AwaitingTpSize(engineId, transferId, action, true, onDropped, System.nanoTime()));
+  }
+
+  /**
+   * Runs {@code action} with the TP size of {@code engineId} now if it is listed, else once it is,
+   * whatever becomes of transfer {@code transferId}: what it sends is owed to the peer after the
+   * transfer ended here (a release of the blocks P keeps for us), so {@link #drop} keeps it and
+   * {@link #holdsWorkFor} does not count it.
+   */
+  void owedWhenListed(String engineId, String transferId, IntConsumer action) {
+    runOrHold(new AwaitingTpSize(engineId, transferId, action, false, null, System.nanoTime()));
   }
 
   private void runOrHold(AwaitingTpSize a) {
@@ -127,10 +151,10 @@ final class PeerOutbox {
     awaitingTpSize.add(a);
   }
 
-  /** Whether work of {@code transferId} waits for a peer's TP size. */
+  /** Whether droppable work of {@code transferId} waits for a peer's TP size. */
   boolean holdsWorkFor(String transferId) {
     for (AwaitingTpSize a : awaitingTpSize) {
-      if (transferId.equals(a.transferId())) {
+      if (a.droppable() && transferId.equals(a.transferId())) {
         return true;
       }
     }
@@ -138,13 +162,23 @@ final class PeerOutbox {
   }
 
   /**
-   * Drops what is held for a transfer that ended: work waiting for a peer's TP size, and our
-   * blocks announced to P workers not listed yet ({@code blocksDropped} hears each such worker:
-   * it can never write now, and was never told of the transfer). {@code blocksDropped} runs
-   * once they are out of the outbox, so it may send through it.
+   * Drops what is held for a transfer that ended: droppable work waiting for a peer's TP size
+   * (each one's {@code onDropped} runs), and our blocks announced to P workers not listed yet
+   * ({@code blocksDropped} hears each such worker: it can never write now, and was never told of
+   * the transfer). Work owed to the peer stays. The callbacks run once the dropped entries are
+   * out of the outbox, so they may send through it.
    */
   void drop(String transferId, Consumer<PeerKey> blocksDropped) {
-    awaitingTpSize.removeIf(a -> transferId.equals(a.transferId()));
+    List<Runnable> onDropped = new ArrayList<>();
+    awaitingTpSize.removeIf(a -> {
+      if (a.droppable() && transferId.equals(a.transferId())) {
+        if (a.onDropped() != null) {
+          onDropped.add(a.onDropped());
+        }
+        return true;
+      }
+      return false;
+    });
     List<PeerKey> dropped = new ArrayList<>();
     held.removeIf(h -> {
       if (h.message() instanceof PeerProtocol.RemoteBlocks b && b.transferId().equals(transferId)) {
@@ -153,6 +187,7 @@ final class PeerOutbox {
       }
       return false;
     });
+    onDropped.forEach(Runnable::run);
     dropped.forEach(blocksDropped);
   }
 

@@ -96,12 +96,6 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
   private final Map<String, ReadJob> reads = new HashMap<>();
   private final Map<PeerKey, List<ReqMeta>> readsAwaitingPeer = new HashMap<>();
   /**
-   * D: loads held until their P engine is listed (its TP size says which P workers to read):
-   * one that ends meanwhile still owes those workers a release, or P keeps its blocks for us
-   * until its read-abort timeout.
-   */
-  private final Map<String, ReqMeta> heldLoads = new HashMap<>();
-  /**
    * D: transfers that ended here, or that a P worker ended before this worker began them: an
    * announce of one reads nothing (the tracker refuses the id as a duplicate), so nothing is read
    * into blocks the engine was told are not being received, from blocks P may have freed.
@@ -177,9 +171,9 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
         continue; // a duplicate of one in flight: the tracker refuses it, the first goes on
       }
       ReadStamps.mark(r.transferId(), ReadStamps.Stage.READER);
-      heldLoads.put(r.transferId(), r);
+      // Held until P is listed (its TP size says which P workers to read). Ended meanwhile, it
+      // still owes those workers a release, or P keeps its blocks until its read-abort timeout.
       outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> {
-        heldLoads.remove(r.transferId());
         int[] sources = PeerPlanning.sourcesFor(self, prefillTp, mla);
         reads.put(r.transferId(), new ReadJob(r, sources, setup.layerRegions().size()));
         setup.sink().layerLoads().readsPerLayer(r.transferId(), sources.length);
@@ -195,14 +189,17 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
           handshake.tell(new HandshakeActor.Fetch(r.remoteEngineId(), source, incarnation,
               handshakeAdapter));
         }
-      });
+      }, () -> releaseWhenListed(r));
     }
     return this;
   }
 
-  /** Tells P's workers of {@code r} to free its blocks, once P's TP size says which they are. */
+  /**
+   * Tells P's workers of {@code r} to free its blocks, once P's TP size says which they are; owed
+   * to P whatever else ends the transfer here.
+   */
   private void releaseWhenListed(ReqMeta r) {
-    outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> {
+    outbox.owedWhenListed(r.remoteEngineId(), r.transferId(), prefillTp -> {
       for (int source : PeerPlanning.sourcesFor(self, prefillTp, mla)) {
         outbox.send(r.remoteEngineId(), source, r.remoteWorkerUid(source), release(r.transferId()));
       }
@@ -337,11 +334,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       if (outbox.holdsWorkFor(transferId)) {
         ended.add(transferId); // it waited for P's listing: it never begins now
       }
-      outbox.drop(transferId, peer -> {});
-      ReqMeta held = heldLoads.remove(transferId);
-      if (held != null) {
-        releaseWhenListed(held); // P keeps its blocks for this read until released
-      }
+      outbox.drop(transferId, peer -> {}); // a held load's drop owes P its release
       tracker.tell(new RequestTrackerActor.TransferFailed(transferId, reason));
     }
   }

@@ -306,7 +306,7 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
         // Our blocks were never told (P's TP size was not known yet): P may still wait for them
         // with its KV saved, so it hears the transfer is over once it is listed.
         String p = in.request.remoteEngineId();
-        outbox.withTpSizeOf(p, transferId, prefillTp -> {
+        outbox.owedWhenListed(p, transferId, prefillTp -> {
           for (int source : PeerPlanning.sourcesFor(self, prefillTp, mla)) {
             abandonWhenListed(new PeerKey(p, source), transferId, reason);
           }

@@ -347,6 +347,23 @@ class BlockLifetimeTest {
   }
 
   @Test
+  void aReadEndedTwiceWhilePrefillWasNotListedStillReleasesPrefillOnceListed() {
+    // Aborted here, then failed by P (which may know us before we list it): the second ending
+    // dropped the release the first had left for P, and P kept its blocks until its timeout.
+    ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0", ConnectorSettings.DEFAULTS);
+    d.startLoadKv(new ConnectorMetadata(List.of(),
+        List.of(new ReqMeta("r17", "tx17", new int[] {1, 2}, new int[] {3, 4}, "prefill-7", 0)),
+        List.of()));
+    TrackedTransfers.assertCount(fx, d, 1); // held: P's TP size is not known yet
+    d.engineRef().tell(new EngineActor.AbortReceive("r17", "tx17", "request r17 aborted"));
+    assertTrue(fx.awaitFinished(d, x -> x.failed().containsKey("r17")).failed().get("r17")
+        .contains("aborted"));
+    d.engineRef().tell(new PeerProtocol.TransferFailed("tx17", "prefill-7", "abandoned", 0));
+    listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-7", 0, 1, 0, 1, TransferMode.READ));
+    assertEquals("tx17", fishPeer(PeerProtocol.Release.class).transferId());
+  }
+
+  @Test
   void aWriteReceiveAbortedBeforePrefillWasListedStillEndsItOnPrefillOnceListed() {
     // P had saved the request's KV and waited for our blocks: it waited out its defer timeout.
     ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0", ConnectorSettings.DEFAULTS);

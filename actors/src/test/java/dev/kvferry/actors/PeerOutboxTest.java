@@ -60,6 +60,23 @@ class PeerOutboxTest {
   }
 
   @Test
+  void workHeldForATransferThatEndsRunsItsDropCallbackButWorkOwedToThePeerStays() {
+    PeerOutbox outbox = new PeerOutbox(LoggerFactory.getLogger(PeerOutboxTest.class),
+        ConnectorSettings.DEFAULTS);
+    List<String> ran = new java.util.ArrayList<>();
+    outbox.withTpSizeOf("prefill-0", "tx-3", tp -> ran.add("load with TP " + tp),
+        () -> outbox.owedWhenListed("prefill-0", "tx-3", tp -> ran.add("release with TP " + tp)));
+    assertEquals(true, outbox.holdsWorkFor("tx-3"));
+    outbox.drop("tx-3", peer -> {}); // the transfer ends: the load goes, its release is owed
+    assertEquals(false, outbox.holdsWorkFor("tx-3"), "owed work is no work of the transfer's");
+    outbox.drop("tx-3", peer -> {}); // a second ending (P's failure after our abort) keeps it
+    TestProbe<EngineActor.Command> probe = kit.createTestProbe();
+    outbox.replaceDirectory(EngineDirectory.of(List.of(incarnation(probe))));
+    outbox.flush();
+    assertEquals(List.of("release with TP 1"), ran);
+  }
+
+  @Test
   void aMessageForANamedIncarnationWaitsWhileAnotherIsListed() {
     PeerOutbox outbox = new PeerOutbox(LoggerFactory.getLogger(PeerOutboxTest.class),
         ConnectorSettings.DEFAULTS);
