@@ -1329,6 +1329,13 @@ class PortClient:
     def get_block_ids_with_load_errors(self) -> list[int]:
         return list(self._call("get_block_ids_with_load_errors")["block_ids"])
 
+    def fence_saves(self, request_ids: list[str]) -> None:
+        """vLLM's ``handle_preemptions``: returns once no copy reads these (preempted) requests'
+        blocks any more; a transfer that saved any of their layers fails (D recomputes). Raises
+        if the node cannot say so in time: the engine must not reuse the blocks then."""
+        if request_ids:
+            self._call("fence_saves", {"request_ids": list(request_ids)})
+
     def shutdown(self) -> None:
         try:
             self._call("shutdown")

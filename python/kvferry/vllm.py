@@ -315,9 +315,11 @@ def _cuda_layer(info: _TensorInfo) -> dict[str, Any]:
 
 @dataclass
 class KvferryConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
-    """The node's opaque bytes for one step, handed unchanged to every worker."""
+    """The node's opaque bytes for one step, handed unchanged to every worker, and the requests
+    vLLM preempted for this step (its workers fence their saves in ``handle_preemptions``)."""
 
     data: bytes = b""
+    preempted: tuple[str, ...] = ()
 
 
 # ---- configuration ----
@@ -568,7 +570,10 @@ class KvferryScheduler:
         for e in self.client.last_op_errors:  # a one-way update_state_after_alloc the node refused
             log.error("kvferry node refused %s: %s: %s", e.get("op"), e.get("code"), e.get("message"))
         self.op_errors.extend(self.client.last_op_errors)
-        return KvferryConnectorMetadata(metadata)
+        # vLLM frees a preempted request's blocks with no connector call and reuses them once the
+        # workers' handle_preemptions returned: a save still reading them must stop first.
+        preempted = tuple(sorted(getattr(scheduler_output, "preempted_req_ids", None) or ()))
+        return KvferryConnectorMetadata(metadata, preempted)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
@@ -789,6 +794,16 @@ class KvferryWorker:
             self.reported.popitem(last=False)
         return fresh
 
+    def handle_preemptions(self, preempted: Any) -> None:
+        """Before the step's forward: no copy may read a preempted request's blocks once this
+        returns (vLLM reuses them). vLLM hands the step's metadata (newer) or the ids (older)."""
+        if isinstance(preempted, (set, frozenset, list, tuple)):
+            ids = set(preempted)
+        else:
+            ids = set(getattr(preempted, "preempted", ()) or ())
+        if self.is_producer and ids:
+            self._client().fence_saves(sorted(ids))
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         out = set(self.load_errors)
         self.load_errors.clear()
@@ -830,6 +845,10 @@ class KvferryConnector(KVConnectorBase_V1):  # type: ignore[misc]
         super().bind_connector_metadata(connector_metadata)
         if self.connector_worker is not None:
             self.connector_worker.bind(connector_metadata)
+
+    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+        if self.connector_worker is not None:
+            self.connector_worker.handle_preemptions(kv_connector_metadata)
 
     def clear_connector_metadata(self) -> None:
         super().clear_connector_metadata()

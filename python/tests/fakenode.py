@@ -21,7 +21,7 @@ import msgpack
 SCHEDULER_OPS = {"get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",
                  "request_finished"}
 WORKER_OPS = {"bind_connector_metadata", "start_load_kv", "wait_for_layer_load", "save_kv_layer",
-              "wait_for_save", "get_finished", "get_block_ids_with_load_errors", "shutdown"}
+              "wait_for_save", "fence_saves", "get_finished", "get_block_ids_with_load_errors", "shutdown"}
 
 
 class Refuse(Exception):
@@ -250,6 +250,8 @@ class FakeNode:
         if op in ("save_kv_layer",):
             return None
         if op == "wait_for_save":
+            return {}
+        if op == "fence_saves":
             return {}
         if op == "get_finished":
             base = {"done_sending": [], "done_receiving": [], "failed": {}, "block_ids_with_load_errors": [],

@@ -27,6 +27,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = 3
     FINISHED_LENGTH_CAPPED = 4
     FINISHED_ABORTED = 5
+    PREEMPTED = 6
 
 
 @dataclass
@@ -69,6 +70,7 @@ class SchedulerOutput:
     scheduled_cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     finished_req_ids: set[str] = field(default_factory=set)
+    preempted_req_ids: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -419,6 +421,26 @@ def test_a_step_whose_start_load_kv_comes_after_the_forward_waits_for_no_layer(n
     w.get_finished(set())
     assert [a["layer"] for a in node.calls("wait_for_layer_load")] == [0, 1]
     assert not w.connector_worker.client.pipelined_layer_waits
+
+
+def test_preempted_requests_reach_the_producers_workers_which_fence_their_saves(node, shm):
+    # vLLM frees a preempted request's blocks with no connector call and reuses them once the
+    # workers' handle_preemptions returned (newer vLLM hands it the metadata, older the ids).
+    s = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.SCHEDULER)
+    meta = s.build_connector_meta(SchedulerOutput(preempted_req_ids={"b", "a"}))
+    assert meta.preempted == ("a", "b")
+    caches, _ = kv_caches(shm, layers=2)
+    w = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.WORKER)
+    w.register_kv_caches(caches)
+    w.bind_connector_metadata(meta)
+    w.handle_preemptions(meta)
+    w.handle_preemptions({"c"})
+    w.handle_preemptions(s.build_connector_meta(SchedulerOutput()))  # none preempted: no call
+    assert [a["request_ids"] for a in node.calls("fence_saves")] == [["a", "b"], ["c"]]
+    d = kv.KvferryConnector(config(node.path, "kv_consumer"), kv.KVConnectorRole.WORKER)
+    d.register_kv_caches(kv_caches(shm, layers=2)[0])
+    d.handle_preemptions({"d"})  # a consumer saves nothing
+    assert len(node.calls("fence_saves")) == 2
 
 
 def test_mla_caches_register_with_the_mla_layout(node, shm):

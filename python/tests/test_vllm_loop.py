@@ -70,6 +70,9 @@ class MiniVllm:
         self.finished_last_step: set[str] = set()
         self.invalid: set[int] = set()
         self.params: dict[str, dict | None] = {}  # request_finished's params, for the router
+        self.preempted: set[str] = set()  # preempted since the last step: its scheduler output says so
+        self.held: set[str] = set()  # preempted requests not scheduled again yet (memory pressure)
+        self.failed_loads: set[str] = set()  # requests whose load failed: vLLM recomputed them
 
     def close(self) -> None:
         for c in (self.worker, self.sched):
@@ -116,7 +119,21 @@ class MiniVllm:
         r.req.status = RequestStatus.FINISHED_ABORTED
         self._free_request(r)
 
-    def step(self, on_ready=None) -> None:
+    def preempt(self, rid: str) -> list[int]:
+        """vLLM's _preempt_request: the blocks go back to the pool at once (no connector call),
+        and the request waits to be computed again from its first token. Returns its old blocks."""
+        r = self.requests[rid]
+        self.running.remove(r)
+        old, r.blocks = r.blocks, []
+        self.free += old
+        r.computed, r.asked = 0, False
+        r.req.status = RequestStatus.PREEMPTED
+        self.waiting.insert(0, r)
+        self.preempted.add(rid)
+        self.held.add(rid)
+        return old
+
+    def step(self, on_ready=None, on_fenced=None) -> None:
         new, cached, scheduled = [], CachedRequestData(), {}
         for r in self.running:  # the next chunk, or one decode token
             prompt = len(r.req.prompt_token_ids)
@@ -128,12 +145,15 @@ class MiniVllm:
             scheduled[r.req.request_id] = tokens
         for r in list(self.waiting):
             rid, prompt = r.req.request_id, len(r.req.prompt_token_ids)
+            if rid in self.held:
+                continue
             if r.req.status == REMOTE:
                 if rid not in self.recv_done:
                     continue
                 self.recv_done.discard(rid)
                 if r.load_failed:
                     r.computed = 0  # vLLM recomputes what did not load
+                    self.failed_loads.add(rid)
                 else:
                     r.computed, r.loaded = min(r.external, prompt - 1), True
                     if on_ready is not None:
@@ -157,11 +177,16 @@ class MiniVllm:
             r.req.status = RUNNING
         finished = self.finished_last_step
         self.finished_last_step = set()
-        meta = self.sched.build_connector_meta(SchedulerOutput(new, cached, scheduled, finished))
+        preempted, self.preempted = self.preempted, set()
+        meta = self.sched.build_connector_meta(SchedulerOutput(new, cached, scheduled, finished, preempted))
 
-        # The worker: the forward writes each layer's KV of the scheduled tokens, then saves it.
+        # The worker (vLLM's pre_forward): bind, let saves of preempted requests stop reading
+        # their blocks, start loads; then the forward writes each layer's KV and saves it.
         w = self.worker
         w.bind_connector_metadata(meta)
+        w.handle_preemptions(meta)
+        if on_fenced is not None:
+            on_fenced(self)  # from here vLLM may write anything into the preempted blocks
         w.start_load_kv(None)
         for layer, (name, tensor) in enumerate(self.caches.items()):
             w.wait_for_layer_load(name)
@@ -299,6 +324,71 @@ def test_vllms_rules_hold_through_chunked_prefill_aborts_and_both_modes(tmp_path
         # Every request neither side aborted came through kvferry, its KV checked at D.
         came = set(prompts) - {"r3", "r8", "r5", "r10"}
         assert came <= set(checked), (sorted(came - set(checked)), p_node.tail(), d_node.tail())
+        for engine in (p, d):
+            assert engine.sched.connector_scheduler.op_errors == []
+            assert engine.worker.connector_worker.op_errors == []
+    finally:
+        for engine in (d, p):
+            if engine is not None:
+                engine.close()
+        for node in (d_node, p_node):
+            node.stop()
+
+
+@pytest.mark.node
+@needs_node
+def test_a_request_preempted_after_its_save_copies_nothing_from_its_reused_blocks(tmp_path):
+    """P saved a request's last chunk and its node waits for D's blocks (D admits it late); vLLM
+    then preempts it on P, frees its blocks at once and writes other KV into them. P's node must
+    not copy those bytes to D as the request's KV: D's load fails and D computes the prompt."""
+    timers = {f"kvferry.connector.{t}": "10m" for t in ("defer-timeout", "transfer-timeout", "read-abort-timeout")}
+    p_node = Node(str(tmp_path), "prefill", engine_id="p0", modes="write", config=timers,
+                  extra_args=["--transport", "cma"])
+    d_node = Node(str(tmp_path), "decode", engine_id="d0", modes="write", seed_port=p_node.port, config=timers,
+                  extra_args=["--transport", "cma"])
+    p = d = None
+    try:
+        p_node.wait_ready()
+        d_node.wait_ready()
+        p = MiniVllm(p_node, "kv_producer", "write", "p")
+        d = MiniVllm(d_node, "kv_consumer", "write", "d")
+        prompt = [7] * 70  # three chunks
+        tid = {"transfer_id": "x-r0"}
+        p.add(Req(0, Request("r0", prompt, {"do_remote_decode": True, "do_remote_prefill": False,
+                                            "remote_engine_id": "d0", **tid}), max_tokens=2))
+        while p.requests["r0"].computed < len(prompt):
+            p.step()  # its last chunk is saved: P's node holds it for D's blocks
+        old = p.preempt("r0")
+
+        def reuse(engine: MiniVllm) -> None:
+            for tensor in engine.caches.values():
+                for b in old:
+                    tensor[:, b].fill_(-4321.0)  # another request's KV
+
+        p.step(on_fenced=reuse)
+        checked: list[str] = []
+
+        def check_kv(r: Req, engine: MiniVllm) -> None:
+            for layer, tensor in enumerate(engine.caches.values()):
+                for pos in range(min(r.external, len(prompt) - 1)):
+                    block, slot = r.blocks[pos // BLOCK_SIZE], pos % BLOCK_SIZE
+                    want = kv_value(r.index, layer, pos)
+                    assert engine.slot(tensor, 0, block, slot).eq(want).all(), \
+                        f"D loaded bytes P's engine had reused (layer {layer}, token {pos})"
+            checked.append(r.req.request_id)
+
+        d.add(Req(0, Request("r0", prompt, {"do_remote_prefill": True, "do_remote_decode": False,
+                                            "remote_engine_id": "p0", **tid}), max_tokens=3))
+        deadline = time.monotonic() + 60
+        while (p.requests or d.requests) and time.monotonic() < deadline:
+            if "r0" in d.requests and d.requests["r0"].req.status != REMOTE:
+                p.held.discard("r0")  # memory again: P computes it anew
+            p.step()
+            d.step(on_ready=check_kv)
+        assert not p.requests and not d.requests, (
+            get(p_node.management_url, "/kvferry/transfers"), get(d_node.management_url, "/kvferry/transfers"))
+        assert checked == [] and d.failed_loads == {"r0"}, (checked, d.failed_loads)
+        assert sorted(p.free) == list(range(BLOCKS)) and sorted(d.free) == list(range(BLOCKS))
         for engine in (p, d):
             assert engine.sched.connector_scheduler.op_errors == []
             assert engine.worker.connector_worker.op_errors == []

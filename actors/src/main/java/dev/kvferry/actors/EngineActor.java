@@ -15,6 +15,8 @@ import dev.kvferry.rdma.RegionDescriptor;
 import dev.kvferry.rdma.Transport;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Set;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
@@ -47,7 +49,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   public sealed interface Command
       permits PeerProtocol.Message, StartLoad, SaveLayer, SealWrites, AnnounceRemoteBlocks,
           AbortTransfer, AbortReceive, ReceiveOverdue, ReleaseOverdue, PeerGone, PeerIntroduced,
-          GetTransfers, Stop, ListingChanged, ListedWorkerStopped, ReattachGraceOver {}
+          GetTransfers, FenceSaves, Stop, ListingChanged, ListedWorkerStopped, ReattachGraceOver {}
 
   // ---- from the local engine (worker and scheduler side) ----
 
@@ -106,6 +108,13 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
 
   /** Transfers in flight, for management endpoints. */
   public record GetTransfers(ActorRef<TransferSnapshot> replyTo) implements Command, LocalOnly {}
+
+  /**
+   * Worker, P: the engine preempted these requests and reuses their blocks once {@code done}
+   * completes; see {@link WriterActor.FenceSaves}.
+   */
+  public record FenceSaves(Set<String> requestIds, CompletableFuture<Void> done)
+      implements Command, LocalOnly {}
 
   /** Stops the worker and its children. */
   public record Stop() implements Command, LocalOnly {}
@@ -221,6 +230,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
         .onMessage(PeerGone.class, this::onPeerGone)
         .onMessage(PeerIntroduced.class, this::onPeerIntroduced)
         .onMessage(GetTransfers.class, this::onGetTransfers)
+        .onMessage(FenceSaves.class, this::onFenceSaves)
         .onMessage(ListingChanged.class, this::onListingChanged)
         .onMessage(ListedWorkerStopped.class, this::onListedWorkerStopped)
         .onMessage(ReattachGraceOver.class, this::onReattachGraceOver)
@@ -333,6 +343,12 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   private Behavior<Command> onAbortTransfer(AbortTransfer m) {
     // The writer tells D once none of its writes can still land in D's blocks.
     writer.tell(new WriterActor.Abandon(m.transferId(), m.reason(), m.decodeEngineId()));
+    return this;
+  }
+
+  private Behavior<Command> onFenceSaves(FenceSaves m) {
+    // Behind this step's SaveLayer messages, which came this way first.
+    writer.tell(new WriterActor.FenceSaves(m.requestIds(), m.done()));
     return this;
   }
 

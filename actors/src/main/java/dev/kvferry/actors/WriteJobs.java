@@ -7,6 +7,7 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.function.Consumer;
 import org.apache.pekko.actor.typed.javadsl.TimerScheduler;
 import org.jspecify.annotations.Nullable;
 import org.slf4j.Logger;
@@ -24,10 +25,13 @@ final class WriteJobs {
   private final TimerScheduler<WriterActor.Command> timers;
   private final Logger log;
   private final Duration deferTimeout;
+  /** Hears each job that ends (written, or failed with its copies drained). */
+  private final Consumer<String> onEnded;
 
   WriteJobs(
       ConnectorSettings settings, WriteEndings endings, TimerScheduler<WriterActor.Command> timers,
-      Logger log) {
+      Logger log, Consumer<String> onEnded) {
+    this.onEnded = onEnded;
     this.ended = new TerminalIds(settings.terminalIdCapacity());
     this.deferTimeout = settings.deferTimeout();
     this.endings = endings;
@@ -103,6 +107,7 @@ final class WriteJobs {
     timers.cancel(j.transferId);
     ended.add(j.transferId);
     endings.written(j, ranks);
+    onEnded.accept(j.transferId);
   }
 
   /**
@@ -130,6 +135,7 @@ final class WriteJobs {
     live.remove(j.transferId);
     ended.add(j.transferId);
     endings.failed(j, failure);
+    onEnded.accept(j.transferId);
   }
 
   /** The writer stops: submissions still queued on the io pool skip their copies. */

@@ -9,7 +9,10 @@ import dev.kvferry.actors.engine.EngineDirectory;
 import dev.kvferry.actors.engine.EngineIdentity;
 import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.rdma.TransferStatus;
+import java.util.HashSet;
 import java.util.List;
+import java.util.Set;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
@@ -82,6 +85,15 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   /** The seed's defer timeout (started and cancelled by {@link WriteJobs}). */
   record DeferExpired(String transferId) implements Command {}
 
+  /**
+   * The engine preempted these requests and will reuse their blocks once {@code done} completes:
+   * a saved transfer of one of them fails (D recomputes; what it would read may be overwritten),
+   * and {@code done} completes when none of its copies is in flight any more. A transfer with no
+   * layer saved yet reads nothing of ours and goes on (the request saves again when resumed).
+   */
+  public record FenceSaves(Set<String> requestIds, CompletableFuture<Void> done)
+      implements Command {}
+
   private final EngineIdentity self;
   private final LayerWriter layers;
   private final ConnectorSettings settings;
@@ -90,6 +102,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private final WriteTargets targets;
   /** What goes to D's workers that may not be listed yet (failures). */
   private final PeerOutbox outbox;
+  private final SaveFences fences = new SaveFences();
 
   public static Behavior<Command> create(
       EngineActor.Setup setup,
@@ -116,7 +129,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     KvCacheGeometry geometry = setup.geometry();
     boolean mla = geometry.layout() == KvCacheGeometry.Layout.MLA;
     this.endings = new WriteEndings(self, mla, outbox, tracker);
-    this.jobs = new WriteJobs(settings, endings, timers, ctx.getLog());
+    this.jobs = new WriteJobs(settings, endings, timers, ctx.getLog(), fences::ended);
     // The handshake result names the engine, not the transfer: fan it out to waiting jobs.
     this.targets = new WriteTargets(self, geometry, outbox, handshake,
         ctx.messageAdapter(HandshakeActor.Result.class, PeerReady::new), ctx.getLog());
@@ -134,6 +147,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
         .onMessage(DeferExpired.class, this::onDeferExpired)
         .onMessage(DirectoryChanged.class, this::onDirectoryChanged)
         .onMessage(Abandon.class, this::onAbandon)
+        .onMessage(FenceSaves.class, this::onFenceSaves)
         .onMessage(ListWrites.class, this::onListWrites)
         .onMessage(PeerGone.class, this::onPeerGone)
         .onSignal(PostStop.class, this::onPostStop)
@@ -331,6 +345,21 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
     return this;
   }
 
+  private Behavior<Command> onFenceSaves(FenceSaves m) {
+    Set<String> draining = new HashSet<>();
+    for (WriteJob j : jobs.all()) {
+      if (m.requestIds().contains(j.requestId) && j.saved()) {
+        jobs.fail(j, "request " + j.requestId + " was preempted on prefill engine "
+            + self.engineId() + ", which reuses its blocks");
+        if (jobs.live(j)) {
+          draining.add(j.transferId); // copies in flight: done once they have finished
+        }
+      }
+    }
+    fences.await(draining, m.done());
+    return this;
+  }
+
   private Behavior<Command> onPeerGone(PeerGone m) {
     // The engine itself gone (not just one incarnation replaced): its done words go too.
     layers.peerGone(m.metadata(), !outbox.directory().contains(m.metadata().engineId()));
@@ -354,6 +383,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
 
   private Behavior<Command> onPostStop(PostStop signal) {
     jobs.cancelAll(); // the transport may close
+    fences.failAll("the worker stopped");
     layers.close();
     return this;
   }

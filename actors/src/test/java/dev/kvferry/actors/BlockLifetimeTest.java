@@ -1,6 +1,7 @@
 package dev.kvferry.actors;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.kvferry.actors.connector.ConnectorMetadata;
@@ -394,6 +395,63 @@ class BlockLifetimeTest {
     listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-9", 0, 1, 0, 1, TransferMode.READ));
     fx.kit.createTestProbe().expectNoMessage(QUIET);
     assertEquals(0, gated.submitted(), "held reads started into blocks already freed");
+  }
+
+  @Test
+  void aPreemptionFenceWaitsForTheWritesInFlightAndTheTransferFails() throws Exception {
+    // vLLM reuses a preempted request's blocks right after handle_preemptions returns: no copy
+    // may read them from then on.
+    GatedTransport gated = new GatedTransport(fx.transport);
+    fx.startPeer(decode, fx::peerMetadata);
+    fx.awaitListed(Role.DECODE, "decode-0");
+    ConnectorWorker p = fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0",
+        ConnectorSettings.DEFAULTS, gated, fx.localLayers);
+    p.engineRef().tell(new PeerProtocol.RemoteBlocks("tx18", "r18", new int[] {3}, "decode-0", 0, 0));
+    PeerFixture.saveAllLayers(p, new ReqMeta("r18", "tx18", new int[] {1}, null, "decode-0", 0));
+    awaitSubmitted(gated, PeerFixture.LAYERS);
+
+    java.util.concurrent.CompletableFuture<Void> fence = p.fenceSaves(List.of("r18", "r-other"));
+    fx.peerInbox.expectNoMessage(QUIET);
+    assertFalse(fence.isDone(), "the fence returned while copies still read the blocks");
+
+    gated.open();
+    fence.get(WITHIN.toMillis(), java.util.concurrent.TimeUnit.MILLISECONDS);
+    PeerProtocol.TransferFailed told = fishPeer(PeerProtocol.TransferFailed.class);
+    assertEquals("tx18", told.transferId());
+    assertTrue(told.reason().contains("preempted"), told.reason());
+    Finished f = fx.awaitFinished(p, x -> x.failed().containsKey("r18"));
+    assertTrue(f.failed().get("r18").contains("preempted"), f.toString());
+  }
+
+  @Test
+  void aPreemptionFenceFailsASavedWriteStillWaitingForDecodesBlocksWhichThenWritesNothing()
+      throws Exception {
+    GatedTransport gated = new GatedTransport(fx.transport);
+    fx.startPeer(decode, fx::peerMetadata);
+    fx.awaitListed(Role.DECODE, "decode-0");
+    ConnectorWorker p = fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0",
+        ConnectorSettings.DEFAULTS, gated, fx.localLayers);
+    PeerFixture.saveAllLayers(p, new ReqMeta("r19", "tx19", new int[] {1}, null, "decode-0", 0));
+    p.fenceSaves(List.of("r19")).get(WITHIN.toMillis(), java.util.concurrent.TimeUnit.MILLISECONDS);
+    // D's blocks come after the fence: the blocks P would copy from now hold another request's KV.
+    p.engineRef().tell(new PeerProtocol.RemoteBlocks("tx19", "r19", new int[] {3}, "decode-0", 0, 0));
+    assertTrue(fishPeer(PeerProtocol.TransferFailed.class).reason().contains("preempted"));
+    fx.peerInbox.expectNoMessage(QUIET);
+    assertEquals(0, gated.submitted(), "copied from blocks the engine reuses");
+  }
+
+  @Test
+  void aPreemptionFenceLeavesATransferWithNothingSavedYetToGoOn() throws Exception {
+    // Preempted before its last chunk was computed: nothing of it was saved, nothing reads its
+    // blocks; the request saves again once resumed.
+    fx.startPeer(decode, fx::peerMetadata);
+    fx.awaitListed(Role.DECODE, "decode-0");
+    ConnectorWorker p =
+        fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0", ConnectorSettings.DEFAULTS);
+    p.engineRef().tell(new PeerProtocol.RemoteBlocks("tx20", "r20", new int[] {3}, "decode-0", 0, 0));
+    p.fenceSaves(List.of("r20")).get(WITHIN.toMillis(), java.util.concurrent.TimeUnit.MILLISECONDS);
+    PeerFixture.saveAllLayers(p, new ReqMeta("r20", "tx20", new int[] {2}, null, "decode-0", 0));
+    assertEquals("tx20", fishPeer(PeerProtocol.WriteDone.class).transferId());
   }
 
   @Test

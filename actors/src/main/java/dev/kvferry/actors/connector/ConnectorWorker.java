@@ -13,11 +13,15 @@ import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.Transport;
 import dev.kvferry.rdma.cuda.CudaEvent;
 import java.time.Duration;
+import java.util.Collection;
 import java.util.HashSet;
 import java.util.List;
 import java.util.Optional;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
 import org.apache.pekko.actor.InvalidActorNameException;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.ActorSystem;
@@ -209,6 +213,41 @@ public final class ConnectorWorker implements AutoCloseable {
     }
     lastSaved = null;
     layersSavedThisStep = 0;
+  }
+
+  /**
+   * P: the engine preempted {@code requestIds} and reuses their blocks once the returned future
+   * completes (vLLM's {@code handle_preemptions}, before the next forward pass). A transfer that
+   * saved any layer of one of them fails (D recomputes), and the future completes once none of
+   * its copies reads the blocks any more. Completed at once where nothing is saved (D, READ).
+   */
+  public CompletableFuture<Void> fenceSaves(Collection<String> requestIds) {
+    ActorRef<EngineActor.Command> e = requireRegistered();
+    if (identity.role() != Role.PREFILL || identity.mode() != TransferMode.WRITE
+        || requestIds.isEmpty()) {
+      return CompletableFuture.completedFuture(null);
+    }
+    CompletableFuture<Void> done = new CompletableFuture<>();
+    e.tell(new EngineActor.FenceSaves(Set.copyOf(requestIds), done));
+    return done;
+  }
+
+  /**
+   * {@link #fenceSaves}, waiting for it up to the transfer timeout.
+   *
+   * @return false if copies still read the blocks then (the engine must not reuse them)
+   * @throws IllegalStateException if the worker stopped meanwhile
+   */
+  public boolean fenceSavesAndWait(Collection<String> requestIds) throws InterruptedException {
+    try {
+      fenceSaves(requestIds).get(settings.transferTimeout().toNanos(), TimeUnit.NANOSECONDS);
+      return true;
+    } catch (TimeoutException e) {
+      return false;
+    } catch (ExecutionException e) {
+      Throwable why = e.getCause() != null ? e.getCause() : e;
+      throw new IllegalStateException(String.valueOf(why.getMessage()), why);
+    }
   }
 
   /** Requests whose transfers ended since the last call. */

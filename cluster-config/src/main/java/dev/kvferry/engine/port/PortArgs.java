@@ -95,6 +95,25 @@ record PortArgs(String where, Map<String, Object> map) {
     return out;
   }
 
+  /** A list of strings (request ids); absent reads as empty. */
+  List<String> stringList(String key) throws PortException {
+    Object v = map.get(key);
+    if (v == null) {
+      return List.of();
+    }
+    if (!(v instanceof List<?> list)) {
+      throw wrongType(key, "a list of strings", v);
+    }
+    java.util.ArrayList<String> out = new java.util.ArrayList<>();
+    for (int i = 0; i < list.size(); i++) {
+      if (!(list.get(i) instanceof String str)) {
+        throw PortException.badArgs(where + "." + key + "[" + i + "] must be a string");
+      }
+      out.add(str);
+    }
+    return out;
+  }
+
   /** A list of binaries each exactly {@code length} bytes long; absent reads as empty. */
   List<byte[]> bytesList(String key, int length) throws PortException {
     Object v = map.get(key);

@@ -223,6 +223,7 @@ final class PortSession implements Runnable {
       case "wait_for_layer_load" -> waitForLayerLoad(a);
       case "save_kv_layer" -> saveLayer(a);
       case "wait_for_save" -> waitForSave();
+      case "fence_saves" -> fenceSaves(a);
       case "get_finished" -> finished();
       case "get_block_ids_with_load_errors" -> loadErrors();
       case "shutdown" -> shutdown();
@@ -669,6 +670,29 @@ final class PortSession implements Runnable {
 
   private Object waitForSave() throws PortException {
     worker().waitForSave();
+    return Map.of();
+  }
+
+  /**
+   * vLLM's {@code handle_preemptions}: answers once no copy reads the preempted requests' blocks
+   * any more (their saved transfers fail; D recomputes). An answer that cannot be given in time
+   * is an error: the engine must not reuse those blocks then.
+   */
+  private Object fenceSaves(PortArgs a) throws PortException {
+    List<String> ids = a.stringList("request_ids");
+    boolean fenced;
+    try {
+      fenced = worker().fenceSavesAndWait(ids);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new PortException(PortError.NODE_STOPPING, "the node is stopping");
+    } catch (IllegalStateException e) {
+      throw new PortException(PortError.NODE_STOPPING, "fence_saves: " + e.getMessage());
+    }
+    if (!fenced) {
+      throw new PortException(PortError.INTERNAL, "fence_saves: copies of " + ids
+          + " still read their blocks after the transfer timeout; do not reuse them");
+    }
     return Map.of();
   }
 

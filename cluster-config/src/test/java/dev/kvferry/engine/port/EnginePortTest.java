@@ -219,6 +219,13 @@ class EnginePortTest {
     assertEquals(List.of("unknown_metadata", "bad_args", "bad_args"),
         opErrors.stream().map(e -> e.get("code")).toList());
 
+    // vLLM's handle_preemptions: a worker op; ids of requests with nothing saved answer at once.
+    assertEquals("wrong_side", PortTestClient.errorCode(c.call("fence_saves",
+        Map.of("request_ids", List.of("r")))));
+    assertEquals("bad_args", PortTestClient.errorCode(w.call("fence_saves",
+        Map.of("request_ids", List.of(7)))));
+    assertEquals(Map.of(), w.ok("fence_saves", Map.of("request_ids", List.of("never-saved"))));
+
     assertEquals("unknown_request", PortTestClient.errorCode(c.call("update_state_after_alloc",
         Map.of("request_id", "nope", "block_ids", List.of(1), "num_external_tokens", 0))));
     assertEquals("bad_args", PortTestClient.errorCode(c.call("get_num_new_matched_tokens",
