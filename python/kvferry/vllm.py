@@ -828,6 +828,14 @@ class KvferryConnector(KVConnectorBase_V1):  # type: ignore[misc]
         except TypeError:  # vLLM before kv_cache_config was added to the base
             super().__init__(vllm_config, role)  # type: ignore[call-arg]
         extra = _extra(vllm_config)
+        groups = getattr(kv_cache_config, "kv_cache_groups", None)
+        if groups is not None and len(groups) > 1:
+            # Each group has its own block ids; kvferry names one list per request. vLLM keeps
+            # its hybrid KV cache manager off for connectors without SupportsHMA (this one), so
+            # this is a vLLM that did not: moving the first group's ids for every layer would
+            # put the other groups' KV in the wrong blocks.
+            raise ValueError(f"kvferry moves one KV cache group; vLLM made {len(groups)} (a hybrid model with "
+                             "the hybrid KV cache manager on): run vLLM with --disable-hybrid-kv-cache-manager")
         self.connector_scheduler: KvferryScheduler | None = None
         self.connector_worker: KvferryWorker | None = None
         if getattr(role, "name", role) in ("SCHEDULER", KVConnectorRole.SCHEDULER):

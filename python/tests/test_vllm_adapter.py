@@ -443,6 +443,14 @@ def test_preempted_requests_reach_the_producers_workers_which_fence_their_saves(
     assert len(node.calls("fence_saves")) == 2
 
 
+def test_a_kv_cache_config_of_several_groups_is_refused_at_start(node):
+    from types import SimpleNamespace
+    two = SimpleNamespace(kv_cache_groups=[object(), object()])
+    with pytest.raises(ValueError, match="disable-hybrid-kv-cache-manager"):
+        kv.KvferryConnector(config(node.path), kv.KVConnectorRole.WORKER, two)
+    kv.KvferryConnector(config(node.path), kv.KVConnectorRole.WORKER, SimpleNamespace(kv_cache_groups=[object()]))
+
+
 def test_mla_caches_register_with_the_mla_layout(node, shm):
     caches, _ = kv_caches(shm, layers=2, shape=(8, 16, 12))
     w = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.WORKER)
