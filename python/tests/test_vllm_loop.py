@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
@@ -234,18 +235,13 @@ class MiniVllm:
             self._free_blocks(self.requests[rid])
 
 
-@pytest.mark.node
-@needs_node
-@pytest.mark.parametrize("mode,p_layout,d_layout", [
-    ("write", "standard", "standard"),
-    ("read", "standard", "standard"),
-    ("write", "standard", "blocks_first"),  # FlashInfer's layout on D only: token ranges map them
-    ("read", "blocks_first", "blocks_first"),  # on both: whole blocks
-])
-def test_vllms_rules_hold_through_chunked_prefill_aborts_and_both_modes(tmp_path, mode, p_layout, d_layout):
-    # Timers of ten minutes: whatever frees a block within the test's deadline is kvferry acting on
-    # the aborts, not a timeout (P held an aborted request's blocks for its defer or read-abort
-    # timeout when D ended the receive before P was listed on D).
+@contextmanager
+def vllm_pair(tmp_path, mode: str, p_layout: str = "standard", d_layout: str = "standard"):
+    """A P and a D node (cma) and a MiniVllm on each; on a clean exit every block of both is free
+    and neither connector saw the node refuse an op."""
+    # Timers of ten minutes: whatever frees a block within a test's deadline is kvferry acting on
+    # aborts and preemptions, not a timeout (P held an aborted request's blocks for its defer or
+    # read-abort timeout when D ended the receive before P was listed on D).
     timers = {f"kvferry.connector.{t}": "10m" for t in ("defer-timeout", "transfer-timeout", "read-abort-timeout")}
     p_node = Node(str(tmp_path), "prefill", engine_id="p0", modes=mode, config=timers,
                   extra_args=["--transport", "cma"])
@@ -257,6 +253,29 @@ def test_vllms_rules_hold_through_chunked_prefill_aborts_and_both_modes(tmp_path
         d_node.wait_ready()
         p = MiniVllm(p_node, "kv_producer", mode, "p", p_layout)
         d = MiniVllm(d_node, "kv_consumer", mode, "d", d_layout)
+        yield p_node, d_node, p, d
+        assert sorted(p.free) == list(range(BLOCKS)) and sorted(d.free) == list(range(BLOCKS))
+        for engine in (p, d):
+            assert engine.sched.connector_scheduler.op_errors == []
+            assert engine.worker.connector_worker.op_errors == []
+    finally:
+        for engine in (d, p):
+            if engine is not None:
+                engine.close()
+        for node in (d_node, p_node):
+            node.stop()
+
+
+@pytest.mark.node
+@needs_node
+@pytest.mark.parametrize("mode,p_layout,d_layout", [
+    ("write", "standard", "standard"),
+    ("read", "standard", "standard"),
+    ("write", "standard", "blocks_first"),  # FlashInfer's layout on D only: token ranges map them
+    ("read", "blocks_first", "blocks_first"),  # on both: whole blocks
+])
+def test_vllms_rules_hold_through_chunked_prefill_aborts_and_both_modes(tmp_path, mode, p_layout, d_layout):
+    with vllm_pair(tmp_path, mode, p_layout, d_layout) as (p_node, d_node, p, d):
         n_requests = 12
         prompts = {f"r{i}": [100 + i] * (40 + 23 * i % 90) for i in range(n_requests)}
         abort_on_p = {"r3": 1, "r8": 1}  # after that many P steps with the request in it
@@ -320,19 +339,9 @@ def test_vllms_rules_hold_through_chunked_prefill_aborts_and_both_modes(tmp_path
             {k: (v.req.status, v.computed) for k, v in p.requests.items()},
             {k: (v.req.status, v.computed) for k, v in d.requests.items()},
             get(p_node.management_url, "/kvferry/transfers"), get(d_node.management_url, "/kvferry/transfers"))
-        assert sorted(p.free) == list(range(BLOCKS)) and sorted(d.free) == list(range(BLOCKS))
         # Every request neither side aborted came through kvferry, its KV checked at D.
         came = set(prompts) - {"r3", "r8", "r5", "r10"}
         assert came <= set(checked), (sorted(came - set(checked)), p_node.tail(), d_node.tail())
-        for engine in (p, d):
-            assert engine.sched.connector_scheduler.op_errors == []
-            assert engine.worker.connector_worker.op_errors == []
-    finally:
-        for engine in (d, p):
-            if engine is not None:
-                engine.close()
-        for node in (d_node, p_node):
-            node.stop()
 
 
 @pytest.mark.node
@@ -341,17 +350,7 @@ def test_a_request_preempted_after_its_save_copies_nothing_from_its_reused_block
     """P saved a request's last chunk and its node waits for D's blocks (D admits it late); vLLM
     then preempts it on P, frees its blocks at once and writes other KV into them. P's node must
     not copy those bytes to D as the request's KV: D's load fails and D computes the prompt."""
-    timers = {f"kvferry.connector.{t}": "10m" for t in ("defer-timeout", "transfer-timeout", "read-abort-timeout")}
-    p_node = Node(str(tmp_path), "prefill", engine_id="p0", modes="write", config=timers,
-                  extra_args=["--transport", "cma"])
-    d_node = Node(str(tmp_path), "decode", engine_id="d0", modes="write", seed_port=p_node.port, config=timers,
-                  extra_args=["--transport", "cma"])
-    p = d = None
-    try:
-        p_node.wait_ready()
-        d_node.wait_ready()
-        p = MiniVllm(p_node, "kv_producer", "write", "p")
-        d = MiniVllm(d_node, "kv_consumer", "write", "d")
+    with vllm_pair(tmp_path, "write") as (p_node, d_node, p, d):
         prompt = [7] * 70  # three chunks
         tid = {"transfer_id": "x-r0"}
         p.add(Req(0, Request("r0", prompt, {"do_remote_decode": True, "do_remote_prefill": False,
@@ -388,13 +387,3 @@ def test_a_request_preempted_after_its_save_copies_nothing_from_its_reused_block
         assert not p.requests and not d.requests, (
             get(p_node.management_url, "/kvferry/transfers"), get(d_node.management_url, "/kvferry/transfers"))
         assert checked == [] and d.failed_loads == {"r0"}, (checked, d.failed_loads)
-        assert sorted(p.free) == list(range(BLOCKS)) and sorted(d.free) == list(range(BLOCKS))
-        for engine in (p, d):
-            assert engine.sched.connector_scheduler.op_errors == []
-            assert engine.worker.connector_worker.op_errors == []
-    finally:
-        for engine in (d, p):
-            if engine is not None:
-                engine.close()
-        for node in (d_node, p_node):
-            node.stop()
