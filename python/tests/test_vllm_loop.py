@@ -74,6 +74,8 @@ class MiniVllm:
         self.preempted: set[str] = set()  # preempted since the last step: its scheduler output says so
         self.held: set[str] = set()  # preempted requests not scheduled again yet (memory pressure)
         self.failed_loads: set[str] = set()  # requests whose load failed: vLLM recomputed them
+        self.prompt_passes: dict[str, int] = {}  # times a request's prompt was computed to its end
+        self.ended: dict[str, RequestStatus] = {}  # how each request finished
 
     def close(self) -> None:
         for c in (self.worker, self.sched):
@@ -99,6 +101,7 @@ class MiniVllm:
     def _free_request(self, r: Req) -> None:
         """vLLM's _free_request: the connector may keep the blocks until it reports them."""
         rid = r.req.request_id
+        self.ended[rid] = r.req.status
         self.finished_last_step.add(rid)
         delay, params = self.sched.request_finished(r.req, list(r.blocks))
         self.params[rid] = params
@@ -210,6 +213,8 @@ class MiniVllm:
             prompt = len(r.req.prompt_token_ids)
             r.computed += tokens
             if r.computed >= prompt:
+                if r.computed - tokens < prompt:
+                    self.prompt_passes[rid] = self.prompt_passes.get(rid, 0) + 1
                 r.outputs += 1
                 if r.outputs >= r.max_tokens:
                     self.running.remove(r)
@@ -232,7 +237,10 @@ class MiniVllm:
                 self._free_blocks(r)
         for rid in out.finished_sending or ():
             assert rid in self.requests, f"finished_sending of {rid}, which vLLM no longer holds"
-            self._free_blocks(self.requests[rid])
+            r = self.requests[rid]
+            assert r.req.status in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_LENGTH_CAPPED), \
+                f"finished_sending of {rid} in {r.req.status}"  # vLLM's _free_blocks asserts it finished
+            self._free_blocks(r)
 
 
 @contextmanager
@@ -387,3 +395,6 @@ def test_a_request_preempted_after_its_save_copies_nothing_from_its_reused_block
         assert not p.requests and not d.requests, (
             get(p_node.management_url, "/kvferry/transfers"), get(d_node.management_url, "/kvferry/transfers"))
         assert checked == [] and d.failed_loads == {"r0"}, (checked, d.failed_loads)
+        # P computed the prompt again once resumed, and the request finished as any other.
+        assert p.prompt_passes["r0"] == 2 and p.ended["r0"] == RequestStatus.FINISHED_LENGTH_CAPPED, \
+            (p.prompt_passes, p.ended)

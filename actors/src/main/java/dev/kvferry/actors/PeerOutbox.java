@@ -44,6 +44,11 @@ final class PeerOutbox {
   private Delivery delivery = (to, message, worker) -> {};
   private final ArrayDeque<Held> held = new ArrayDeque<>();
   private final ArrayDeque<AwaitingTpSize> awaitingTpSize = new ArrayDeque<>();
+  /**
+   * Work owed to peers, apart from the droppable work: a dropped load's release takes no room
+   * from the loads still held (each bounded by the terminal-id capacity).
+   */
+  private final ArrayDeque<AwaitingTpSize> owed = new ArrayDeque<>();
   private EngineDirectory directory = EngineDirectory.EMPTY;
 
   PeerOutbox(Logger log, ConnectorSettings settings) {
@@ -114,8 +119,9 @@ final class PeerOutbox {
   }
 
   /**
-   * As {@link #withTpSizeOf(String, String, IntConsumer)}; if the transfer ends while the work is
-   * held, {@link #drop} runs {@code onDropped} instead (once the work is out of the outbox).
+   * As {@link #withTpSizeOf(String, String, IntConsumer)}; if the work is dropped unrun (its
+   * transfer ended, see {@link #drop}; it waited longer than a transfer may take; it was the
+   * oldest held when too much was) {@code onDropped} runs instead, once it is out of the outbox.
    */
   void withTpSizeOf(
       String engineId, String transferId, IntConsumer action, @Nullable Runnable onDropped) {
@@ -140,15 +146,28 @@ final class PeerOutbox {
     }
     if (System.nanoTime() - a.heldSinceNanos() > settings.transferTimeout().toNanos()) {
       log.warn("{} never joined; dropping work of transfer {}", a.engineId(), a.transferId());
+      dropped(a);
       return;
     }
     log.debug("{} not listed yet; holding work that needs its TP size", a.engineId());
-    if (awaitingTpSize.size() >= settings.terminalIdCapacity()) {
-      AwaitingTpSize oldest = awaitingTpSize.poll();
+    ArrayDeque<AwaitingTpSize> queue = a.droppable() ? awaitingTpSize : owed;
+    AwaitingTpSize evicted = null;
+    if (queue.size() >= settings.terminalIdCapacity()) {
+      evicted = queue.poll();
       log.warn("too much work held for engines not listed; dropping work of transfer {} for {}",
-          oldest.transferId(), oldest.engineId());
+          evicted.transferId(), evicted.engineId());
     }
-    awaitingTpSize.add(a);
+    queue.add(a);
+    if (evicted != null) {
+      dropped(evicted); // a load's release goes to the owed queue: no cascade here
+    }
+  }
+
+  /** Work dropped unrun, however: what it owes the peer (its onDropped) is held in its place. */
+  private static void dropped(AwaitingTpSize a) {
+    if (a.droppable() && a.onDropped() != null) {
+      a.onDropped().run();
+    }
   }
 
   /** Whether droppable work of {@code transferId} waits for a peer's TP size. */
@@ -169,12 +188,10 @@ final class PeerOutbox {
    * out of the outbox, so they may send through it.
    */
   void drop(String transferId, Consumer<PeerKey> blocksDropped) {
-    List<Runnable> onDropped = new ArrayList<>();
+    List<AwaitingTpSize> droppedWork = new ArrayList<>();
     awaitingTpSize.removeIf(a -> {
       if (a.droppable() && transferId.equals(a.transferId())) {
-        if (a.onDropped() != null) {
-          onDropped.add(a.onDropped());
-        }
+        droppedWork.add(a);
         return true;
       }
       return false;
@@ -187,13 +204,15 @@ final class PeerOutbox {
       }
       return false;
     });
-    onDropped.forEach(Runnable::run);
+    droppedWork.forEach(PeerOutbox::dropped);
     dropped.forEach(blocksDropped);
   }
 
   /** After a directory change: runs the work whose peer is listed now, then sends what was held. */
   void flush() {
-    List<AwaitingTpSize> needTp = new ArrayList<>(awaitingTpSize);
+    List<AwaitingTpSize> needTp = new ArrayList<>(owed);
+    needTp.addAll(awaitingTpSize);
+    owed.clear();
     awaitingTpSize.clear();
     needTp.forEach(this::runOrHold);
     List<Held> waiting = new ArrayList<>(held);

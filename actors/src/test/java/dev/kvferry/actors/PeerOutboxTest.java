@@ -77,6 +77,27 @@ class PeerOutboxTest {
   }
 
   @Test
+  void theOldestHeldWorkDroppedForRoomStillLeavesWhatItOwesAndTakesNoOtherWorksPlace() {
+    // Room for two: a third load drops the first, whose release is then owed; that release must
+    // not push the two loads still held out in turn.
+    ConnectorSettings d = ConnectorSettings.DEFAULTS;
+    PeerOutbox outbox = new PeerOutbox(LoggerFactory.getLogger(PeerOutboxTest.class),
+        new ConnectorSettings(d.handshakeTimeout(), d.handshakeAttempts(), d.handshakeBackoff(),
+            d.deferTimeout(), d.transferTimeout(), d.readAbortTimeout(), 2,
+            d.readsAtAdmission(), d.reattachGrace()));
+    List<String> ran = new java.util.ArrayList<>();
+    for (int i = 1; i <= 3; i++) {
+      int n = i;
+      outbox.withTpSizeOf("prefill-0", "tx-" + n, tp -> ran.add("load " + n), () ->
+          outbox.owedWhenListed("prefill-0", "tx-" + n, tp -> ran.add("release " + n)));
+    }
+    TestProbe<EngineActor.Command> probe = kit.createTestProbe();
+    outbox.replaceDirectory(EngineDirectory.of(List.of(incarnation(probe))));
+    outbox.flush();
+    assertEquals(List.of("release 1", "load 2", "load 3"), ran);
+  }
+
+  @Test
   void aMessageForANamedIncarnationWaitsWhileAnotherIsListed() {
     PeerOutbox outbox = new PeerOutbox(LoggerFactory.getLogger(PeerOutboxTest.class),
         ConnectorSettings.DEFAULTS);

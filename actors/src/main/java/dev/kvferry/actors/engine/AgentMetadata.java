@@ -33,7 +33,8 @@ public record AgentMetadata(
 
   public byte[] pack() {
     try (MessageBufferPacker p = MessagePack.newDefaultBufferPacker()) {
-      p.packMapHeader(18);
+      boolean blocksFirst = geometry.layout() == KvCacheGeometry.Layout.BLOCKS_FIRST;
+      p.packMapHeader(blocksFirst ? 19 : 18);
       p.packString("engine_id").packString(engineId);
       p.packString("dp_rank").packInt(dpRank);
       p.packString("tp_rank").packInt(tpRank);
@@ -43,7 +44,12 @@ public record AgentMetadata(
       p.packString("layout").packString(geometry.layout().name());
       p.packString("num_blocks").packInt(geometry.numBlocks());
       p.packString("block_size").packInt(geometry.blockSize());
-      p.packString("kv_heads").packInt(geometry.kvHeads());
+      // A reader from before BLOCKS_FIRST takes any layout but MLA as STANDARD and would plan
+      // [2, N, ...] offsets into [N, 2, ...] blocks: kv_heads 0 makes it refuse the handshake.
+      p.packString("kv_heads").packInt(blocksFirst ? 0 : geometry.kvHeads());
+      if (blocksFirst) {
+        p.packString("blocks_first_kv_heads").packInt(geometry.kvHeads());
+      }
       p.packString("total_kv_heads").packInt(totalKvHeads());
       p.packString("head_offset").packInt(headOffset());
       p.packString("head_dim").packInt(geometry.headDim());
@@ -84,6 +90,7 @@ public record AgentMetadata(
     int numBlocks = -1;
     int blockSize = -1;
     int kvHeads = 0;
+    int blocksFirstKvHeads = 0;
     int totalKvHeads = -1;
     int headOffset = -1;
     int headDim = 0;
@@ -107,6 +114,7 @@ public record AgentMetadata(
           case "num_blocks" -> numBlocks = u.unpackInt();
           case "block_size" -> blockSize = u.unpackInt();
           case "kv_heads" -> kvHeads = u.unpackInt();
+          case "blocks_first_kv_heads" -> blocksFirstKvHeads = u.unpackInt();
           case "total_kv_heads" -> totalKvHeads = u.unpackInt();
           case "head_offset" -> headOffset = u.unpackInt();
           case "head_dim" -> headDim = u.unpackInt();
@@ -148,7 +156,7 @@ public record AgentMetadata(
             case "MLA" -> KvCacheGeometry.mla(numBlocks, blockSize, latent, elem);
             case "STANDARD" -> KvCacheGeometry.standard(numBlocks, blockSize, kvHeads, headDim, elem);
             case "BLOCKS_FIRST" ->
-                KvCacheGeometry.blocksFirst(numBlocks, blockSize, kvHeads, headDim, elem);
+                KvCacheGeometry.blocksFirst(numBlocks, blockSize, blocksFirstKvHeads, headDim, elem);
             default -> throw new IllegalArgumentException(
                 "layout " + layout + " is not one this build knows (STANDARD, BLOCKS_FIRST, MLA)");
           };
@@ -170,8 +178,9 @@ public record AgentMetadata(
         || (headOffset >= 0 && headOffset != m.headOffset())) {
       throw new HandshakeException(
           "agent metadata of " + engineId + "/tp" + tp + " claims heads [" + headOffset + ", "
-              + (headOffset + kvHeads) + ") of " + totalKvHeads + "; kvferry splits heads evenly,"
-              + " which gives [" + m.headOffset() + ", " + (m.headOffset() + kvHeads) + ") of "
+              + (headOffset + geometry.kvHeads()) + ") of " + totalKvHeads
+              + "; kvferry splits heads evenly, which gives [" + m.headOffset() + ", "
+              + (m.headOffset() + geometry.kvHeads()) + ") of "
               + m.totalKvHeads());
     }
     return m;

@@ -87,6 +87,30 @@ class AgentMetadataCompatibilityTest {
   }
 
   @Test
+  void blocksFirstMetadataNamesZeroKvHeadsWhereAReaderFromBeforeItLooks() throws Exception {
+    // Such a reader took any layout but MLA as STANDARD; it builds its peer's geometry from
+    // kv_heads, and 0 heads fails that, so it refuses the handshake instead of planning
+    // [2, N, ...] offsets into [N, 2, ...] blocks.
+    byte[] blob = meta("d", 0, 1, KvCacheGeometry.blocksFirst(6, 16, 4, 8, 2), 2).pack();
+    int kvHeads = -1;
+    try (org.msgpack.core.MessageUnpacker u = org.msgpack.core.MessagePack.newDefaultUnpacker(blob)) {
+      int n = u.unpackMapHeader();
+      for (int i = 0; i < n; i++) {
+        if (u.unpackString().equals("kv_heads")) {
+          kvHeads = u.unpackInt();
+        } else {
+          u.skipValue();
+        }
+      }
+    }
+    assertEquals(0, kvHeads);
+    int heads = kvHeads;
+    assertThrows(IllegalArgumentException.class,
+        () -> KvCacheGeometry.standard(6, 16, heads, 8, 2));
+    assertEquals(4, AgentMetadata.unpack(blob).geometry().kvHeads());
+  }
+
+  @Test
   void refusesDifferentLatentNamingBothSides() {
     assertEquals("incompatible KV caches: latent is 32 on p/tp0 but 64 on d/tp0",
         refusal(meta("p", 0, 1, KvCacheGeometry.mla(8, 16, 32, 2), 2),
