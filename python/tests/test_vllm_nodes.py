@@ -23,9 +23,10 @@ from .test_vllm_adapter import (  # noqa: E402
 LAYERS, BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM = 3, 16, 16, 2, 8
 
 
-def caches(kind: str, tag: str) -> tuple[dict, list[str]]:
-    """One KV cache tensor per layer in vLLM's layout, in shared memory or on GPU 0."""
-    shape = (2, BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+def caches(kind: str, tag: str, layout: str = "standard") -> tuple[dict, list[str]]:
+    """One KV cache tensor per layer in one of vLLM's layouts (flash-attention's [2, N, ...] or
+    FlashInfer's [N, 2, ...]), in shared memory or on GPU 0."""
+    shape = ((BLOCKS, 2) if layout == "blocks_first" else (2, BLOCKS)) + (BLOCK_SIZE, KV_HEADS, HEAD_DIM)
     if kind == "cuda":
         whole = torch.zeros((LAYERS, *shape), dtype=torch.float16, device="cuda:0")
         return {f"model.layers.{i}.self_attn.attn": whole[i] for i in range(LAYERS)}, []
@@ -59,9 +60,20 @@ def step(sched, worker, output: SchedulerOutput, layers: dict | None = None, wri
 
 @pytest.mark.node
 @needs_node
-@pytest.mark.parametrize("mode,preempted", [("write", False), ("read", False), ("write", True)])
+def kv_planes(tensor):
+    """A layer's cache as [2, N, block_size, heads, head_dim] whatever its layout (a view)."""
+    return tensor.transpose(0, 1) if tensor.shape[1] == 2 and tensor.shape[0] != 2 else tensor
+
+
+@pytest.mark.parametrize("mode,preempted,p_layout,d_layout", [
+    ("write", False, "standard", "standard"), ("read", False, "standard", "standard"),
+    ("write", True, "standard", "standard"),
+    ("write", False, "standard", "blocks_first"),  # FlashInfer's layout on D: token ranges
+    ("read", False, "blocks_first", "blocks_first"),  # on both: whole blocks
+])
 @pytest.mark.parametrize("kind", ["host", "cuda"])
-def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind, mode, preempted):
+def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind, mode, preempted, p_layout,
+                                                                d_layout):
     """``preempted``: P's chunked prefill is preempted after its first chunk (vLLM frees its blocks)
     and scheduled again from its start with other blocks; D must get those blocks' bytes."""
     if kind == "cuda" and not torch.cuda.is_available():
@@ -74,8 +86,8 @@ def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind, 
     try:
         p_node.wait_ready()
         d_node.wait_ready()
-        p_kv, p_paths = caches(kind, "p")
-        d_kv, d_paths = caches(kind, "d")
+        p_kv, p_paths = caches(kind, "p", p_layout)
+        d_kv, d_paths = caches(kind, "d", d_layout)
         paths = p_paths + d_paths
 
         def connector(node, role, side):
@@ -114,11 +126,11 @@ def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind, 
                    .to(torch.float16) for name in p_kv}
 
         def write(name, tensor):  # the attention layer's KV of the whole prompt into P's blocks
-            tensor[:, p_blocks] = written[name].to(tensor.device)
+            kv_planes(tensor)[:, p_blocks] = written[name].to(tensor.device)
 
         if preempted:
             def write_first_chunk(name, tensor):  # KV that preemption throws away
-                tensor[:, first_blocks] = -1.0
+                kv_planes(tensor)[:, first_blocks] = -1.0
 
             step(p_sched, p_work, SchedulerOutput(scheduled_new_reqs=[NewRequestData("r1", (first_blocks,), 0)],
                                                   num_scheduled_tokens={"r1": 20}), p_kv, write_first_chunk)
@@ -157,8 +169,8 @@ def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind, 
             torch.cuda.synchronize()
         moved = n if mode == "write" else n - 1
         for name in p_kv:
-            p_tokens = p_kv[name][:, p_blocks].reshape(2, -1, KV_HEADS, HEAD_DIM)[:, :moved].cpu()
-            d_tokens = d_kv[name][:, d_blocks].reshape(2, -1, KV_HEADS, HEAD_DIM)[:, :moved].cpu()
+            p_tokens = kv_planes(p_kv[name])[:, p_blocks].reshape(2, -1, KV_HEADS, HEAD_DIM)[:, :moved].cpu()
+            d_tokens = kv_planes(d_kv[name])[:, d_blocks].reshape(2, -1, KV_HEADS, HEAD_DIM)[:, :moved].cpu()
             assert torch.equal(p_tokens.view(torch.int16), d_tokens.view(torch.int16)), name
             assert p_tokens.abs().sum() > 0  # the pattern, not two caches of zeros
     finally:
