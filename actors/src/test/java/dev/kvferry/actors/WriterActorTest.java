@@ -96,7 +96,10 @@ class WriterActorTest {
     fx.startPeerUnder("again", decode, fx::peerMetadata);
     PeerFixture.saveAllLayers(p, r);
 
-    assertEquals("tx8", fishPeer(PeerProtocol.WriteDone.class).transferId());
+    // Its WriteDone goes to the incarnation whose metadata the write fetched: the old one when
+    // that fetch was answered before the old stopped (then it is lost with it; CI saw this order
+    // once), the new one otherwise. What must hold either way: the write was not failed as "left
+    // the cluster" over the moment D was unlisted, and its bytes landed.
     Finished f = fx.awaitFinished(p, x -> x.doneSending().contains("r8") || !x.failed().isEmpty());
     assertTrue(f.failed().isEmpty(), f.toString());
     assertEquals(block(fx.localLayers, 1, 2), block(fx.peerLayers, 1, 5));
