@@ -6,13 +6,10 @@ import dev.kvferry.actors.connector.ReqMeta;
 import dev.kvferry.actors.connector.Role;
 import dev.kvferry.actors.connector.TransferMode;
 import dev.kvferry.actors.engine.AgentMetadata;
-import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.EngineDirectory;
 import dev.kvferry.actors.engine.EngineIdentity;
-import dev.kvferry.actors.plan.KvCacheGeometry;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.RegionDescriptor;
-import dev.kvferry.rdma.Transport;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Set;
@@ -109,10 +106,7 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   /** Transfers in flight, for management endpoints. */
   public record GetTransfers(ActorRef<TransferSnapshot> replyTo) implements Command, LocalOnly {}
 
-  /**
-   * Worker, P: the engine preempted these requests and reuses their blocks once {@code done}
-   * completes; see {@link WriterActor.FenceSaves}.
-   */
+  /** Worker, P: preempted requests' saves stop reading; see {@link WriterActor.FenceSaves}. */
   public record FenceSaves(Set<String> requestIds, CompletableFuture<Void> done)
       implements Command, LocalOnly {}
 
@@ -131,27 +125,6 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   /** A worker the listing dropped while its node stayed: its engine did not attach again in time. */
   private record ReattachGraceOver(ActorRef<Command> ref) implements Command, LocalOnly {}
 
-  /** Everything needed to start a worker. */
-  public record Setup(
-      EngineIdentity identity,
-      KvCacheGeometry geometry,
-      List<MemoryRegion> layerRegions,
-      Transport transport,
-      ConnectorSettings settings,
-      FinishedSink sink) {
-    public Setup {
-      layerRegions = List.copyOf(layerRegions);
-      long need = geometry.layerRegionBytes();
-      for (MemoryRegion r : layerRegions) {
-        if (r.lengthBytes() < need) {
-          throw new IllegalArgumentException(
-              "layer region " + r.id() + " has " + r.lengthBytes() + " bytes; geometry needs "
-                  + need);
-        }
-      }
-    }
-  }
-
   private final EngineIdentity self;
   private final ActorRef<HandshakeActor.Command> handshake;
   private final ActorRef<RequestTrackerActor.Command> tracker;
@@ -165,11 +138,11 @@ public final class EngineActor extends AbstractBehavior<EngineActor.Command> {
   private final ListedWorkers workers;
   private final DuplicateIdGuard duplicates;
 
-  public static Behavior<Command> create(Setup setup) {
+  public static Behavior<Command> create(WorkerSetup setup) {
     return ReadStamps.watchEngine(Behaviors.setup(ctx -> new EngineActor(ctx, setup)));
   }
 
-  private EngineActor(ActorContext<Command> ctx, Setup setup) {
+  private EngineActor(ActorContext<Command> ctx, WorkerSetup setup) {
     super(ctx);
     this.self = setup.identity();
     // Transports make blocking native calls: keep them off the actors' dispatcher.

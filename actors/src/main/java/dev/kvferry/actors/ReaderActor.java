@@ -14,13 +14,11 @@ import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.TransferBatch;
 import dev.kvferry.rdma.TransferStatus;
 import java.util.ArrayList;
-import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
-import java.util.concurrent.atomic.AtomicBoolean;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
 import org.apache.pekko.actor.typed.PostStop;
@@ -28,7 +26,6 @@ import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
 import org.apache.pekko.actor.typed.javadsl.ActorContext;
 import org.apache.pekko.actor.typed.javadsl.Behaviors;
 import org.apache.pekko.actor.typed.javadsl.Receive;
-import org.jspecify.annotations.Nullable;
 
 /**
  * D's side of READ mode: once P's metadata is in (through the {@link HandshakeActor}), reads every
@@ -52,32 +49,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
   private record LayerRead(String transferId, int prefillTpRank, int layer, TransferStatus status)
       implements Command {}
 
-  /** D: one transfer being read. */
-  private static final class ReadJob {
-    final ReqMeta request;
-    /** P's workers this worker reads from (one, unless the TP sizes differ). */
-    final int[] sources;
-    int remaining;
-    /** By layer: reads (one per source) not yet landed. */
-    final int[] layerRemaining;
-    long bytes;
-    /** Layer reads handed to the transport and not finished. */
-    int inFlight;
-    /** Why it is ending; non-null: no read starts, the ending waits for inFlight == 0. */
-    @Nullable String failure;
-    /** Seen by reads still queued on the io pool: they skip their copies. */
-    final AtomicBoolean cancelled = new AtomicBoolean();
-
-    ReadJob(ReqMeta request, int[] sources, int layers) {
-      this.request = request;
-      this.sources = sources;
-      this.remaining = layers * sources.length;
-      this.layerRemaining = new int[layers];
-      Arrays.fill(layerRemaining, sources.length);
-    }
-  }
-
-  private final EngineActor.Setup setup;
+  private final WorkerSetup setup;
   private final EngineIdentity self;
   private final boolean mla;
   private final Executor io;
@@ -110,7 +82,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
   private final TerminalIds abortedBeforeBegun;
 
   public static Behavior<Command> create(
-      EngineActor.Setup setup,
+      WorkerSetup setup,
       Executor io,
       ActorRef<HandshakeActor.Command> handshake,
       PeerMetadataCache peerMetadata,
@@ -120,7 +92,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
 
   private ReaderActor(
       ActorContext<Command> ctx,
-      EngineActor.Setup setup,
+      WorkerSetup setup,
       Executor io,
       ActorRef<HandshakeActor.Command> handshake,
       PeerMetadataCache peerMetadata,

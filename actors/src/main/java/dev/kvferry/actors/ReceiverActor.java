@@ -67,12 +67,12 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
    *     with our blocks so P writes into this incarnation's memory only
    */
   public static Behavior<Command> create(
-      EngineActor.Setup setup, ActorRef<RequestTrackerActor.Command> tracker, int engineUid) {
+      WorkerSetup setup, ActorRef<RequestTrackerActor.Command> tracker, int engineUid) {
     return Behaviors.setup(ctx -> new ReceiverActor(ctx, setup, tracker, engineUid));
   }
 
   private ReceiverActor(
-      ActorContext<Command> ctx, EngineActor.Setup setup,
+      ActorContext<Command> ctx, WorkerSetup setup,
       ActorRef<RequestTrackerActor.Command> tracker, int engineUid) {
     super(ctx);
     this.engineUid = engineUid;
@@ -123,7 +123,10 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     }
     IncomingReceive in = new IncomingReceive(r);
     incoming.put(r.transferId(), in);
-    outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> tellBlocks(in, prefillTp));
+    // Dropped unrun (the receive ended before P was listed), it still owes P's workers the news:
+    // P may wait for our blocks with its KV saved until its defer timeout.
+    outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> tellBlocks(in, prefillTp),
+        () -> abandonWhenListed(r.remoteEngineId(), r.transferId(), in));
     return this;
   }
 
@@ -300,17 +303,8 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
         abandonWhenListed(peer, transferId, reason);
       });
       if (due != null) {
-        due.forEachInt(source -> outbox.send(in.request.remoteEngineId(), source,
-            new PeerProtocol.TransferFailed(transferId, self.engineId(), reason, self.tpRank())));
-      } else {
-        // Our blocks were never told (P's TP size was not known yet): P may still wait for them
-        // with its KV saved, so it hears the transfer is over once it is listed.
         String p = in.request.remoteEngineId();
-        outbox.owedWhenListed(p, transferId, prefillTp -> {
-          for (int source : PeerPlanning.sourcesFor(self, prefillTp, mla)) {
-            abandonWhenListed(new PeerKey(p, source), transferId, reason);
-          }
-        });
+        due.forEachInt(source -> abandonWhenListed(new PeerKey(p, source), transferId, reason));
       }
     }
     if (in.nobodyMayWrite()) {
@@ -319,7 +313,21 @@ public final class ReceiverActor extends AbstractBehavior<ReceiverActor.Command>
     }
   }
 
-  /** Tells a P worker never told our blocks that the transfer is over (held until listed). */
+  /**
+   * Our blocks were never told (P's TP size was not known when the receive ended): every P worker
+   * whose heads we would have received hears that the transfer is over, once P is listed.
+   */
+  private void abandonWhenListed(String p, String transferId, IncomingReceive in) {
+    String reason = in.failure != null ? in.failure
+        : "receive of transfer " + transferId + " ended before " + p + " was listed";
+    outbox.owedWhenListed(p, transferId, prefillTp -> {
+      for (int source : PeerPlanning.sourcesFor(self, prefillTp, mla)) {
+        abandonWhenListed(new PeerKey(p, source), transferId, reason);
+      }
+    });
+  }
+
+  /** Tells a P worker that the transfer is over (held until listed). */
   private void abandonWhenListed(PeerKey peer, String transferId, String reason) {
     outbox.send(peer.engineId(), peer.tpRank(),
         new PeerProtocol.TransferFailed(transferId, self.engineId(), reason, self.tpRank()));

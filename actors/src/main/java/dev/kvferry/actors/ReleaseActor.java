@@ -44,12 +44,12 @@ public final class ReleaseActor extends AbstractBehavior<ReleaseActor.Command> {
   private final BoundedMap<String, IntHashSet> releasesSeen;
 
   public static Behavior<Command> create(
-      EngineActor.Setup setup, ActorRef<RequestTrackerActor.Command> tracker) {
+      WorkerSetup setup, ActorRef<RequestTrackerActor.Command> tracker) {
     return Behaviors.setup(ctx -> new ReleaseActor(ctx, setup, tracker));
   }
 
   private ReleaseActor(
-      ActorContext<Command> ctx, EngineActor.Setup setup,
+      ActorContext<Command> ctx, WorkerSetup setup,
       ActorRef<RequestTrackerActor.Command> tracker) {
     super(ctx);
     this.self = setup.identity();

@@ -105,7 +105,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private final SaveFences fences = new SaveFences();
 
   public static Behavior<Command> create(
-      EngineActor.Setup setup,
+      WorkerSetup setup,
       Executor io,
       ActorRef<HandshakeActor.Command> handshake,
       ActorRef<RequestTrackerActor.Command> tracker) {
@@ -117,7 +117,7 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private WriterActor(
       ActorContext<Command> ctx,
       TimerScheduler<Command> timers,
-      EngineActor.Setup setup,
+      WorkerSetup setup,
       Executor io,
       ActorRef<HandshakeActor.Command> handshake,
       ActorRef<RequestTrackerActor.Command> tracker) {

@@ -52,7 +52,7 @@ class DuplicateEngineIdTest {
     ConnectorWorker first = fx.worker(Role.DECODE, TransferMode.WRITE, "decode-0",
         ConnectorSettings.DEFAULTS);
     ActorRef<EngineActor.Command> second = fx.kit.spawn(
-        EngineActor.create(new EngineActor.Setup(id, PeerFixture.GEOMETRY, fx.peerLayers,
+        EngineActor.create(new WorkerSetup(id, PeerFixture.GEOMETRY, fx.peerLayers,
             fx.transport, ConnectorSettings.DEFAULTS, new FinishedSink())),
         id.toActorName());
     ActorRef<EngineActor.Command> firstRef = first.engineRef();

@@ -1,6 +1,7 @@
 package dev.kvferry.actors.connector;
 
 import dev.kvferry.actors.EngineActor;
+import dev.kvferry.actors.WorkerSetup;
 import dev.kvferry.actors.FinishedSink;
 import dev.kvferry.actors.LayerLoads;
 import dev.kvferry.actors.ReadStamps;
@@ -81,8 +82,8 @@ public final class ConnectorWorker implements AutoCloseable {
     if (engine != null) {
       throw new IllegalStateException("KV caches of " + identity.label() + " already registered");
     }
-    EngineActor.Setup setup =
-        new EngineActor.Setup(identity, geometry, layerRegions, transport, settings, sink);
+    WorkerSetup setup =
+        new WorkerSetup(identity, geometry, layerRegions, transport, settings, sink);
     engine = spawnEngine(setup);
   }
 
@@ -93,7 +94,7 @@ public final class ConnectorWorker implements AutoCloseable {
    * moment is waited out, up to {@link #NAME_RELEASE_WAIT}; a name held longer (two live workers
    * of one engine in one node) fails as before.
    */
-  private ActorRef<EngineActor.Command> spawnEngine(EngineActor.Setup setup) {
+  private ActorRef<EngineActor.Command> spawnEngine(WorkerSetup setup) {
     long deadline = System.nanoTime() + NAME_RELEASE_WAIT.toNanos();
     while (true) {
       try {

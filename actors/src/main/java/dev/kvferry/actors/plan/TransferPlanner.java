@@ -233,6 +233,8 @@ public final class TransferPlanner {
     long innerR = mla || heads == null ? 0 : heads.remoteFirst() * headBytes;
     long slice = mla || heads == null ? tokenBytesL : heads.count() * headBytes;
     int regions = local.tokenRegions();
+    long strideL = local.blockStrideBytes(); // per token below: computed once
+    long strideR = remote.blockStrideBytes();
     int max = (int) Math.min(Integer.MAX_VALUE - 8, tokens * regions);
     long[] lo = new long[Math.min(max, 1024)];
     long[] ro = new long[lo.length];
@@ -242,9 +244,8 @@ public final class TransferPlanner {
       long baseL = region * local.kToVStrideBytes();
       long baseR = region * remote.kToVStrideBytes();
       for (long t = 0; t < tokens; t++) { // long: blocks x block size can pass 2^31 tokens
-        long l = baseL + localBlockIds[(int) (t / bl)] * local.blockStrideBytes()
-            + (t % bl) * tokenBytesL + innerL;
-        long r = baseR + remoteBlockIds[(int) (t / br)] * remote.blockStrideBytes()
+        long l = baseL + localBlockIds[(int) (t / bl)] * strideL + (t % bl) * tokenBytesL + innerL;
+        long r = baseR + remoteBlockIds[(int) (t / br)] * strideR
             + (t % br) * tokenBytesR + innerR;
         if (count > 0
             && lo[count - 1] + sz[count - 1] == l

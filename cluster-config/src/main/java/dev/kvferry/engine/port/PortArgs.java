@@ -97,39 +97,32 @@ record PortArgs(String where, Map<String, Object> map) {
 
   /** A list of strings (request ids); absent reads as empty. */
   List<String> stringList(String key) throws PortException {
-    Object v = map.get(key);
-    if (v == null) {
-      return List.of();
-    }
-    if (!(v instanceof List<?> list)) {
-      throw wrongType(key, "a list of strings", v);
-    }
-    java.util.ArrayList<String> out = new java.util.ArrayList<>();
-    for (int i = 0; i < list.size(); i++) {
-      if (!(list.get(i) instanceof String str)) {
-        throw PortException.badArgs(where + "." + key + "[" + i + "] must be a string");
-      }
-      out.add(str);
-    }
-    return out;
+    return listOf(key, "a list of strings", "a string", v -> v instanceof String str ? str : null);
   }
 
   /** A list of binaries each exactly {@code length} bytes long; absent reads as empty. */
   List<byte[]> bytesList(String key, int length) throws PortException {
+    return listOf(key, "a list of binaries", length + " bytes of binary",
+        v -> v instanceof byte[] b && b.length == length ? b : null);
+  }
+
+  /** The elements of list {@code key}, each taken by {@code element} (null: refused). */
+  private <T> List<T> listOf(String key, String what, String each,
+      java.util.function.Function<Object, @Nullable T> element) throws PortException {
     Object v = map.get(key);
     if (v == null) {
       return List.of();
     }
     if (!(v instanceof List<?> list)) {
-      throw wrongType(key, "a list of binaries", v);
+      throw wrongType(key, what, v);
     }
-    java.util.ArrayList<byte[]> out = new java.util.ArrayList<>();
+    java.util.ArrayList<T> out = new java.util.ArrayList<>();
     for (int i = 0; i < list.size(); i++) {
-      if (!(list.get(i) instanceof byte[] b) || b.length != length) {
-        throw PortException.badArgs(where + "." + key + "[" + i + "] must be " + length
-            + " bytes of binary");
+      T t = element.apply(list.get(i));
+      if (t == null) {
+        throw PortException.badArgs(where + "." + key + "[" + i + "] must be " + each);
       }
-      out.add(b);
+      out.add(t);
     }
     return out;
   }
