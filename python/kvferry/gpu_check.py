@@ -84,7 +84,8 @@ class _EngineState:
         self.role, self.socket_path, self.cfg = role, socket_path, cfg
         self.engine: ModelEngine | None = None
         self.baseline = (ModelEngine(model, spec, base_cache, role="decode", mode="write",
-                                     chunk_tokens=cfg["chunk_tokens"]) if base_cache is not None else None)
+                                     chunk_tokens=cfg["chunk_tokens"], cuda_graphs=cfg.get("cuda_graphs", False))
+                         if base_cache is not None else None)
         self.reqs: dict[str, dict] = {}
 
     def close(self) -> None:
@@ -105,7 +106,8 @@ class _EngineState:
             self.engine.disconnect()
         self.engine = ModelEngine(self.model, self.spec, self.cache, role=self.role, mode=mode,
                                   socket_path=self.socket_path, chunk_tokens=self.cfg["chunk_tokens"],
-                                  load_events=self.cfg.get("load_events", True))
+                                  load_events=self.cfg.get("load_events", True),
+                                  cuda_graphs=self.cfg.get("cuda_graphs", False))
         if self.engine.worker is not None:
             self.engine.worker.pipelined_layer_waits = self.cfg.get("pipelined_layer_waits", True)
         # How this engine marks saved layers (KVFERRY_SAVE_MARKS), so a run says which it timed.
@@ -444,7 +446,8 @@ class _EngineState:
 
             cache = PagedKvCache(self.spec, self.cfg["num_blocks"], self.cfg["block_size"], self.cache.device)
             self.baseline = ModelEngine(self.model, self.spec, cache, role="decode", mode="write",
-                                        chunk_tokens=self.cfg["chunk_tokens"])
+                                        chunk_tokens=self.cfg["chunk_tokens"],
+                                        cuda_graphs=self.cfg.get("cuda_graphs", False))
         return self.baseline
 
     def cmd_baseline_ttft(self, rid: str, prompt: list[int], profile: bool = False,
@@ -1181,8 +1184,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "default sends a loading step's waits for every layer at once)")
     p.add_argument("--cpu-load-wait", action="store_true",
                    help="READ on D: do not ask for the node's load events; the CPU waits for each layer's copies")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="every engine runs the last prompt token's step as a CUDA graph, captured at the first "
+                        "step of each shape, as vLLM runs decode-shaped steps (GPU devices only); without it "
+                        "that step issues its kernels one by one from Python, milliseconds of host time")
     p.add_argument("--json", help="write the full report here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.cuda_graphs and not (args.p_device.startswith("cuda") and args.d_device.startswith("cuda")):
+        p.error(f"--cuda-graphs needs GPU devices; P is on {args.p_device}, D on {args.d_device}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1204,7 +1214,7 @@ def main(argv: list[str] | None = None) -> int:
                     "head_dim": args.head_dim, "intermediate": args.intermediate},
            "num_blocks": args.num_blocks, "block_size": args.block_size, "chunk_tokens": args.chunk_tokens,
            "load_events": not args.cpu_load_wait, "pipelined_layer_waits": not args.no_pipelined_layer_waits,
-           "torch_threads": _torch_threads(args.torch_threads)}
+           "torch_threads": _torch_threads(args.torch_threads), "cuda_graphs": args.cuda_graphs}
     rng = random.Random(args.seed)
     report: dict[str, Any] = {"config": vars(args)}
     t0 = time.time()

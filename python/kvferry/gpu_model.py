@@ -266,6 +266,22 @@ class PagedKvCache:
                 pass
 
 
+# How many step shapes a runner keeps captured (each holds its graph's memory pool).
+GRAPHS = 8
+
+
+@dataclass
+class _StepGraph:
+    """A captured step and its static tensors: the inputs copied in before each replay, and the
+    logits the replay writes."""
+
+    graph: Any
+    ids: torch.Tensor
+    new_slots: torch.Tensor
+    all_slots: torch.Tensor
+    logits: torch.Tensor | None = None
+
+
 class PagedLlama:
     """The model's forward over a paged cache: per layer, K/V of the step's positions go into their
     slots, then attention reads positions [0, end) back from the cache. ``layer_written(layer)``
@@ -281,22 +297,68 @@ class PagedLlama:
         self.model = model
         self.spec = spec
         self._rope = apply_rotary_pos_emb
+        # forward_graphed's captured steps, by (cache, start, tokens), oldest first.
+        self._graphs: dict[tuple[int, int, int], _StepGraph] = {}
 
     @torch.inference_mode()
     def forward(self, cache: PagedKvCache, tokens: list[int], blocks: list[int], start: int,
                 layer_written: Callable[[int], None] | None = None,
                 before_layer: Callable[[int], None] | None = None) -> torch.Tensor:
         """Computes positions [start, start + len(tokens)); returns the last position's logits."""
+        end = start + len(tokens)
+        ids = torch.tensor(tokens, dtype=torch.int64, device=cache.device)[None]
+        return self._compute(cache, ids, cache.slots(blocks, start, end), cache.slots(blocks, 0, end), start,
+                             layer_written, before_layer)
+
+    @torch.inference_mode()
+    def forward_graphed(self, cache: PagedKvCache, tokens: list[int], blocks: list[int], start: int) -> torch.Tensor:
+        """forward() of a step without callbacks, as a CUDA graph: vLLM replays its decode-shaped
+        steps (D's first token is one) as CUDA graphs, so their host time is a few launches, not
+        the hundreds of kernels eager PyTorch issues one by one. The first step of a shape (start,
+        len(tokens)) runs eager, on a side stream as capture wants its warm-up, and returns that;
+        the graph captured after it (capture runs nothing) is replayed by the later steps of that
+        shape with their tokens and slots copied in. Up to GRAPHS shapes are kept."""
+        dev = cache.device
+        if dev.type != "cuda":
+            raise ValueError("CUDA graphs need the cache on a GPU")
+        end = start + len(tokens)
+        ids = torch.tensor(tokens, dtype=torch.int64, device=dev)[None]
+        new_slots, all_slots = cache.slots(blocks, start, end), cache.slots(blocks, 0, end)
+        key = (id(cache), start, len(tokens))
+        g = self._graphs.get(key)
+        if g is not None:
+            g.ids.copy_(ids)
+            g.new_slots.copy_(new_slots)
+            g.all_slots.copy_(all_slots)
+            g.graph.replay()
+            assert g.logits is not None
+            return g.logits.clone()  # the graph writes its next output over this one
+        stream = torch.cuda.current_stream(dev)
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(stream)
+        with torch.cuda.stream(side):
+            logits = self._compute(cache, ids, new_slots, all_slots, start)
+        stream.wait_stream(side)
+        g = _StepGraph(torch.cuda.CUDAGraph(), ids.clone(), new_slots.clone(), all_slots.clone())
+        # thread_local: the port client's threads may touch CUDA meanwhile, legitimately.
+        with torch.cuda.graph(g.graph, capture_error_mode="thread_local"):
+            g.logits = self._compute(cache, g.ids, g.new_slots, g.all_slots, start)
+        while len(self._graphs) >= GRAPHS:
+            del self._graphs[next(iter(self._graphs))]
+        self._graphs[key] = g
+        return logits
+
+    def _compute(self, cache: PagedKvCache, ids: torch.Tensor, new_slots: torch.Tensor, all_slots: torch.Tensor,
+                 start: int, layer_written: Callable[[int], None] | None = None,
+                 before_layer: Callable[[int], None] | None = None) -> torch.Tensor:
+        """forward()'s work on tensors already on the device (a graph captures exactly this)."""
         spec, m = self.spec, self.model.model
         dev = cache.device
-        n = len(tokens)
+        n = ids.shape[1]
         end = start + n
-        ids = torch.tensor(tokens, dtype=torch.int64, device=dev)[None]
         h = m.embed_tokens(ids)
         pos = torch.arange(start, end, device=dev)[None]
         cos, sin = m.rotary_emb(h, pos)
-        new_slots = cache.slots(blocks, start, end)
-        all_slots = cache.slots(blocks, 0, end)
         mask = (torch.arange(end, device=dev)[None, :] <= torch.arange(start, end, device=dev)[:, None])
         with _attention_kernel(spec.attention, dev):
             return self._layers(cache, h, cos, sin, new_slots, all_slots, mask, n, layer_written, before_layer)
@@ -404,11 +466,16 @@ class ModelEngine:
 
     def __init__(self, model: Any, spec: ModelSpec, cache: PagedKvCache, *, role: str, mode: str,
                  socket_path: str | None = None, chunk_tokens: int = 512, ring: int = 0,
-                 load_events: bool = True):
+                 load_events: bool = True, cuda_graphs: bool = False):
         """``load_events``: D in READ mode on a GPU asks the node for its load-event ring, so
         ``wait_for_layer_load`` makes the stream wait on the GPU (false: the CPU waits for the
-        copies, as before); ``load_waits()`` says which path the waits took."""
+        copies, as before); ``load_waits()`` says which path the waits took. ``cuda_graphs``: the
+        last prompt token's step runs as a CUDA graph (``PagedLlama.forward_graphed``), as vLLM
+        runs decode-shaped steps; a GPU cache only."""
+        if cuda_graphs and cache.device.type != "cuda":
+            raise ValueError("cuda_graphs needs the KV cache on a GPU")
         self.runner = PagedMla(model, spec) if spec.mla else PagedLlama(model, spec)
+        self.cuda_graphs = cuda_graphs
         self.spec = spec
         self.cache = cache
         self.role = role
@@ -706,7 +773,8 @@ class ModelEngine:
         new = [{"request_id": rid, "block_ids": list(blocks), "num_computed_tokens": n}]
         self._step_begin(new, [])
         t1 = time.perf_counter()
-        logits = self.runner.forward(self.cache, prompt[n - 1:], blocks, n - 1)
+        step = self.runner.forward_graphed if self.cuda_graphs else self.runner.forward
+        logits = step(self.cache, prompt[n - 1:], blocks, n - 1)
         self._sync()
         t2 = time.perf_counter()
         self._step_end()

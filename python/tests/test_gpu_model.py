@@ -8,6 +8,7 @@ so its cases skip without it. The GPU run with numbers is scripts/gpu-model.sh o
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -122,6 +123,57 @@ def test_the_same_work_on_other_blocks_gives_the_same_kv_logits_and_tokens(spec)
             c.close()
 
 
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA here: CUDA graphs run on a GPU host (scripts/gpu-pytest.sh)")
+
+
+def test_cuda_graphs_are_refused_for_a_host_cache():
+    dev = torch.device("cpu")
+    cache = PagedKvCache(SMALL, 8, 16, dev)
+    try:
+        with pytest.raises(ValueError, match="cuda_graphs needs the KV cache on a GPU"):
+            ModelEngine(build_model(SMALL, dev), SMALL, cache, role="decode", mode="write", cuda_graphs=True)
+    finally:
+        cache.close()
+
+
+def test_the_check_refuses_cuda_graphs_on_the_cpu():
+    from kvferry.gpu_check import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--p-device", "cpu", "--d-device", "cpu", "--cuda-graphs"])
+    assert e.value.code == 2
+
+
+@needs_cuda
+@pytest.mark.parametrize("spec", [SMALL, pytest.param(SMALL_MLA, marks=needs_transformers)], ids=["llama", "mla"])
+def test_a_graphed_step_gives_the_eager_steps_bits_on_any_blocks(spec):
+    """The first step of a shape runs eager and captures; later ones replay with their own tokens
+    and block tables: logits and written KV bit for bit those of eager forward() on the same work,
+    each replay its own output (not the graph's buffer, which the next replay overwrites)."""
+    dev = torch.device("cuda:0")
+    model = build_model(spec, dev)
+    eager_cache, graph_cache = PagedKvCache(spec, 64, 16, dev), PagedKvCache(spec, 64, 16, dev)
+    eager = ModelEngine(model, spec, eager_cache, role="decode", mode="write", chunk_tokens=16)
+    graphed = ModelEngine(model, spec, graph_cache, role="decode", mode="write", chunk_tokens=16, cuda_graphs=True)
+    outs = []
+    for i, shift in enumerate((0, 5, 11)):  # other block ids each time: only the table differs
+        prompt = [3 + (j * (37 + i)) % 250 for j in range(40)]
+        graphed.pool.allocate(shift)
+        pe = eager.prefill(f"e{i}", prompt, None, finish=False)
+        pg = graphed.prefill(f"g{i}", prompt, None, chunks=[tuple(c) for c in pe["chunks"]], finish=False)
+        le, be = eager.first_token(f"e{i}", prompt, pe["blocks"], remote=False)
+        lg, bg = graphed.first_token(f"g{i}", prompt, pg["blocks"], remote=False)
+        assert torch.equal(le.view(torch.int16), lg.view(torch.int16)), i
+        assert torch.equal(eager_cache.gather(be, 0, 40).view(torch.int16),
+                           graph_cache.gather(bg, 0, 40).view(torch.int16)), i
+        outs.append(lg)
+        eager.pool.free(be)
+        graphed.pool.free(bg)
+    assert len(graphed.runner._graphs) == 1  # one shape: captured once, replayed twice
+    assert not torch.equal(outs[1], outs[2])  # each replay's logits are its own copy
+
+
 def _start_nodes(tmp_path, extra: list[str]) -> list[Node]:
     """A P and a D node on engine ports (sockets prefill.sock, decode.sock), D seeded by P."""
     p = Node(str(tmp_path), "prefill", engine_id="prefill-0", socket_path=str(tmp_path / "prefill.sock"),
@@ -169,6 +221,28 @@ def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(t
         # Both engine processes took the asked thread count (the default is 1, as vLLM).
         engines = next(line for line in out.stdout.splitlines() if line.startswith("P: "))
         assert engines.count("'torch_threads': 2") == 2, engines
+    finally:
+        _stop(procs)
+
+
+@pytest.mark.node
+@needs_node
+@needs_cuda
+def test_the_check_and_its_ttft_with_cuda_graphs(tmp_path):
+    """The check with every engine's last-prompt-token step as a CUDA graph: prompts of one length
+    replay the graph that length's first prompt captured, in D's engine and in the engine without
+    kvferry alike, and the bits still agree; the TTFT path replays too."""
+    procs = _start_nodes(tmp_path, ["--gpu", "0", "--transport", "cuda"])
+    try:
+        # --max-prompt-tokens 16: every prompt has the shortest length, so all but the first replay.
+        out = _gpu_check(tmp_path, "cuda:0", "--prompts", "6", "--max-prompt-tokens", "16", "--decode-steps", "4",
+                         "--layers", "2", "--num-blocks", "1024", "--ttft-lengths", "64", "--ttft-reps", "3",
+                         "--ttft-warmup", "1", "--no-generate", "--no-mla-probe", "--cuda-graphs",
+                         "--json", str(tmp_path / "report.json"))
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+        equal = re.findall(r"first-token logits bitwise equal (\d+)/(\d+)", out.stdout)
+        assert equal and all(a == b and int(b) >= 2 for a, b in equal), out.stdout
+        assert "TTFT write n=64 paired" in out.stdout, out.stdout
     finally:
         _stop(procs)
 
