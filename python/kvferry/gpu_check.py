@@ -1184,14 +1184,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "default sends a loading step's waits for every layer at once)")
     p.add_argument("--cpu-load-wait", action="store_true",
                    help="READ on D: do not ask for the node's load events; the CPU waits for each layer's copies")
-    p.add_argument("--cuda-graphs", action="store_true",
+    p.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
                    help="every engine runs the last prompt token's step as a CUDA graph, captured at the first "
-                        "step of each shape, as vLLM runs decode-shaped steps (GPU devices only); without it "
-                        "that step issues its kernels one by one from Python, milliseconds of host time")
+                        "step of each shape and replayed after, as vLLM runs decode-shaped steps; off: that "
+                        "step issues its kernels one by one from Python, milliseconds of host time that swamp "
+                        "the TTFT goal (docs/gpu.md). auto (default): on where P and D are on GPUs; on: "
+                        "refused on the CPU")
     p.add_argument("--json", help="write the full report here")
     args = p.parse_args(argv)
-    if args.cuda_graphs and not (args.p_device.startswith("cuda") and args.d_device.startswith("cuda")):
-        p.error(f"--cuda-graphs needs GPU devices; P is on {args.p_device}, D on {args.d_device}")
+    gpus = args.p_device.startswith("cuda") and args.d_device.startswith("cuda")
+    if args.cuda_graphs == "on" and not gpus:
+        p.error(f"--cuda-graphs on needs GPU devices; P is on {args.p_device}, D on {args.d_device}")
+    args.cuda_graphs = args.cuda_graphs == "on" or (args.cuda_graphs == "auto" and gpus)
     return args
 
 

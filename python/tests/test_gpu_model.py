@@ -140,9 +140,15 @@ def test_cuda_graphs_are_refused_for_a_host_cache():
 def test_the_check_refuses_cuda_graphs_on_the_cpu():
     from kvferry.gpu_check import parse_args
 
+    sockets = ["--p-socket", "p.sock", "--d-socket", "d.sock"]
     with pytest.raises(SystemExit) as e:
-        parse_args(["--p-device", "cpu", "--d-device", "cpu", "--cuda-graphs"])
+        parse_args([*sockets, "--p-device", "cpu", "--d-device", "cpu", "--cuda-graphs", "on"])
     assert e.value.code == 2
+    # By default: graphs where both engines are on GPUs, none on the CPU; off turns them off.
+    assert parse_args([*sockets, "--p-device", "cpu", "--d-device", "cpu"]).cuda_graphs is False
+    assert parse_args([*sockets, "--p-device", "cuda:0", "--d-device", "cpu"]).cuda_graphs is False
+    assert parse_args([*sockets, "--p-device", "cuda:0", "--d-device", "cuda:1"]).cuda_graphs is True
+    assert parse_args([*sockets, "--cuda-graphs", "off"]).cuda_graphs is False
 
 
 @needs_cuda
@@ -237,7 +243,7 @@ def test_the_check_and_its_ttft_with_cuda_graphs(tmp_path):
         # --max-prompt-tokens 16: every prompt has the shortest length, so all but the first replay.
         out = _gpu_check(tmp_path, "cuda:0", "--prompts", "6", "--max-prompt-tokens", "16", "--decode-steps", "4",
                          "--layers", "2", "--num-blocks", "1024", "--ttft-lengths", "64", "--ttft-reps", "3",
-                         "--ttft-warmup", "1", "--no-generate", "--no-mla-probe", "--cuda-graphs",
+                         "--ttft-warmup", "1", "--no-generate", "--no-mla-probe", "--cuda-graphs", "on",
                          "--json", str(tmp_path / "report.json"))
         assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
         equal = re.findall(r"first-token logits bitwise equal (\d+)/(\d+)", out.stdout)
