@@ -54,7 +54,7 @@ def _engine_main(conn: Any, role: str, device: str, socket_path: str | None, cfg
         state = _EngineState(model, spec, cache, base_cache, role, socket_path, cfg)
         conn.send(("ok", {"pid": os.getpid(), "device": str(dev),
                           "name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-                          "torch_threads": torch.get_num_threads()}))
+                          "torch_threads": torch.get_num_threads(), "cuda_graphs": cfg.get("cuda_graphs", False)}))
     except Exception:  # noqa: BLE001 - reported to the driver
         conn.send(("error", traceback.format_exc()))
         return

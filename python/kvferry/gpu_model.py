@@ -340,9 +340,13 @@ class PagedLlama:
             logits = self._compute(cache, ids, new_slots, all_slots, start)
         stream.wait_stream(side)
         g = _StepGraph(torch.cuda.CUDAGraph(), ids.clone(), new_slots.clone(), all_slots.clone())
-        # thread_local: the port client's threads may touch CUDA meanwhile, legitimately.
-        with torch.cuda.graph(g.graph, capture_error_mode="thread_local"):
-            g.logits = self._compute(cache, g.ids, g.new_slots, g.all_slots, start)
+        try:
+            # thread_local: the port client's threads may touch CUDA meanwhile, legitimately.
+            with torch.cuda.graph(g.graph, capture_error_mode="thread_local"):
+                g.logits = self._compute(cache, g.ids, g.new_slots, g.all_slots, start)
+        except RuntimeError as e:
+            raise RuntimeError(f"capturing a step of {len(tokens)} token(s) at position {start} as a CUDA graph "
+                               f"failed: {e}; gpu_check --cuda-graphs off runs it eager") from e
         while len(self._graphs) >= GRAPHS:
             del self._graphs[next(iter(self._graphs))]
         self._graphs[key] = g

@@ -227,6 +227,8 @@ def test_disaggregated_decoding_is_bit_identical_to_the_engine_without_kvferry(t
         # Both engine processes took the asked thread count (the default is 1, as vLLM).
         engines = next(line for line in out.stdout.splitlines() if line.startswith("P: "))
         assert engines.count("'torch_threads': 2") == 2, engines
+        # CUDA graphs by default where both engines are on GPUs, never on the CPU.
+        assert engines.count(f"'cuda_graphs': {device == 'cuda'}") == 2, engines
     finally:
         _stop(procs)
 
