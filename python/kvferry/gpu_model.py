@@ -276,6 +276,7 @@ class _StepGraph:
     logits the replay writes."""
 
     graph: Any
+    cache: Any  # the PagedKvCache whose layers the graph reads and writes
     ids: torch.Tensor
     new_slots: torch.Tensor
     all_slots: torch.Tensor
@@ -297,8 +298,8 @@ class PagedLlama:
         self.model = model
         self.spec = spec
         self._rope = apply_rotary_pos_emb
-        # forward_graphed's captured steps, by (cache, start, tokens), oldest first.
-        self._graphs: dict[tuple[int, int, int], _StepGraph] = {}
+        # forward_graphed's captured steps, by (start, tokens), oldest first.
+        self._graphs: dict[tuple[int, int], _StepGraph] = {}
 
     @torch.inference_mode()
     def forward(self, cache: PagedKvCache, tokens: list[int], blocks: list[int], start: int,
@@ -317,16 +318,18 @@ class PagedLlama:
         the hundreds of kernels eager PyTorch issues one by one. The first step of a shape (start,
         len(tokens)) runs eager, on a side stream as capture wants its warm-up, and returns that;
         the graph captured after it (capture runs nothing) is replayed by the later steps of that
-        shape with their tokens and slots copied in. Up to GRAPHS shapes are kept."""
+        shape with their tokens and slots copied in. Up to GRAPHS shapes are kept, the least
+        recently used dropped first."""
         dev = cache.device
         if dev.type != "cuda":
             raise ValueError("CUDA graphs need the cache on a GPU")
         end = start + len(tokens)
         ids = torch.tensor(tokens, dtype=torch.int64, device=dev)[None]
         new_slots, all_slots = cache.slots(blocks, start, end), cache.slots(blocks, 0, end)
-        key = (id(cache), start, len(tokens))
-        g = self._graphs.get(key)
-        if g is not None:
+        key = (start, len(tokens))
+        g = self._graphs.pop(key, None)
+        if g is not None and g.cache is cache:
+            self._graphs[key] = g  # newest again
             g.ids.copy_(ids)
             g.new_slots.copy_(new_slots)
             g.all_slots.copy_(all_slots)
@@ -339,7 +342,8 @@ class PagedLlama:
         with torch.cuda.stream(side):
             logits = self._compute(cache, ids, new_slots, all_slots, start)
         stream.wait_stream(side)
-        g = _StepGraph(torch.cuda.CUDAGraph(), ids.clone(), new_slots.clone(), all_slots.clone())
+        logits.record_stream(stream)  # made on the side stream, read on this one
+        g = _StepGraph(torch.cuda.CUDAGraph(), cache, ids.clone(), new_slots.clone(), all_slots.clone())
         try:
             # thread_local: the port client's threads may touch CUDA meanwhile, legitimately.
             with torch.cuda.graph(g.graph, capture_error_mode="thread_local"):
