@@ -281,6 +281,7 @@ class _StepGraph:
     new_slots: torch.Tensor
     all_slots: torch.Tensor
     logits: torch.Tensor | None = None
+    replays: int = 0
 
 
 class PagedLlama:
@@ -298,8 +299,10 @@ class PagedLlama:
         self.model = model
         self.spec = spec
         self._rope = apply_rotary_pos_emb
-        # forward_graphed's captured steps, by (start, tokens), oldest first.
-        self._graphs: dict[tuple[int, int], _StepGraph] = {}
+        # forward_graphed's captured steps, by (cache, start, tokens), least recently used first,
+        # and the stream their eager first steps and captures run on.
+        self._graphs: dict[tuple[int, int, int], _StepGraph] = {}
+        self._side: Any = None
 
     @torch.inference_mode()
     def forward(self, cache: PagedKvCache, tokens: list[int], blocks: list[int], start: int,
@@ -319,38 +322,42 @@ class PagedLlama:
         len(tokens)) runs eager, on a side stream as capture wants its warm-up, and returns that;
         the graph captured after it (capture runs nothing) is replayed by the later steps of that
         shape with their tokens and slots copied in. Up to GRAPHS shapes are kept, the least
-        recently used dropped first."""
+        recently used dropped first. Unlike vLLM's decode graphs, which serve any context length,
+        a graph here is one prompt length's: it replays where lengths repeat (the TTFT runs)."""
         dev = cache.device
         if dev.type != "cuda":
             raise ValueError("CUDA graphs need the cache on a GPU")
         end = start + len(tokens)
         ids = torch.tensor(tokens, dtype=torch.int64, device=dev)[None]
         new_slots, all_slots = cache.slots(blocks, start, end), cache.slots(blocks, 0, end)
-        key = (start, len(tokens))
+        key = (id(cache), start, len(tokens))
         g = self._graphs.pop(key, None)
-        if g is not None and g.cache is cache:
-            self._graphs[key] = g  # newest again
+        if g is not None and g.cache is cache:  # not another cache at a freed one's id
+            self._graphs[key] = g  # most recently used again
             g.ids.copy_(ids)
             g.new_slots.copy_(new_slots)
             g.all_slots.copy_(all_slots)
             g.graph.replay()
+            g.replays += 1
             assert g.logits is not None
             return g.logits.clone()  # the graph writes its next output over this one
-        stream = torch.cuda.current_stream(dev)
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(stream)
-        with torch.cuda.stream(side):
-            logits = self._compute(cache, ids, new_slots, all_slots, start)
-        stream.wait_stream(side)
-        logits.record_stream(stream)  # made on the side stream, read on this one
-        g = _StepGraph(torch.cuda.CUDAGraph(), cache, ids.clone(), new_slots.clone(), all_slots.clone())
-        try:
-            # thread_local: the port client's threads may touch CUDA meanwhile, legitimately.
-            with torch.cuda.graph(g.graph, capture_error_mode="thread_local"):
-                g.logits = self._compute(cache, g.ids, g.new_slots, g.all_slots, start)
-        except RuntimeError as e:
-            raise RuntimeError(f"capturing a step of {len(tokens)} token(s) at position {start} as a CUDA graph "
-                               f"failed: {e}; gpu_check --cuda-graphs off runs it eager") from e
+        with torch.cuda.device(dev):  # capture's own stream and pool are made on the current device
+            if self._side is None or self._side.device != dev:
+                self._side = torch.cuda.Stream(dev)
+            stream, side = torch.cuda.current_stream(dev), self._side
+            side.wait_stream(stream)
+            with torch.cuda.stream(side):
+                logits = self._compute(cache, ids, new_slots, all_slots, start)
+            stream.wait_stream(side)
+            logits.record_stream(stream)  # made on the side stream, read on this one
+            g = _StepGraph(torch.cuda.CUDAGraph(), cache, ids.clone(), new_slots.clone(), all_slots.clone())
+            try:
+                # thread_local: the port client's threads may touch CUDA meanwhile, legitimately.
+                with torch.cuda.graph(g.graph, stream=side, capture_error_mode="thread_local"):
+                    g.logits = self._compute(cache, g.ids, g.new_slots, g.all_slots, start)
+            except RuntimeError as e:
+                raise RuntimeError(f"capturing a step of {len(tokens)} token(s) at position {start} as a CUDA "
+                                   f"graph failed: {e}; gpu_check --cuda-graphs off runs it eager") from e
         while len(self._graphs) >= GRAPHS:
             del self._graphs[next(iter(self._graphs))]
         self._graphs[key] = g
