@@ -27,12 +27,13 @@ final class PeerOutbox {
       PeerKey to, int incarnation, PeerProtocol.Message message, long heldSinceNanos) {}
 
   /**
-   * Work that needs a peer engine's TP size. Droppable work goes when its transfer ends ({@code
-   * onDropped} then runs); work owed to the peer (a release, an abandon) stays until it is done.
+   * Work that needs a peer engine's TP size. Which queue holds it says what it is: droppable work
+   * goes when its transfer ends ({@code onDropped} then runs); work owed to the peer (a release,
+   * an abandon) stays until it is done.
    */
   private record AwaitingTpSize(
-      String engineId, String transferId, IntConsumer action, boolean droppable,
-      @Nullable Runnable onDropped, long heldSinceNanos) {}
+      String engineId, String transferId, IntConsumer action, @Nullable Runnable onDropped,
+      long heldSinceNanos) {}
 
   /** Hears each message as it is told to a worker, at once or when held ones are flushed. */
   interface Delivery {
@@ -125,7 +126,8 @@ final class PeerOutbox {
    */
   void withTpSizeOf(
       String engineId, String transferId, IntConsumer action, @Nullable Runnable onDropped) {
-    runOrHold(new AwaitingTpSize(engineId, transferId, action, true, onDropped, System.nanoTime()));
+    runOrHold(new AwaitingTpSize(engineId, transferId, action, onDropped, System.nanoTime()),
+        awaitingTpSize);
   }
 
   /**
@@ -135,10 +137,11 @@ final class PeerOutbox {
    * {@link #holdsWorkFor} does not count it.
    */
   void owedWhenListed(String engineId, String transferId, IntConsumer action) {
-    runOrHold(new AwaitingTpSize(engineId, transferId, action, false, null, System.nanoTime()));
+    runOrHold(new AwaitingTpSize(engineId, transferId, action, null, System.nanoTime()), owed);
   }
 
-  private void runOrHold(AwaitingTpSize a) {
+  /** Runs {@code a} if its peer is listed, else holds it in {@code queue} (its kind's). */
+  private void runOrHold(AwaitingTpSize a, ArrayDeque<AwaitingTpSize> queue) {
     OptionalInt tp = PeerPlanning.tpSizeOf(directory, a.engineId());
     if (tp.isPresent()) {
       a.action().accept(tp.getAsInt());
@@ -150,7 +153,6 @@ final class PeerOutbox {
       return;
     }
     log.debug("{} not listed yet; holding work that needs its TP size", a.engineId());
-    ArrayDeque<AwaitingTpSize> queue = a.droppable() ? awaitingTpSize : owed;
     AwaitingTpSize evicted = null;
     if (queue.size() >= settings.terminalIdCapacity()) {
       evicted = queue.poll();
@@ -165,7 +167,7 @@ final class PeerOutbox {
 
   /** Work dropped unrun, however: what it owes the peer (its onDropped) is held in its place. */
   private static void dropped(AwaitingTpSize a) {
-    if (a.droppable() && a.onDropped() != null) {
+    if (a.onDropped() != null) {
       a.onDropped().run();
     }
   }
@@ -173,7 +175,7 @@ final class PeerOutbox {
   /** Whether droppable work of {@code transferId} waits for a peer's TP size. */
   boolean holdsWorkFor(String transferId) {
     for (AwaitingTpSize a : awaitingTpSize) {
-      if (a.droppable() && transferId.equals(a.transferId())) {
+      if (transferId.equals(a.transferId())) {
         return true;
       }
     }
@@ -190,7 +192,7 @@ final class PeerOutbox {
   void drop(String transferId, Consumer<PeerKey> blocksDropped) {
     List<AwaitingTpSize> droppedWork = new ArrayList<>();
     awaitingTpSize.removeIf(a -> {
-      if (a.droppable() && transferId.equals(a.transferId())) {
+      if (transferId.equals(a.transferId())) {
         droppedWork.add(a);
         return true;
       }
@@ -210,11 +212,12 @@ final class PeerOutbox {
 
   /** After a directory change: runs the work whose peer is listed now, then sends what was held. */
   void flush() {
-    List<AwaitingTpSize> needTp = new ArrayList<>(owed);
-    needTp.addAll(awaitingTpSize);
+    List<AwaitingTpSize> owedNow = new ArrayList<>(owed);
+    List<AwaitingTpSize> droppableNow = new ArrayList<>(awaitingTpSize);
     owed.clear();
     awaitingTpSize.clear();
-    needTp.forEach(this::runOrHold);
+    owedNow.forEach(a -> runOrHold(a, owed));
+    droppableNow.forEach(a -> runOrHold(a, awaitingTpSize));
     List<Held> waiting = new ArrayList<>(held);
     held.clear();
     waiting.forEach(this::send);
