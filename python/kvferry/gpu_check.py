@@ -83,10 +83,15 @@ class _EngineState:
         self.model, self.spec, self.cache = model, spec, cache
         self.role, self.socket_path, self.cfg = role, socket_path, cfg
         self.engine: ModelEngine | None = None
-        self.baseline = (ModelEngine(model, spec, base_cache, role="decode", mode="write",
-                                     chunk_tokens=cfg["chunk_tokens"], cuda_graphs=cfg.get("cuda_graphs", False))
-                         if base_cache is not None else None)
+        self.baseline = self._bare_engine(base_cache) if base_cache is not None else None
         self.reqs: dict[str, dict] = {}
+
+    def _bare_engine(self, cache: Any) -> Any:
+        """The engine without kvferry on ``cache``: the check's and the TTFT's baseline."""
+        from .gpu_model import ModelEngine
+
+        return ModelEngine(self.model, self.spec, cache, role="decode", mode="write",
+                           chunk_tokens=self.cfg["chunk_tokens"], cuda_graphs=self.cfg.get("cuda_graphs", False))
 
     def close(self) -> None:
         if self.engine is not None:
@@ -442,12 +447,10 @@ class _EngineState:
         """The engine without kvferry; on P made at the first use (the TTFT split times P's
         prefill without kvferry in P's own process), so runs without TTFT hold no second cache."""
         if self.baseline is None:
-            from .gpu_model import ModelEngine, PagedKvCache
+            from .gpu_model import PagedKvCache
 
             cache = PagedKvCache(self.spec, self.cfg["num_blocks"], self.cfg["block_size"], self.cache.device)
-            self.baseline = ModelEngine(self.model, self.spec, cache, role="decode", mode="write",
-                                        chunk_tokens=self.cfg["chunk_tokens"],
-                                        cuda_graphs=self.cfg.get("cuda_graphs", False))
+            self.baseline = self._bare_engine(cache)
         return self.baseline
 
     def cmd_baseline_ttft(self, rid: str, prompt: list[int], profile: bool = False,

@@ -309,10 +309,16 @@ class PagedLlama:
                 layer_written: Callable[[int], None] | None = None,
                 before_layer: Callable[[int], None] | None = None) -> torch.Tensor:
         """Computes positions [start, start + len(tokens)); returns the last position's logits."""
+        return self._compute(cache, *self._inputs(cache, tokens, blocks, start), start, layer_written, before_layer)
+
+    @staticmethod
+    def _inputs(cache: PagedKvCache, tokens: list[int], blocks: list[int],
+                start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A step's tensors on the device: its token ids, its positions' slots, and the slots of
+        every position up to its end."""
         end = start + len(tokens)
         ids = torch.tensor(tokens, dtype=torch.int64, device=cache.device)[None]
-        return self._compute(cache, ids, cache.slots(blocks, start, end), cache.slots(blocks, 0, end), start,
-                             layer_written, before_layer)
+        return ids, cache.slots(blocks, start, end), cache.slots(blocks, 0, end)
 
     @torch.inference_mode()
     def forward_graphed(self, cache: PagedKvCache, tokens: list[int], blocks: list[int], start: int) -> torch.Tensor:
@@ -327,12 +333,11 @@ class PagedLlama:
         dev = cache.device
         if dev.type != "cuda":
             raise ValueError("CUDA graphs need the cache on a GPU")
-        end = start + len(tokens)
-        ids = torch.tensor(tokens, dtype=torch.int64, device=dev)[None]
-        new_slots, all_slots = cache.slots(blocks, start, end), cache.slots(blocks, 0, end)
+        ids, new_slots, all_slots = self._inputs(cache, tokens, blocks, start)
+        # A graph holds its cache (g.cache), so no other cache can take that cache's id meanwhile.
         key = (id(cache), start, len(tokens))
         g = self._graphs.pop(key, None)
-        if g is not None and g.cache is cache:  # not another cache at a freed one's id
+        if g is not None:
             self._graphs[key] = g  # most recently used again
             g.ids.copy_(ids)
             g.new_slots.copy_(new_slots)
