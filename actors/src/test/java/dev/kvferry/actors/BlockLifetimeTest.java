@@ -61,6 +61,24 @@ class BlockLifetimeTest {
     return fx.worker(Role.DECODE, TransferMode.READ, "decode-0", s, gated, fx.localLayers);
   }
 
+  /**
+   * A WRITE prefill worker copying through {@code gated} to a listed decode-0, with every layer
+   * of its block 1 saved for D's block 3 and each layer's write submitted (held by the gate).
+   */
+  private ConnectorWorker prefillWritingThroughGate(GatedTransport gated, String requestId,
+      String transferId) {
+    fx.startPeer(decode, fx::peerMetadata);
+    fx.awaitListed(Role.DECODE, "decode-0");
+    ConnectorWorker p = fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0",
+        ConnectorSettings.DEFAULTS, gated, fx.localLayers);
+    p.engineRef().tell(
+        new PeerProtocol.RemoteBlocks(transferId, requestId, new int[] {3}, "decode-0", 0, 0));
+    PeerFixture.saveAllLayers(
+        p, new ReqMeta(requestId, transferId, new int[] {1}, null, "decode-0", 0));
+    awaitSubmitted(gated, PeerFixture.LAYERS);
+    return p;
+  }
+
   /** The engine hands {@code d} one read of prefill-0's blocks 3 and 4 into {@code blocks}. */
   private static void loadFromPrefill(ConnectorWorker d, String requestId, String transferId,
       int[] blocks) {
@@ -182,13 +200,7 @@ class BlockLifetimeTest {
   @Test
   void prefillAbandonedWhileAWriteIsInFlightConfirmsAndFreesOnlyAfterItLanded() {
     GatedTransport gated = new GatedTransport(fx.transport);
-    fx.startPeer(decode, fx::peerMetadata);
-    fx.awaitListed(Role.DECODE, "decode-0");
-    ConnectorWorker p = fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0",
-        ConnectorSettings.DEFAULTS, gated, fx.localLayers);
-    p.engineRef().tell(new PeerProtocol.RemoteBlocks("tx5", "r5", new int[] {3}, "decode-0", 0, 0));
-    PeerFixture.saveAllLayers(p, new ReqMeta("r5", "tx5", new int[] {1}, null, "decode-0", 0));
-    awaitSubmitted(gated, PeerFixture.LAYERS);
+    ConnectorWorker p = prefillWritingThroughGate(gated, "r5", "tx5");
 
     // D gives up while P's copies are in flight: they can still land in D's blocks.
     p.engineRef().tell(new PeerProtocol.TransferFailed("tx5", "decode-0", "decode gave up", 0));
@@ -402,13 +414,7 @@ class BlockLifetimeTest {
     // vLLM reuses a preempted request's blocks right after handle_preemptions returns: no copy
     // may read them from then on.
     GatedTransport gated = new GatedTransport(fx.transport);
-    fx.startPeer(decode, fx::peerMetadata);
-    fx.awaitListed(Role.DECODE, "decode-0");
-    ConnectorWorker p = fx.worker(Role.PREFILL, TransferMode.WRITE, "prefill-0",
-        ConnectorSettings.DEFAULTS, gated, fx.localLayers);
-    p.engineRef().tell(new PeerProtocol.RemoteBlocks("tx18", "r18", new int[] {3}, "decode-0", 0, 0));
-    PeerFixture.saveAllLayers(p, new ReqMeta("r18", "tx18", new int[] {1}, null, "decode-0", 0));
-    awaitSubmitted(gated, PeerFixture.LAYERS);
+    ConnectorWorker p = prefillWritingThroughGate(gated, "r18", "tx18");
 
     java.util.concurrent.CompletableFuture<Void> fence = p.fenceSaves(List.of("r18", "r-other"));
     fx.peerInbox.expectNoMessage(QUIET);
