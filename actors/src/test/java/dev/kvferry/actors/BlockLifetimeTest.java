@@ -79,6 +79,22 @@ class BlockLifetimeTest {
     return p;
   }
 
+  /**
+   * The engine hands {@code d} a read of {@code prefill}'s blocks 3 and 4, held while that engine
+   * is not listed, then aborts it: the request is reported failed as aborted.
+   */
+  private void abortLoadFromUnlistedPrefill(ConnectorWorker d, String requestId, String transferId,
+      String prefill) {
+    d.startLoadKv(new ConnectorMetadata(List.of(),
+        List.of(new ReqMeta(requestId, transferId, new int[] {1, 2}, new int[] {3, 4}, prefill, 0)),
+        List.of()));
+    TrackedTransfers.assertCount(fx, d, 1); // held: P's TP size is not known yet
+    d.engineRef().tell(new EngineActor.AbortReceive(requestId, transferId,
+        "request " + requestId + " aborted"));
+    assertTrue(fx.awaitFinished(d, x -> x.failed().containsKey(requestId)).failed().get(requestId)
+        .contains("aborted"));
+  }
+
   /** The engine hands {@code d} one read of prefill-0's blocks 3 and 4 into {@code blocks}. */
   private static void loadFromPrefill(ConnectorWorker d, String requestId, String transferId,
       int[] blocks) {
@@ -347,13 +363,7 @@ class BlockLifetimeTest {
     GatedTransport gated = new GatedTransport(fx.transport);
     ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0", ConnectorSettings.DEFAULTS,
         gated, fx.localLayers);
-    d.startLoadKv(new ConnectorMetadata(List.of(),
-        List.of(new ReqMeta("r15", "tx15", new int[] {1, 2}, new int[] {3, 4}, "prefill-5", 0)),
-        List.of()));
-    TrackedTransfers.assertCount(fx, d, 1); // held: P's TP size is not known yet
-    d.engineRef().tell(new EngineActor.AbortReceive("r15", "tx15", "request r15 aborted"));
-    assertTrue(fx.awaitFinished(d, x -> x.failed().containsKey("r15")).failed().get("r15")
-        .contains("aborted"));
+    abortLoadFromUnlistedPrefill(d, "r15", "tx15", "prefill-5");
     listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-5", 0, 1, 0, 1, TransferMode.READ));
     assertEquals("tx15", fishPeer(PeerProtocol.Release.class).transferId());
     assertEquals(0, gated.submitted(), "read after its abort");
@@ -364,13 +374,7 @@ class BlockLifetimeTest {
     // Aborted here, then failed by P (which may know us before we list it): the second ending
     // dropped the release the first had left for P, and P kept its blocks until its timeout.
     ConnectorWorker d = fx.worker(Role.DECODE, TransferMode.READ, "decode-0", ConnectorSettings.DEFAULTS);
-    d.startLoadKv(new ConnectorMetadata(List.of(),
-        List.of(new ReqMeta("r17", "tx17", new int[] {1, 2}, new int[] {3, 4}, "prefill-7", 0)),
-        List.of()));
-    TrackedTransfers.assertCount(fx, d, 1); // held: P's TP size is not known yet
-    d.engineRef().tell(new EngineActor.AbortReceive("r17", "tx17", "request r17 aborted"));
-    assertTrue(fx.awaitFinished(d, x -> x.failed().containsKey("r17")).failed().get("r17")
-        .contains("aborted"));
+    abortLoadFromUnlistedPrefill(d, "r17", "tx17", "prefill-7");
     d.engineRef().tell(new PeerProtocol.TransferFailed("tx17", "prefill-7", "abandoned", 0));
     listedPrefillPeer(new EngineIdentity(Role.PREFILL, "prefill-7", 0, 1, 0, 1, TransferMode.READ));
     assertEquals("tx17", fishPeer(PeerProtocol.Release.class).transferId());
