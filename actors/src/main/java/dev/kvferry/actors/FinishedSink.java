@@ -21,24 +21,28 @@ public final class FinishedSink {
   private Set<Integer> loadErrors = new HashSet<>();
   private final AtomicLong bytesMoved = new AtomicLong();
   /**
-   * D, WRITE: receives whose done word was handed out, by transfer id. The word is stored behind
-   * P's last copy, so when D's watcher sees it the request is done; the watcher reports it here at
-   * once instead of through two mailboxes (the receiver's, then the tracker's: 100-150 us on the
-   * GPU host). Whoever settles a receive first, the watcher or the tracker, decides what the
-   * engine hears; the other reports nothing.
+   * D: receives that may be reported done at once, by transfer id, by whichever thread sees their
+   * bytes land: in WRITE D's watcher on seeing the done word stored behind P's last copy, in READ
+   * the thread that completes the last of its reads. Either reports here directly instead of
+   * through two mailboxes (the receiver's or reader's, then the tracker's: 100-150 us on the GPU
+   * host). Whoever settles a receive first, that thread or the tracker, decides what the engine
+   * hears; the other reports nothing.
    */
-  private final Map<String, WordClaim> wordClaims = new ConcurrentHashMap<>();
+  private final Map<String, EarlyClaim> earlyClaims = new ConcurrentHashMap<>();
 
-  /** One receive's claim: open, reported done by its word, or settled by the tracker. */
-  private static final class WordClaim {
+  /** One receive's claim: open, reported done at once, or settled by the tracker. */
+  private static final class EarlyClaim {
     static final int OPEN = 0;
-    static final int DONE_BY_WORD = 1;
+    static final int DONE_EARLY = 1;
     static final int SETTLED = 2;
     final String requestId;
     final long startedNanos = System.nanoTime();
     final AtomicInteger state = new AtomicInteger(OPEN);
+    /** Set before the state turns DONE_EARLY, which publishes them to the tracker. */
+    long landedNanos;
+    boolean byWord;
 
-    WordClaim(String requestId) {
+    EarlyClaim(String requestId) {
       this.requestId = requestId;
     }
   }
@@ -89,48 +93,61 @@ public final class FinishedSink {
     }
   }
 
-  /** D: a done word was handed out for receive {@code transferId} of {@code requestId}. */
-  void expectWord(String transferId, String requestId) {
-    wordClaims.putIfAbsent(transferId, new WordClaim(requestId));
+  /**
+   * D: receive {@code transferId} of {@code requestId} may be reported done at once (a done word
+   * was handed out for it, or its reads are watched by the threads completing them).
+   */
+  void expectEarlyDone(String transferId, String requestId) {
+    earlyClaims.putIfAbsent(transferId, new EarlyClaim(requestId));
   }
 
   /**
-   * D's watcher saw the done word of {@code transferId}: reports its request done, and tells the
-   * observer, unless the tracker settled the receive first. Returns whether it did. The duration
-   * observed runs from when the word was handed out (with D's blocks), a little after the
-   * tracker's start for other endings.
+   * Every byte of receive {@code transferId} landed (its done word was seen, {@code byWord}, or its
+   * last read completed): reports its request done unless the tracker settled the receive first.
+   * Returns whether it did. The metrics are left to the tracker when it settles (off this thread,
+   * which is the watcher's or the one completing copies).
    */
-  boolean wordLanded(String transferId) {
-    WordClaim c = wordClaims.get(transferId);
-    if (c == null || !c.state.compareAndSet(WordClaim.OPEN, WordClaim.DONE_BY_WORD)) {
+  boolean landedEarly(String transferId, boolean byWord) {
+    EarlyClaim c = earlyClaims.get(transferId);
+    if (c == null) {
+      return false;
+    }
+    c.landedNanos = System.nanoTime();
+    c.byWord = byWord;
+    if (!c.state.compareAndSet(EarlyClaim.OPEN, EarlyClaim.DONE_EARLY)) {
       return false;
     }
     doneReceiving(c.requestId);
-    observer.transferEnded(
-        TransferObserver.Outcome.RECEIVED, 0, System.nanoTime() - c.startedNanos);
-    observer.receiveDoneByWord();
+    ReadStamps.mark(transferId, ReadStamps.Stage.REPORTED); // READ: the engine can drain it now
     return true;
   }
 
   /**
    * The tracker settles receive {@code transferId} (success or failure) and forgets its claim.
-   * Returns true when its word reported the request done already: the tracker then reports and
-   * observes nothing, since the engine has its answer (every copy landed before the word).
+   * Returns -1 when the tracker is to report it; else it was reported done at once already (the
+   * engine has its answer: every copy landed before), the tracker reports nothing, and this
+   * returns how long the receive took until then, in nanoseconds from the claim.
    */
-  boolean settleReceive(String transferId) {
-    WordClaim c = wordClaims.remove(transferId);
-    return c != null && !c.state.compareAndSet(WordClaim.OPEN, WordClaim.SETTLED);
+  long settleReceive(String transferId) {
+    EarlyClaim c = earlyClaims.remove(transferId);
+    if (c == null || c.state.compareAndSet(EarlyClaim.OPEN, EarlyClaim.SETTLED)) {
+      return -1;
+    }
+    if (c.byWord) {
+      observer.receiveDoneByWord();
+    }
+    return c.landedNanos - c.startedNanos;
   }
 
-  /** Whether the word of {@code transferId} reported it done and the tracker has not settled it. */
-  boolean doneByWord(String transferId) {
-    WordClaim c = wordClaims.get(transferId);
-    return c != null && c.state.get() == WordClaim.DONE_BY_WORD;
+  /** Whether {@code transferId} was reported done at once and the tracker has not settled it. */
+  boolean doneEarly(String transferId) {
+    EarlyClaim c = earlyClaims.get(transferId);
+    return c != null && c.state.get() == EarlyClaim.DONE_EARLY;
   }
 
-  /** Claims the tracker has not settled yet, reported by their word or not (tests: no leak). */
-  int unsettledWordClaims() {
-    return wordClaims.size();
+  /** Claims the tracker has not settled yet, reported done at once or not (tests: no leak). */
+  int unsettledEarlyClaims() {
+    return earlyClaims.size();
   }
 
   public void addBytes(long bytes) {

@@ -12,12 +12,12 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * Where a READ-mode transfer's start spends its time on D's node, from the worker's {@code
- * start_load_kv} until its first and last layers' reads are queued (issue 18: the engine's wait
- * for layer 0 is the first thing its forward waits on). One {@link System#nanoTime()} per
- * {@link Stage} and transfer; once the last layer is queued the node logs one line with each stage
- * as microseconds after the first. Off unless {@code -Dkvferry.stamps=true}; off, each mark is a
- * static boolean test.
+ * Where a READ-mode transfer spends its time on D's node, from the worker's {@code start_load_kv}
+ * until its first and last layers' reads are queued (issue 18: the engine's wait for layer 0 is
+ * the first thing its forward waits on), and on until the request is in the engine's next {@code
+ * get_finished}. One {@link System#nanoTime()} per {@link Stage} and transfer; once the request is
+ * reported the node logs one line with each stage as microseconds after the first. Off unless
+ * {@code -Dkvferry.stamps=true}; off, each mark is a static boolean test.
  */
 public final class ReadStamps {
 
@@ -50,13 +50,17 @@ public final class ReadStamps {
     /** Layer 0's reads were queued (GPU) or done (host). */
     LAYER0_QUEUED,
     /** The last layer's reads were queued (GPU) or done (host). */
-    LAST_QUEUED
+    LAST_QUEUED,
+    /** The last of its reads completed (seen by the thread completing it). */
+    READS_LANDED,
+    /** Its request went into the engine's finished list (what get_finished drains next). */
+    REPORTED
   }
 
   private static final Logger log = LoggerFactory.getLogger(ReadStamps.class);
   private static final Stage[] STAGES = Stage.values();
   private static final boolean ON = Boolean.getBoolean("kvferry.stamps");
-  /** Bounded: transfers whose last layer never queues (failed, aborted) are dropped wholesale. */
+  /** Bounded: transfers never reported done (failed, aborted) are dropped wholesale. */
   private static final int MAX_TRANSFERS = 4096;
   private static final Map<String, long[]> stamps = new ConcurrentHashMap<>();
 
@@ -129,7 +133,7 @@ public final class ReadStamps {
       return;
     }
     at[stage.ordinal()] = now;
-    if (stage == Stage.LAST_QUEUED) {
+    if (stage == Stage.REPORTED) {
       stamps.remove(transferId);
       StringBuilder line =
           new StringBuilder("read start stamps, us after the load was handed over: transfer ")

@@ -26,6 +26,7 @@ import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
 import org.apache.pekko.actor.typed.javadsl.ActorContext;
 import org.apache.pekko.actor.typed.javadsl.Behaviors;
 import org.apache.pekko.actor.typed.javadsl.Receive;
+import org.jspecify.annotations.Nullable;
 
 /**
  * D's side of READ mode: once P's metadata is in (through the {@link HandshakeActor}), reads every
@@ -148,6 +149,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> {
         int[] sources = PeerPlanning.sourcesFor(self, prefillTp, mla);
         reads.put(r.transferId(), new ReadJob(r, sources, setup.layerRegions().size()));
+        setup.sink().expectEarlyDone(r.transferId(), r.requestId()); // before any read can land
         setup.sink().layerLoads().readsPerLayer(r.transferId(), sources.length);
         for (int source : sources) {
           PeerKey peer = new PeerKey(r.remoteEngineId(), source);
@@ -229,13 +231,59 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       job.inFlight++;
       getContext()
           .pipeToSelf(
-              issued.get(l).thenCompose(TransferStatus::completion),
+              issued.get(l).thenCompose(TransferStatus::completion)
+                  .whenComplete((status, error) -> landed(job, status, error)),
               (status, error) ->
                   new LayerRead(
                       transferId,
                       source,
                       l,
                       error != null ? TransferStatus.failed("read raised " + error) : status));
+    }
+  }
+
+  /**
+   * On the thread that completed one of {@code job}'s reads, before this actor hears of it: the
+   * last of them to land reports the request done to the engine at once (the hops to this actor
+   * and on to the tracker took 100-150 us each on the GPU host). Every byte is in D's blocks by
+   * then; this actor still settles the transfer and releases P when its messages arrive.
+   */
+  private void landed(ReadJob job, @Nullable TransferStatus status, @Nullable Throwable error) {
+    if (error != null || status == null || !status.succeeded()) {
+      return; // never counts down: the failure is this actor's to report
+    }
+    job.landedBytes.addAndGet(status.bytesMoved());
+    if (job.notLanded.decrementAndGet() == 0 && !job.cancelled.get()) {
+      String transferId = job.request.transferId();
+      ReadStamps.mark(transferId, ReadStamps.Stage.READS_LANDED);
+      setup.sink().landedEarly(transferId, false);
+    }
+  }
+
+  /**
+   * If the request of {@code transferId} was reported done at once (the engine may have acted on
+   * it), settles it here as a success before anything else is decided for it: its last reads'
+   * messages may still be queued behind the one at hand. An abort the engine sends after that done
+   * is then reported as for any ended receive, so the engine gets the report it waits for.
+   * Returns whether it did.
+   */
+  private boolean settleIfDoneEarly(String transferId) {
+    ReadJob job = reads.get(transferId);
+    if (job == null || job.failure != null || !setup.sink().doneEarly(transferId)) {
+      return false;
+    }
+    succeeded(job);
+    return true;
+  }
+
+  /** Every read of {@code job} landed: the tracker hears of it and P may free its blocks. */
+  private void succeeded(ReadJob job) {
+    String transferId = job.request.transferId();
+    endJob(transferId);
+    tracker.tell(new RequestTrackerActor.ReceiveSucceeded(transferId, job.landedBytes.get()));
+    for (int source : job.sources) {
+      outbox.send(job.request.remoteEngineId(), source, job.request.remoteWorkerUid(source),
+          release(transferId));
     }
   }
 
@@ -258,17 +306,11 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
           + m.status().failureMessage());
       return this;
     }
-    job.bytes += m.status().bytesMoved();
     if (--job.layerRemaining[m.layer()] == 0) {
       setup.sink().layerLoads().layerLanded(m.transferId(), m.layer()); // waitForLayerLoad
     }
     if (--job.remaining == 0) {
-      endJob(m.transferId());
-      tracker.tell(new RequestTrackerActor.ReceiveSucceeded(m.transferId(), job.bytes));
-      for (int source : job.sources) {
-        outbox.send(job.request.remoteEngineId(), source, job.request.remoteWorkerUid(source),
-            release(m.transferId()));
-      }
+      succeeded(job);
     }
     return this;
   }
@@ -319,6 +361,9 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
 
   private Behavior<Command> onPeerFailed(ReceiveEnding.PeerFailed m) {
     PeerProtocol.TransferFailed f = m.failed();
+    if (settleIfDoneEarly(f.transferId())) {
+      return this; // every byte landed: P has its release already
+    }
     String reason = "engine " + f.engineId() + ": " + f.reason();
     if (reads.containsKey(f.transferId()) || outbox.holdsWorkFor(f.transferId())) {
       endTransfer(f.transferId(), reason); // P wants its blocks back: stop reading, then release
@@ -332,11 +377,14 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
   }
 
   private Behavior<Command> onOverdue(ReceiveEnding.Overdue m) {
-    endTransfer(m.transferId(), m.reason()); // a request to end it, not a licence to free
+    if (!settleIfDoneEarly(m.transferId())) {
+      endTransfer(m.transferId(), m.reason()); // a request to end it, not a licence to free
+    }
     return this;
   }
 
   private Behavior<Command> onAborted(ReceiveEnding.Aborted m) {
+    settleIfDoneEarly(m.transferId());
     boolean reading = reads.containsKey(m.transferId()) || outbox.holdsWorkFor(m.transferId());
     if (!reading) {
       abortedBeforeBegun.add(m.transferId());
@@ -354,6 +402,9 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
   private Behavior<Command> onDirectoryChanged(DirectoryChanged m) {
     EngineDirectory now = m.directory();
     EngineDirectory before = outbox.replaceDirectory(now);
+    for (String transferId : List.copyOf(reads.keySet())) {
+      settleIfDoneEarly(transferId); // its bytes landed: P leaving does not end it
+    }
     List<ReadJob> ending = new ArrayList<>();
     for (ReadJob job : reads.values()) {
       String p = job.request.remoteEngineId();

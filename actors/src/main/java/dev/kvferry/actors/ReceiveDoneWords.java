@@ -45,7 +45,7 @@ final class ReceiveDoneWords implements AutoCloseable {
     if (watcher == null && !unavailable) {
       watcher = DoneWordWatcher.tryCreate(label, transport.ringsDoneWordBell(), id -> {
         try {
-          sink.wordLanded(id);
+          sink.landedEarly(id, true);
         } finally {
           tellReceiver.accept(id); // even if an observer threw: the receiver must forget it
         }
@@ -59,7 +59,7 @@ final class ReceiveDoneWords implements AutoCloseable {
     if (w == null) {
       return null;
     }
-    sink.expectWord(transferId, requestId); // before the words can land
+    sink.expectEarlyDone(transferId, requestId); // before the words can land
     DoneWordWatcher.Ticket[] tickets = w.register(transferId, writers);
     PeerProtocol.DoneWord[] words = new PeerProtocol.DoneWord[tickets.length];
     for (int i = 0; i < tickets.length; i++) {
@@ -78,7 +78,7 @@ final class ReceiveDoneWords implements AutoCloseable {
 
   /** Whether the word of {@code transferId} reported it done to the engine already. */
   boolean reportedDone(String transferId) {
-    return sink.doneByWord(transferId);
+    return sink.doneEarly(transferId);
   }
 
   @Override

@@ -22,10 +22,11 @@ import org.jspecify.annotations.Nullable;
 /**
  * Per-request transfer state of one worker, on both sides: on P the sends that wait for a release
  * (READ) or for their writes (WRITE); on D the receives in flight, each with a deadline. Every
- * ending lands in the {@link FinishedSink} exactly once (a receive its done word completed is
- * reported there by D's watcher, through the sink's claim, and not again here); late messages for
- * ended transfers are recognised by a bounded set of terminal transfer ids and ignored. Replaces
- * the seed's done_req_ids lists, _reqs_to_send and _recving_transfers.
+ * ending lands in the {@link FinishedSink} exactly once (a receive reported done at once, by D's
+ * watcher on its done word or by the thread completing its last read, is reported there through
+ * the sink's claim, and not again here); late messages for ended transfers are recognised by a
+ * bounded set of terminal transfer ids and ignored. Replaces the seed's done_req_ids lists,
+ * _reqs_to_send and _recving_transfers.
  */
 public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerActor.Command> {
 
@@ -186,13 +187,18 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onReceiveSucceeded(ReceiveSucceeded m) {
-    boolean reportedByWord = sink.settleReceive(m.transferId());
+    long reportedEarlyAfter = sink.settleReceive(m.transferId());
+    if (reportedEarlyAfter >= 0) { // the word's watcher or the last read reported it: as of then
+      sink.observer().transferEnded(
+          TransferObserver.Outcome.RECEIVED, m.bytes(), reportedEarlyAfter);
+    }
     TrackedTransfer t = take(m.transferId(), "succeeded");
     if (t != null) {
       sink.layerLoads().ended(t.transferId);
       sink.addBytes(m.bytes());
-      if (!reportedByWord) { // else the watcher reported and observed it
+      if (reportedEarlyAfter < 0) {
         sink.doneReceiving(t.requestId);
+        ReadStamps.mark(t.transferId, ReadStamps.Stage.REPORTED);
         observe(TransferObserver.Outcome.RECEIVED, m.bytes(), t);
       }
     }
@@ -200,12 +206,17 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onTransferFailed(TransferFailed m) {
-    // D's watcher may have reported the receive done from its word: the engine has its answer,
-    // so a later ending (a timeout, P's failure) reports nothing; an abort after that done comes
-    // as ReportAborted (the receiver settles the receive first) and is reported there.
-    boolean reportedByWord = sink.settleReceive(m.transferId());
+    // The receive may have been reported done at once (its done word, or its last read): the
+    // engine has its answer, so a later ending (a timeout, P's failure) reports nothing; an abort
+    // after that done comes as ReportAborted (the receiver or reader settles the receive first)
+    // and is reported there.
+    long reportedEarlyAfter = sink.settleReceive(m.transferId());
+    boolean reportedEarly = reportedEarlyAfter >= 0;
+    if (reportedEarly) { // every byte had landed: it counts as received, as the engine heard
+      sink.observer().transferEnded(TransferObserver.Outcome.RECEIVED, 0, reportedEarlyAfter);
+    }
     if (!active.containsKey(m.transferId()) && !terminal.contains(m.transferId())) {
-      if (!reportedByWord) {
+      if (!reportedEarly) {
         earlyFailures.put(m.transferId(), m.reason());
       }
       return this;
@@ -214,9 +225,9 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     if (t != null) {
       if (t.state == TrackedTransfer.State.RECEIVING) {
         sink.layerLoads().ended(t.transferId);
-        if (reportedByWord) {
-          getContext().getLog().debug("transfer {} ended ({}) after its done word reported it"
-              + " done; reported as done", t.transferId, m.reason());
+        if (reportedEarly) {
+          getContext().getLog().debug("transfer {} ended ({}) after it was reported done at once"
+              + " (every byte had landed); reported as done", t.transferId, m.reason());
           return this;
         }
         // In the same report as the failure: the engine recomputes these blocks.

@@ -500,6 +500,46 @@ class BlockLifetimeTest {
     assertEquals(Set.of("r10"), fx.awaitFinished(d, x -> !x.doneReceiving().isEmpty()).doneReceiving());
   }
 
+  @Test
+  void aReadIsReportedDoneOnlyOnceItsLastLayerLandedAndReleasesPrefillOnce() {
+    GatedTransport gated = new GatedTransport(fx.transport);
+    ConnectorWorker d = readingDecode(gated, ConnectorSettings.DEFAULTS);
+    loadFromPrefill(d, "r16", "tx16", new int[] {1, 2});
+    awaitSubmitted(gated, PeerFixture.LAYERS);
+
+    // The thread completing the last read reports the request at once: not one read before.
+    gated.openFor(fx.localLayers.get(0));
+    assertNothingFinishedFor(d, QUIET);
+    gated.open();
+    assertEquals(Set.of("r16"),
+        fx.awaitFinished(d, x -> !x.doneReceiving().isEmpty()).doneReceiving());
+    assertEquals("tx16", fishPeer(PeerProtocol.Release.class).transferId());
+    fx.kit.createTestProbe().awaitAssert(WITHIN, () -> {
+      assertEquals(0, d.sink().unsettledEarlyClaims(), "the tracker never settled the read");
+      return null;
+    });
+    TrackedTransfers.assertNone(fx, d);
+    fx.peerInbox.expectNoMessage(QUIET); // one release, not one per ending
+  }
+
+  @Test
+  void aReadAbortedAfterItWasReportedDoneIsReportedAgainAndReleasesPrefillOnce() {
+    GatedTransport gated = new GatedTransport(fx.transport);
+    gated.open(); // every read lands as it is made
+    ConnectorWorker d = readingDecode(gated, ConnectorSettings.DEFAULTS);
+    loadFromPrefill(d, "r17", "tx17", new int[] {1, 2});
+    fx.awaitFinished(d, x -> x.doneReceiving().contains("r17"));
+    assertEquals("tx17", fishPeer(PeerProtocol.Release.class).transferId());
+
+    // The engine aborts it after the done (its blocks were lent until then): it hears once more.
+    d.engineRef().tell(new EngineActor.AbortReceive("r17", "tx17", "request r17 aborted"));
+    assertTrue(fx.awaitFinished(d, x -> x.failed().containsKey("r17")).failed().get("r17")
+        .contains("aborted"));
+    fx.peerInbox.expectNoMessage(QUIET);
+    assertEquals(0, d.sink().unsettledEarlyClaims());
+    TrackedTransfers.assertNone(fx, d);
+  }
+
   private static java.util.concurrent.CompletableFuture<Boolean> waitInBackground(
       ConnectorWorker d, int layer) {
     return java.util.concurrent.CompletableFuture.supplyAsync(() -> {

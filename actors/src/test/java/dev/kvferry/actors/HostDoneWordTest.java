@@ -212,13 +212,13 @@ class HostDoneWordTest {
     // the receiver heard of the word: played by reporting as the watcher does, with no
     // DoneWordSeen after it. Without the receiver settling first, the abort waited for P.
     ConnectorWorker d = writtenOverCmaWithoutItsWord("r3");
-    assertTrue(d.sink().wordLanded("tx-r3"), "the receiver handed out no claim with its word");
+    assertTrue(d.sink().landedEarly("tx-r3", true), "the receiver handed out no claim with its word");
     assertEquals(Set.of("r3"), d.getFinished().doneReceiving());
     d.engineRef().tell(new EngineActor.AbortReceive("r3", "tx-r3", "aborted after its done"));
     Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r3"));
     assertTrue(f.doneReceiving().isEmpty(), "reported done twice: " + f);
     assertTrue(f.failed().get("r3").contains("aborted after its done"), f.toString());
-    assertEquals(0, d.sink().unsettledWordClaims(), "a claim left behind");
+    assertEquals(0, d.sink().unsettledEarlyClaims(), "a claim left behind");
   }
 
   @Test

@@ -112,22 +112,22 @@ class RequestTrackerActorTest {
     ActorRef<RequestTrackerActor.Command> t = tracker(ConnectorSettings.DEFAULTS);
     t.tell(new RequestTrackerActor.ExpectReceive("r1", "tx1", "prefill-0", new int[] {1}));
     t.tell(new RequestTrackerActor.ExpectReceive("r2", "tx2", "prefill-0", new int[] {2}));
-    sink.expectWord("tx1", "r1");
-    sink.expectWord("tx2", "r2");
+    sink.expectEarlyDone("tx1", "r1");
+    sink.expectEarlyDone("tx2", "r2");
     // The watcher's thread, no actor in between: the engine's next drain has it.
-    assertTrue(sink.wordLanded("tx1"));
-    assertFalse(sink.wordLanded("tx1"), "a word seen twice reported twice");
+    assertTrue(sink.landedEarly("tx1", true));
+    assertFalse(sink.landedEarly("tx1", true), "a word seen twice reported twice");
     assertEquals(Set.of("r1"), sink.drain().doneReceiving());
     // Then the receiver's own ending arrives: the success is not reported again, and a failure
     // decided after the word (a timeout, an abort racing it) is not reported at all.
     t.tell(new RequestTrackerActor.ReceiveSucceeded("tx1", 0));
-    assertTrue(sink.wordLanded("tx2"));
+    assertTrue(sink.landedEarly("tx2", true));
     t.tell(new RequestTrackerActor.TransferFailed("tx2", "overdue"));
     kit.createTestProbe().expectNoMessage(Duration.ofMillis(300));
     Finished f = sink.drain();
     assertEquals(Set.of("r2"), f.doneReceiving(), f.toString());
     assertTrue(f.failed().isEmpty() && f.blockIdsWithLoadErrors().isEmpty(), f.toString());
-    assertEquals(0, sink.unsettledWordClaims(), "claims left behind");
+    assertEquals(0, sink.unsettledEarlyClaims(), "claims left behind");
     assertEquals(java.util.List.of(TransferObserver.Outcome.RECEIVED,
         TransferObserver.Outcome.RECEIVED), observed, "each receive observed once, as received");
   }
@@ -136,13 +136,13 @@ class RequestTrackerActorTest {
   void aReceiveTheTrackerEndedFirstIsNotReportedDoneByALateWord() {
     ActorRef<RequestTrackerActor.Command> t = tracker(ConnectorSettings.DEFAULTS);
     t.tell(new RequestTrackerActor.ExpectReceive("r1", "tx1", "prefill-0", new int[] {4}));
-    sink.expectWord("tx1", "r1");
+    sink.expectEarlyDone("tx1", "r1");
     t.tell(new RequestTrackerActor.TransferFailed("tx1", "engine prefill-7 left"));
     Finished f = awaitExactly(x -> x.failed().containsKey("r1"));
     assertEquals(Set.of(4), f.blockIdsWithLoadErrors());
-    assertFalse(sink.wordLanded("tx1"), "the word reported a receive the tracker had ended");
+    assertFalse(sink.landedEarly("tx1", true), "the word reported a receive the tracker had ended");
     assertTrue(sink.drain().isEmpty());
-    assertEquals(0, sink.unsettledWordClaims());
+    assertEquals(0, sink.unsettledEarlyClaims());
   }
 
   /** Tells {@code t} a directory listing one worker of decode engine "decode-0". */
