@@ -38,9 +38,6 @@ public final class FinishedSink {
     final String requestId;
     final long startedNanos = System.nanoTime();
     final AtomicInteger state = new AtomicInteger(OPEN);
-    /** Set before the state turns DONE_EARLY, which publishes them to the tracker. */
-    long landedNanos;
-    boolean byWord;
 
     EarlyClaim(String requestId) {
       this.requestId = requestId;
@@ -103,40 +100,35 @@ public final class FinishedSink {
 
   /**
    * Every byte of receive {@code transferId} landed (its done word was seen, {@code byWord}, or its
-   * last read completed): reports its request done unless the tracker settled the receive first.
-   * Returns whether it did. The metrics are left to the tracker when it settles (off this thread,
-   * which is the watcher's or the one completing copies).
+   * last read completed): reports its request done, and tells the observer, unless the tracker
+   * settled the receive first. Returns whether it did. The duration observed runs from when the
+   * claim was made (with D's blocks), a little after the tracker's start for other endings.
    */
   boolean landedEarly(String transferId, boolean byWord) {
     EarlyClaim c = earlyClaims.get(transferId);
-    if (c == null) {
-      return false;
-    }
-    c.landedNanos = System.nanoTime();
-    c.byWord = byWord;
-    if (!c.state.compareAndSet(EarlyClaim.OPEN, EarlyClaim.DONE_EARLY)) {
+    if (c == null || !c.state.compareAndSet(EarlyClaim.OPEN, EarlyClaim.DONE_EARLY)) {
       return false;
     }
     doneReceiving(c.requestId);
     ReadStamps.mark(transferId, ReadStamps.Stage.REPORTED); // READ: the engine can drain it now
+    // After the report, not before: in a node that has moved only a few hundred transfers the
+    // metrics call takes tens of microseconds (docs/results/2026-12-05-read-stamps-host-done-at-once.txt).
+    observer.transferEnded(
+        TransferObserver.Outcome.RECEIVED, 0, System.nanoTime() - c.startedNanos);
+    if (byWord) {
+      observer.receiveDoneByWord();
+    }
     return true;
   }
 
   /**
    * The tracker settles receive {@code transferId} (success or failure) and forgets its claim.
-   * Returns -1 when the tracker is to report it; else it was reported done at once already (the
-   * engine has its answer: every copy landed before), the tracker reports nothing, and this
-   * returns how long the receive took until then, in nanoseconds from the claim.
+   * Returns true when it was reported done at once already: the tracker then reports and
+   * observes nothing, since the engine has its answer (every copy landed before).
    */
-  long settleReceive(String transferId) {
+  boolean settleReceive(String transferId) {
     EarlyClaim c = earlyClaims.remove(transferId);
-    if (c == null || c.state.compareAndSet(EarlyClaim.OPEN, EarlyClaim.SETTLED)) {
-      return -1;
-    }
-    if (c.byWord) {
-      observer.receiveDoneByWord();
-    }
-    return c.landedNanos - c.startedNanos;
+    return c != null && !c.state.compareAndSet(EarlyClaim.OPEN, EarlyClaim.SETTLED);
   }
 
   /** Whether {@code transferId} was reported done at once and the tracker has not settled it. */

@@ -187,16 +187,12 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onReceiveSucceeded(ReceiveSucceeded m) {
-    long reportedEarlyAfter = sink.settleReceive(m.transferId());
-    if (reportedEarlyAfter >= 0) { // the word's watcher or the last read reported it: as of then
-      sink.observer().transferEnded(
-          TransferObserver.Outcome.RECEIVED, m.bytes(), reportedEarlyAfter);
-    }
+    boolean reportedEarly = sink.settleReceive(m.transferId());
     TrackedTransfer t = take(m.transferId(), "succeeded");
     if (t != null) {
       sink.layerLoads().ended(t.transferId);
       sink.addBytes(m.bytes());
-      if (reportedEarlyAfter < 0) {
+      if (!reportedEarly) { // else the word's watcher or the last read reported and observed it
         sink.doneReceiving(t.requestId);
         ReadStamps.mark(t.transferId, ReadStamps.Stage.REPORTED);
         observe(TransferObserver.Outcome.RECEIVED, m.bytes(), t);
@@ -210,11 +206,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
     // engine has its answer, so a later ending (a timeout, P's failure) reports nothing; an abort
     // after that done comes as ReportAborted (the receiver or reader settles the receive first)
     // and is reported there.
-    long reportedEarlyAfter = sink.settleReceive(m.transferId());
-    boolean reportedEarly = reportedEarlyAfter >= 0;
-    if (reportedEarly) { // every byte had landed: it counts as received, as the engine heard
-      sink.observer().transferEnded(TransferObserver.Outcome.RECEIVED, 0, reportedEarlyAfter);
-    }
+    boolean reportedEarly = sink.settleReceive(m.transferId());
     if (!active.containsKey(m.transferId()) && !terminal.contains(m.transferId())) {
       if (!reportedEarly) {
         earlyFailures.put(m.transferId(), m.reason());
