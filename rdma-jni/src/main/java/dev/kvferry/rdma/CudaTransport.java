@@ -141,18 +141,52 @@ public final class CudaTransport implements EventOrderedTransport {
   private final Map<PeerProcess, Set<AllocationKey>> allocationsByPeer =
       new ConcurrentHashMap<>();
 
+  // The map keys below write hashCode and equals out: a record's generated ones go through method
+  // handles, slow in code not compiled yet, and these are looked up on every copy (PeerKey says more).
+
   /** A peer process: its host's boot id and its pid. */
   private record PeerProcess(String bootId, long pid) {
     static PeerProcess of(RegionDescriptor remote) {
       return new PeerProcess(remote.bootId(), remote.pid());
     }
+
+    @Override
+    public int hashCode() {
+      return 31 * bootId.hashCode() + Long.hashCode(pid);
+    }
+
+    @Override
+    public boolean equals(@Nullable Object o) {
+      return o instanceof PeerProcess p && pid == p.pid && bootId.equals(p.bootId);
+    }
   }
 
   /** A copy lane: from our device to one device of one peer process. */
-  private record LaneKey(int device, PeerProcess peer, int remoteDevice) {}
+  private record LaneKey(int device, PeerProcess peer, int remoteDevice) {
+    @Override
+    public int hashCode() {
+      return (31 * device + peer.hashCode()) * 31 + remoteDevice;
+    }
+
+    @Override
+    public boolean equals(@Nullable Object o) {
+      return o instanceof LaneKey k && device == k.device && remoteDevice == k.remoteDevice
+          && peer.equals(k.peer);
+    }
+  }
 
   /** An IPC-opened allocation: our device and the 64-byte handle (compared by content). */
-  private record AllocationKey(int device, ByteBuffer handle) {}
+  private record AllocationKey(int device, ByteBuffer handle) {
+    @Override
+    public int hashCode() {
+      return 31 * device + handle.hashCode();
+    }
+
+    @Override
+    public boolean equals(@Nullable Object o) {
+      return o instanceof AllocationKey k && device == k.device && handle.equals(k.handle);
+    }
+  }
   private final Map<LaneKey, Lane> lanes = new ConcurrentHashMap<>();
   /** Per local device, the stream that joins several lanes for {@link #recordAfterCopies}. */
   private final Map<Integer, Join> joins = new ConcurrentHashMap<>();

@@ -21,7 +21,19 @@ import org.jspecify.annotations.Nullable;
 final class PeerMappings implements AutoCloseable {
 
   /** One region of one peer process; the file identity guards against a reused fd number. */
-  private record Key(long pid, String owner, SharedPages pages) {}
+  private record Key(long pid, String owner, SharedPages pages) {
+    // Written out: the record's generated ones go through method handles, slow before the JIT
+    // compiled them (PeerKey in the actors module says more); this key is looked up per copy.
+    @Override
+    public int hashCode() {
+      return (31 * Long.hashCode(pid) + owner.hashCode()) * 31 + pages.hashCode();
+    }
+
+    @Override
+    public boolean equals(@Nullable Object o) {
+      return o instanceof Key k && pid == k.pid && owner.equals(k.owner) && pages.equals(k.pages);
+    }
+  }
 
   private final Map<Key, Object> entries = new ConcurrentHashMap<>(); // Mapping, or String: why not
   private final AtomicInteger opened = new AtomicInteger();

@@ -3,6 +3,7 @@ package dev.kvferry.rdma;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import org.jspecify.annotations.Nullable;
 
 /**
  * How another process on this host maps the pages of a host region itself: the region is the
@@ -29,6 +30,18 @@ public record SharedPages(int fd, long device, long inode) {
     long device = ((Number) Files.getAttribute(self, "unix:dev")).longValue();
     long inode = ((Number) Files.getAttribute(self, "unix:ino")).longValue();
     return new SharedPages(fd, device, inode);
+  }
+
+  // Written out: the record's generated ones go through method handles, slow before the JIT
+  // compiled them; a PeerMappings key holds these, looked up per copy.
+  @Override
+  public int hashCode() {
+    return (31 * fd + Long.hashCode(device)) * 31 + Long.hashCode(inode);
+  }
+
+  @Override
+  public boolean equals(@Nullable Object o) {
+    return o instanceof SharedPages p && fd == p.fd && device == p.device && inode == p.inode;
   }
 
   /** Whether {@code other} names the same file (the descriptor numbers may differ). */

@@ -75,6 +75,18 @@ public final class TcpTransport implements Transport {
     boolean sameEndpoint(PeerIncarnation other) {
       return port == other.port && host.equals(other.host);
     }
+
+    // Written out: the record's generated ones go through method handles, slow before the JIT
+    // compiled them (PeerKey in the actors module says more); this key is looked up per batch.
+    @Override
+    public int hashCode() {
+      return (31 * host.hashCode() + port) * 31 + token.hashCode();
+    }
+
+    @Override
+    public boolean equals(@Nullable Object o) {
+      return o instanceof PeerIncarnation p && sameEndpoint(p) && token.equals(p.token);
+    }
   }
   private final Set<Connection> open = ConcurrentHashMap.newKeySet();
   /** Peer incarnations that left: batches queued for them fail instead of connecting. */
