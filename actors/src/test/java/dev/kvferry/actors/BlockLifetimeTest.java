@@ -95,6 +95,18 @@ class BlockLifetimeTest {
         .contains("aborted"));
   }
 
+  /**
+   * A READ decode (through {@code gated}) handed one read of prefill-0's blocks 3 and 4 into its
+   * blocks 1 and 2, with every layer's read submitted and held at the gate.
+   */
+  private ConnectorWorker readHeldAtTheGate(GatedTransport gated, ConnectorSettings s,
+      String requestId, String transferId) {
+    ConnectorWorker d = readingDecode(gated, s);
+    loadFromPrefill(d, requestId, transferId, new int[] {1, 2});
+    awaitSubmitted(gated, PeerFixture.LAYERS);
+    return d;
+  }
+
   /** The engine hands {@code d} one read of prefill-0's blocks 3 and 4 into {@code blocks}. */
   private static void loadFromPrefill(ConnectorWorker d, String requestId, String transferId,
       int[] blocks) {
@@ -234,10 +246,8 @@ class BlockLifetimeTest {
   @Test
   void aReadTimeoutFailsClosedOnlyAfterEveryLayerInFlightHasFinished() {
     GatedTransport gated = new GatedTransport(fx.transport);
-    ConnectorWorker d =
-        readingDecode(gated, ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(300)));
-    loadFromPrefill(d, "r6", "tx6", new int[] {1, 2});
-    awaitSubmitted(gated, PeerFixture.LAYERS);
+    ConnectorWorker d = readHeldAtTheGate(gated,
+        ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofMillis(300)), "r6", "tx6");
 
     // The timeout passes while both layers' reads are in flight: nothing is freed or released.
     fx.peerInbox.expectNoMessage(Duration.ofMillis(700));
@@ -298,9 +308,7 @@ class BlockLifetimeTest {
   @Test
   void aReadFailureWaitsForTheOtherLayersInFlightBeforeInvalidatingAndReleasing() {
     GatedTransport gated = new GatedTransport(fx.transport);
-    ConnectorWorker d = readingDecode(gated, ConnectorSettings.DEFAULTS);
-    loadFromPrefill(d, "r6", "tx6", new int[] {1, 2});
-    awaitSubmitted(gated, PeerFixture.LAYERS);
+    ConnectorWorker d = readHeldAtTheGate(gated, ConnectorSettings.DEFAULTS, "r6", "tx6");
 
     // P ends the transfer (it gave up waiting) while our reads are still landing.
     d.engineRef().tell(new PeerProtocol.TransferFailed("tx6", "prefill-0", "prefill gave up", 0));
@@ -482,9 +490,7 @@ class BlockLifetimeTest {
   @Test
   void aReadModeLayerWaitReturnsOnlyOnceThatLayerHasLanded() throws Exception {
     GatedTransport gated = new GatedTransport(fx.transport);
-    ConnectorWorker d = readingDecode(gated, ConnectorSettings.DEFAULTS);
-    loadFromPrefill(d, "r10", "tx10", new int[] {1, 2});
-    awaitSubmitted(gated, PeerFixture.LAYERS);
+    ConnectorWorker d = readHeldAtTheGate(gated, ConnectorSettings.DEFAULTS, "r10", "tx10");
 
     java.util.concurrent.CompletableFuture<Boolean> layer0 = waitInBackground(d, 0);
     java.util.concurrent.CompletableFuture<Boolean> layer1 = waitInBackground(d, 1);
@@ -503,9 +509,7 @@ class BlockLifetimeTest {
   @Test
   void aReadIsReportedDoneOnlyOnceItsLastLayerLandedAndReleasesPrefillOnce() {
     GatedTransport gated = new GatedTransport(fx.transport);
-    ConnectorWorker d = readingDecode(gated, ConnectorSettings.DEFAULTS);
-    loadFromPrefill(d, "r16", "tx16", new int[] {1, 2});
-    awaitSubmitted(gated, PeerFixture.LAYERS);
+    ConnectorWorker d = readHeldAtTheGate(gated, ConnectorSettings.DEFAULTS, "r16", "tx16");
 
     // The thread completing the last read reports the request at once: not one read before.
     gated.openFor(fx.localLayers.get(0));
