@@ -100,11 +100,12 @@ public final class FinishedSink {
 
   /**
    * Every byte of receive {@code transferId} landed (its done word was seen, {@code byWord}, or its
-   * last read completed): reports its request done, and tells the observer, unless the tracker
-   * settled the receive first. Returns whether it did. The duration observed runs from when the
-   * claim was made (with D's blocks), a little after the tracker's start for other endings.
+   * last read completed; {@code bytes} as far as known here, 0 for a word): reports its request
+   * done, and tells the observer, unless the tracker settled the receive first. Returns whether it
+   * did. The duration observed runs from when the claim was made (WRITE: when D's blocks went out;
+   * READ: when the reads were set up), a little after the tracker's start for other endings.
    */
-  boolean landedEarly(String transferId, boolean byWord) {
+  boolean landedEarly(String transferId, boolean byWord, long bytes) {
     EarlyClaim c = earlyClaims.get(transferId);
     if (c == null || !c.state.compareAndSet(EarlyClaim.OPEN, EarlyClaim.DONE_EARLY)) {
       return false;
@@ -114,7 +115,7 @@ public final class FinishedSink {
     // After the report, not before: in a node that has moved only a few hundred transfers the
     // metrics call takes tens of microseconds (docs/results/2026-12-05-read-stamps-host-done-at-once.txt).
     observer.transferEnded(
-        TransferObserver.Outcome.RECEIVED, 0, System.nanoTime() - c.startedNanos);
+        TransferObserver.Outcome.RECEIVED, bytes, System.nanoTime() - c.startedNanos);
     if (byWord) {
       observer.receiveDoneByWord();
     }

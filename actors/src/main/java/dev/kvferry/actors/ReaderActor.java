@@ -36,6 +36,9 @@ import org.jspecify.annotations.Nullable;
  * reads in flight before the blocks go back.
  */
 public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
+  /** For {@link #landed}, off this actor's thread (its context's log is the actor's only). */
+  private static final org.slf4j.Logger LANDED_LOG =
+      org.slf4j.LoggerFactory.getLogger(ReaderActor.class);
 
   public sealed interface Command extends LocalOnly
       permits StartLoad, DirectoryChanged, PeerReady, LayerRead, ReceiveEnding {}
@@ -245,8 +248,9 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
   /**
    * On the thread that completed one of {@code job}'s reads, before this actor hears of it: the
    * last of them to land reports the request done to the engine at once (the hops to this actor
-   * and on to the tracker took 100-150 us each on the GPU host). Every byte is in D's blocks by
-   * then; this actor still settles the transfer and releases P when its messages arrive.
+   * and on to the tracker are thread hand-overs each: docs/gpu.md, "The first hop split"). Every
+   * byte is in D's blocks by then; this actor still settles the transfer and releases P when its
+   * messages arrive. Nothing here may throw: the read's own status is what this actor hears.
    */
   private void landed(ReadJob job, @Nullable TransferStatus status, @Nullable Throwable error) {
     if (error != null || status == null || !status.succeeded()) {
@@ -254,9 +258,14 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     }
     job.landedBytes.addAndGet(status.bytesMoved());
     if (job.notLanded.decrementAndGet() == 0 && !job.cancelled.get()) {
+      long bytes = job.landedBytes.get(); // every read's add came before its count down
       String transferId = job.request.transferId();
-      ReadStamps.mark(transferId, ReadStamps.Stage.READS_LANDED);
-      setup.sink().landedEarly(transferId, false);
+      try {
+        ReadStamps.mark(transferId, ReadStamps.Stage.READS_LANDED);
+        setup.sink().landedEarly(transferId, false, bytes);
+      } catch (RuntimeException e) { // an observer's: the report, if made, stands
+        LANDED_LOG.warn("reporting transfer {} done at once failed", transferId, e);
+      }
     }
   }
 

@@ -45,7 +45,7 @@ final class ReceiveDoneWords implements AutoCloseable {
     if (watcher == null && !unavailable) {
       watcher = DoneWordWatcher.tryCreate(label, transport.ringsDoneWordBell(), id -> {
         try {
-          sink.landedEarly(id, true);
+          sink.landedEarly(id, true, 0);
         } finally {
           tellReceiver.accept(id); // even if an observer threw: the receiver must forget it
         }

@@ -1,9 +1,10 @@
 package dev.kvferry.actors;
 
 /**
- * Told about every transfer that ends on a worker, for metrics. Called from actor threads and
- * from D's done-word watcher (a receive its word completed): an implementation must be
- * thread-safe and cheap (count, observe, return).
+ * Told about every transfer that ends on a worker, for metrics. Called from actor threads, from
+ * D's done-word watcher (a receive its word completed) and from the transport's thread that
+ * completes a READ's last read: an implementation must be thread-safe and cheap (count, observe,
+ * return).
  */
 public interface TransferObserver {
 

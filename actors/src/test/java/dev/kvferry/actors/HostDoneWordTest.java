@@ -212,7 +212,7 @@ class HostDoneWordTest {
     // the receiver heard of the word: played by reporting as the watcher does, with no
     // DoneWordSeen after it. Without the receiver settling first, the abort waited for P.
     ConnectorWorker d = writtenOverCmaWithoutItsWord("r3");
-    assertTrue(d.sink().landedEarly("tx-r3", true), "the receiver handed out no claim with its word");
+    assertTrue(d.sink().landedEarly("tx-r3", true, 0), "the receiver handed out no claim with its word");
     assertEquals(Set.of("r3"), d.getFinished().doneReceiving());
     d.engineRef().tell(new EngineActor.AbortReceive("r3", "tx-r3", "aborted after its done"));
     Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r3"));

@@ -115,13 +115,13 @@ class RequestTrackerActorTest {
     sink.expectEarlyDone("tx1", "r1");
     sink.expectEarlyDone("tx2", "r2");
     // The watcher's thread, no actor in between: the engine's next drain has it.
-    assertTrue(sink.landedEarly("tx1", true));
-    assertFalse(sink.landedEarly("tx1", true), "a word seen twice reported twice");
+    assertTrue(sink.landedEarly("tx1", true, 0));
+    assertFalse(sink.landedEarly("tx1", true, 0), "a word seen twice reported twice");
     assertEquals(Set.of("r1"), sink.drain().doneReceiving());
     // Then the receiver's own ending arrives: the success is not reported again, and a failure
     // decided after the word (a timeout, an abort racing it) is not reported at all.
     t.tell(new RequestTrackerActor.ReceiveSucceeded("tx1", 0));
-    assertTrue(sink.landedEarly("tx2", true));
+    assertTrue(sink.landedEarly("tx2", true, 0));
     t.tell(new RequestTrackerActor.TransferFailed("tx2", "overdue"));
     kit.createTestProbe().expectNoMessage(Duration.ofMillis(300));
     Finished f = sink.drain();
@@ -140,7 +140,7 @@ class RequestTrackerActorTest {
     t.tell(new RequestTrackerActor.TransferFailed("tx1", "engine prefill-7 left"));
     Finished f = awaitExactly(x -> x.failed().containsKey("r1"));
     assertEquals(Set.of(4), f.blockIdsWithLoadErrors());
-    assertFalse(sink.landedEarly("tx1", true), "the word reported a receive the tracker had ended");
+    assertFalse(sink.landedEarly("tx1", true, 0), "the word reported a receive the tracker had ended");
     assertTrue(sink.drain().isEmpty());
     assertEquals(0, sink.unsettledEarlyClaims());
   }
