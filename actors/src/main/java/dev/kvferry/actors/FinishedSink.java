@@ -67,8 +67,14 @@ public final class FinishedSink {
     doneSending.add(requestId);
   }
 
-  public synchronized void doneReceiving(String requestId) {
+  private synchronized void doneReceiving(String requestId) {
     doneReceiving.add(requestId);
+  }
+
+  /** D: receive {@code transferId} of {@code requestId} is done; the engine's next drain has it. */
+  void received(String transferId, String requestId) {
+    doneReceiving(requestId);
+    ReadStamps.mark(transferId, ReadStamps.Stage.REPORTED); // READ: the engine can drain it now
   }
 
   /** A failed transfer; on P the request is also reported done sending so its blocks are freed. */
@@ -110,8 +116,7 @@ public final class FinishedSink {
     if (c == null || !c.state.compareAndSet(EarlyClaim.OPEN, EarlyClaim.DONE_EARLY)) {
       return false;
     }
-    doneReceiving(c.requestId);
-    ReadStamps.mark(transferId, ReadStamps.Stage.REPORTED); // READ: the engine can drain it now
+    received(transferId, c.requestId);
     // After the report, not before: in a node that has moved only a few hundred transfers the
     // metrics call takes tens of microseconds (docs/results/2026-12-05-read-stamps-host-done-at-once.txt).
     observer.transferEnded(

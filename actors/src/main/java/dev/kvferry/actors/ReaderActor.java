@@ -26,7 +26,6 @@ import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
 import org.apache.pekko.actor.typed.javadsl.ActorContext;
 import org.apache.pekko.actor.typed.javadsl.Behaviors;
 import org.apache.pekko.actor.typed.javadsl.Receive;
-import org.jspecify.annotations.Nullable;
 
 /**
  * D's side of READ mode: once P's metadata is in (through the {@link HandshakeActor}), reads every
@@ -36,9 +35,6 @@ import org.jspecify.annotations.Nullable;
  * reads in flight before the blocks go back.
  */
 public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
-  /** For {@link #landed}, off this actor's thread (its context's log is the actor's only). */
-  private static final org.slf4j.Logger LANDED_LOG =
-      org.slf4j.LoggerFactory.getLogger(ReaderActor.class);
 
   public sealed interface Command extends LocalOnly
       permits StartLoad, DirectoryChanged, PeerReady, LayerRead, ReceiveEnding {}
@@ -235,37 +231,13 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       getContext()
           .pipeToSelf(
               issued.get(l).thenCompose(TransferStatus::completion)
-                  .whenComplete((status, error) -> landed(job, status, error)),
+                  .whenComplete((status, error) -> job.landed(setup.sink(), status, error)),
               (status, error) ->
                   new LayerRead(
                       transferId,
                       source,
                       l,
                       error != null ? TransferStatus.failed("read raised " + error) : status));
-    }
-  }
-
-  /**
-   * On the thread that completed one of {@code job}'s reads, before this actor hears of it: the
-   * last of them to land reports the request done to the engine at once (the hops to this actor
-   * and on to the tracker are thread hand-overs each: docs/gpu.md, "The first hop split"). Every
-   * byte is in D's blocks by then; this actor still settles the transfer and releases P when its
-   * messages arrive. Nothing here may throw: the read's own status is what this actor hears.
-   */
-  private void landed(ReadJob job, @Nullable TransferStatus status, @Nullable Throwable error) {
-    if (error != null || status == null || !status.succeeded()) {
-      return; // never counts down: the failure is this actor's to report
-    }
-    job.landedBytes.addAndGet(status.bytesMoved());
-    if (job.notLanded.decrementAndGet() == 0 && !job.cancelled.get()) {
-      long bytes = job.landedBytes.get(); // every read's add came before its count down
-      String transferId = job.request.transferId();
-      try {
-        ReadStamps.mark(transferId, ReadStamps.Stage.READS_LANDED);
-        setup.sink().landedEarly(transferId, false, bytes);
-      } catch (RuntimeException e) { // an observer's: the report, if made, stands
-        LANDED_LOG.warn("reporting transfer {} done at once failed", transferId, e);
-      }
     }
   }
 
@@ -288,12 +260,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
   /** Every read of {@code job} landed: the tracker hears of it and P may free its blocks. */
   private void succeeded(ReadJob job) {
     String transferId = job.request.transferId();
-    endJob(transferId);
-    tracker.tell(new RequestTrackerActor.ReceiveSucceeded(transferId, job.landedBytes.get()));
-    for (int source : job.sources) {
-      outbox.send(job.request.remoteEngineId(), source, job.request.remoteWorkerUid(source),
-          release(transferId));
-    }
+    endJob(job, new RequestTrackerActor.ReceiveSucceeded(transferId, job.landedBytes.get()));
   }
 
   private Behavior<Command> onLayerRead(LayerRead m) {
@@ -339,13 +306,8 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     if (job.inFlight > 0) {
       return;
     }
-    ReqMeta r = job.request;
-    endJob(r.transferId());
-    tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(), failure));
     // P keeps the blocks for us until released: let them go now rather than at its deadline.
-    for (int source : job.sources) {
-      outbox.send(r.remoteEngineId(), source, r.remoteWorkerUid(source), release(r.transferId()));
-    }
+    endJob(job, new RequestTrackerActor.TransferFailed(job.request.transferId(), failure));
   }
 
   /** D: ends a receive that will not complete; with no read of ours in flight, at once. */
@@ -362,10 +324,18 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     }
   }
 
-  /** A read ends here: its id reads nothing again. */
-  private void endJob(String transferId) {
-    reads.remove(transferId);
-    ended.add(transferId);
+  /**
+   * A read ends here, every read of it finished: its id reads nothing again, the tracker hears
+   * {@code outcome}, and P's workers may free the blocks they kept for it.
+   */
+  private void endJob(ReadJob job, RequestTrackerActor.Command outcome) {
+    ReqMeta r = job.request;
+    reads.remove(r.transferId());
+    ended.add(r.transferId());
+    tracker.tell(outcome);
+    for (int source : job.sources) {
+      outbox.send(r.remoteEngineId(), source, r.remoteWorkerUid(source), release(r.transferId()));
+    }
   }
 
   private Behavior<Command> onPeerFailed(ReceiveEnding.PeerFailed m) {
@@ -411,9 +381,6 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
   private Behavior<Command> onDirectoryChanged(DirectoryChanged m) {
     EngineDirectory now = m.directory();
     EngineDirectory before = outbox.replaceDirectory(now);
-    for (String transferId : List.copyOf(reads.keySet())) {
-      settleIfDoneEarly(transferId); // its bytes landed: P leaving does not end it
-    }
     List<ReadJob> ending = new ArrayList<>();
     for (ReadJob job : reads.values()) {
       String p = job.request.remoteEngineId();
@@ -422,6 +389,9 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       }
     }
     for (ReadJob job : ending) {
+      if (settleIfDoneEarly(job.request.transferId())) {
+        continue; // its bytes landed before P left: a success
+      }
       endTransfer(job.request.transferId(),
           "prefill engine " + job.request.remoteEngineId() + " left the cluster during transfer "
               + job.request.transferId());

@@ -22,11 +22,10 @@ import org.jspecify.annotations.Nullable;
 /**
  * Per-request transfer state of one worker, on both sides: on P the sends that wait for a release
  * (READ) or for their writes (WRITE); on D the receives in flight, each with a deadline. Every
- * ending lands in the {@link FinishedSink} exactly once (a receive reported done at once, by D's
- * watcher on its done word or by the thread completing its last read, is reported there through
- * the sink's claim, and not again here); late messages for ended transfers are recognised by a
- * bounded set of terminal transfer ids and ignored. Replaces the seed's done_req_ids lists,
- * _reqs_to_send and _recving_transfers.
+ * ending lands in the {@link FinishedSink} exactly once (a receive its done word or last read
+ * reported at once, through the sink's claim, is not reported again here); late messages for
+ * ended transfers are recognised by a bounded set of terminal transfer ids and ignored. Replaces
+ * the seed's done_req_ids lists, _reqs_to_send and _recving_transfers.
  */
 public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerActor.Command> {
 
@@ -193,8 +192,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
       sink.layerLoads().ended(t.transferId);
       sink.addBytes(m.bytes());
       if (!reportedEarly) { // else the word's watcher or the last read reported and observed it
-        sink.doneReceiving(t.requestId);
-        ReadStamps.mark(t.transferId, ReadStamps.Stage.REPORTED);
+        sink.received(t.transferId, t.requestId);
         observe(TransferObserver.Outcome.RECEIVED, m.bytes(), t);
       }
     }
@@ -202,10 +200,9 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onTransferFailed(TransferFailed m) {
-    // The receive may have been reported done at once (its done word, or its last read): the
-    // engine has its answer, so a later ending (a timeout, P's failure) reports nothing; an abort
-    // after that done comes as ReportAborted (the receiver or reader settles the receive first)
-    // and is reported there.
+    // Reported done at once (its done word, or its last read), the engine has its answer: a later
+    // ending (a timeout, P's failure) reports nothing; an abort after that done comes as
+    // ReportAborted (the receiver or reader settles the receive first) and is reported there.
     boolean reportedEarly = sink.settleReceive(m.transferId());
     if (!active.containsKey(m.transferId()) && !terminal.contains(m.transferId())) {
       if (!reportedEarly) {

@@ -84,9 +84,10 @@ public final class PlannerSuite {
         // rounds (the seed's: of its runs' medians).
         timing = new TransferPlan(planner, req, warmupNanos);
         List<Double> seedMicros = new ArrayList<>();
+        boolean seedRuns = true; // until it fails or its plan differs
         for (int a = 0; a < SEED_RUNS; a++) {
           timing.rounds(ROUNDS);
-          if (python == null || failure != null || !note.equals(missing)) {
+          if (python == null || !seedRuns || failure != null) {
             continue;
           }
           try {
@@ -98,11 +99,12 @@ public final class PlannerSuite {
             }
           } catch (IOException | RuntimeException e) {
             note = "seed_planner.py failed: " + e.getMessage();
+            seedRuns = false;
           }
         }
         timing.rounds(ROUNDS);
         kvferry = timing.medianSecondsPerCall() * 1e6;
-        seed = seedMicros.isEmpty() || !note.equals(missing) ? null : Samples.median(seedMicros);
+        seed = seedRuns && !seedMicros.isEmpty() ? Samples.median(seedMicros) : null;
       } catch (InvalidBlockIdsException e) {
         failure = "kvferry refused the request: " + e.getMessage();
       }
