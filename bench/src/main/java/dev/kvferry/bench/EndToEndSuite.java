@@ -225,7 +225,7 @@ public final class EndToEndSuite {
       "cma copy started", "cma copy ended", "write returned", "written seen",
       "WriteDone sent", "P tracker sent", "done word queued", "done word task", "cma word store",
       "done word stored", "D word seen", "D writer done seen",
-      "D done", "(cma copy's CPU time)"};
+      "D done"};
 
   private double[] stages() {
     long t0 = lastLayerFiredNanos;
@@ -248,12 +248,10 @@ public final class EndToEndSuite {
         WriteStamps.nanos(WriteStamps.Stage.DONE_WORD_SEEN),
         WriteStamps.nanos(WriteStamps.Stage.WRITER_DONE_SEEN),
         doneReceivingNanos};
-    double[] us = new double[at.length + 1];
+    double[] us = new double[at.length];
     for (int i = 0; i < at.length; i++) {
       us[i] = at[i] == 0 ? Double.NaN : (at[i] - t0) / 1e3;
     }
-    long cpu = CopyStamps.onCpuNanos();
-    us[at.length] = cpu == 0 ? Double.NaN : cpu / 1e3;
     return us;
   }
 
@@ -287,7 +285,8 @@ public final class EndToEndSuite {
       }
       transport = Transports.open("cma", registry, TransportOptions.defaults()
           .withCmaInlineMaxBytes(Long.getLong("kvferry.e2e.cma-inline", 1 << 20))
-          .withCmaCopyThreads(HostTransferBench.CMA_COPY_THREADS));
+          .withCmaCopyThreads(HostTransferBench.CMA_COPY_THREADS)
+          .withCmaCopyCpus(HostTransferBench.CMA_COPY_CPUS));
       TransferObserver observer = role == Role.DECODE
           ? (outcome, bytes, nanos) -> {
               if (outcome == TransferObserver.Outcome.RECEIVED) {

@@ -68,7 +68,13 @@ public final class CmaTransport implements Transport {
   public CmaTransport(TransportOptions options) {
     this.inlineMaxBytes = options.cmaInlineMaxBytes();
     this.mapPeerPages = options.cmaMapPeerPages();
-    this.executor = new TransferExecutor("cma", options.ioThreads());
+    int[] cpus = options.cmaCopyCpus();
+    String refusal = TransportOptions.copyCpusRefusal(cpus);
+    if (refusal != null) {
+      throw new IllegalArgumentException("cma copy CPUs " + java.util.Arrays.toString(cpus)
+          + ": " + refusal);
+    }
+    this.executor = new TransferExecutor("cma", options.ioThreads(), cpus);
     this.copyThreads = Math.min(options.ioThreads(), options.cmaCopyThreads());
   }
 
@@ -423,7 +429,7 @@ public final class CmaTransport implements Transport {
       }
       TransferStatus stored = TransferStatus.pending();
       // Runs in the thread that finished the last write (or here, when all have): no hand-off.
-      PeerDoneWords.landed(writes).thenAccept(failure -> {
+      PeerDoneWords.whenLanded(writes, failure -> {
         if (failure != null) {
           stored.fail("done word not stored: " + failure);
         } else if (closed) {

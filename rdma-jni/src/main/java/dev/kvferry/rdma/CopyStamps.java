@@ -12,10 +12,8 @@ public final class CopyStamps {
   private static volatile long handedOffNanos;
   private static volatile long startedNanos;
   private static volatile long copiedNanos;
-  private static volatile long onCpuNanos;
   private static volatile long wordStoredNanos;
   private static volatile long plannedNanos;
-  private static final ThreadLocal<long[]> cpuAtStart = ThreadLocal.withInitial(() -> new long[1]);
 
   private CopyStamps() {}
 
@@ -33,7 +31,6 @@ public final class CopyStamps {
     handedOffNanos = 0;
     startedNanos = 0;
     copiedNanos = 0;
-    onCpuNanos = 0;
     wordStoredNanos = 0;
   }
 
@@ -68,27 +65,14 @@ public final class CopyStamps {
 
   static void started() {
     if (on) {
-      cpuAtStart.get()[0] = threadCpuNanos();
       startedNanos = System.nanoTime();
-    }
-  }
-
-  /** A thread joining a shared copy after its start: its CPU time counts from here. */
-  static void joined() {
-    if (on) {
-      cpuAtStart.get()[0] = threadCpuNanos();
     }
   }
 
   static void copied() {
     if (on) {
       copiedNanos = System.nanoTime();
-      onCpuNanos = threadCpuNanos() - cpuAtStart.get()[0];
     }
-  }
-
-  private static long threadCpuNanos() {
-    return java.lang.management.ManagementFactory.getThreadMXBean().getCurrentThreadCpuTime();
   }
 
   /** The latest copy handed to an executor thread (0 when it ran in the caller's thread). */
@@ -99,11 +83,6 @@ public final class CopyStamps {
   /** The latest copy started moving bytes. */
   public static long startedNanos() {
     return startedNanos;
-  }
-
-  /** CPU time the latest copy's thread spent between its start and its end. */
-  public static long onCpuNanos() {
-    return onCpuNanos;
   }
 
   /** The latest copy's bytes were in place. */

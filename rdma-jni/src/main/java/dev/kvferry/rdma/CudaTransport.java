@@ -359,7 +359,7 @@ public final class CudaTransport implements EventOrderedTransport {
           }
         }
         TransferStatus stored = TransferStatus.pending();
-        PeerDoneWords.landed(writes).thenAccept(failure -> {
+        PeerDoneWords.whenLanded(writes, failure -> {
           synchronized (this) {
             if (failure != null) {
               stored.fail("done word not stored: " + failure);

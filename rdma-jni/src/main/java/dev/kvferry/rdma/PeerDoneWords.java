@@ -1,7 +1,8 @@
 package dev.kvferry.rdma;
 
 import java.util.List;
-import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.function.Consumer;
 import org.jspecify.annotations.Nullable;
 
 /**
@@ -41,21 +42,34 @@ public interface PeerDoneWords extends AutoCloseable {
   void close();
 
   /**
-   * Completes once each of {@code writes} is terminal: with null when all succeeded, else with
-   * the first failure's reason (for host transports, whose writes are done when their status is).
+   * Runs {@code then} once each of {@code writes} is terminal, with null when all succeeded, else
+   * with the first failure's reason (for host transports, whose writes are done when their status
+   * is). It runs in the thread that ended the last write, before anything else chained on that
+   * write ({@link TransferStatus#whenEndedFirst}), and with no future between: a store there is
+   * the first thing that thread does once the bytes are in place. At once, here, when all have.
    */
-  static CompletableFuture<@Nullable String> landed(List<TransferStatus> writes) {
-    CompletableFuture<?>[] all = new CompletableFuture<?>[writes.size()];
-    for (int i = 0; i < all.length; i++) {
-      all[i] = writes.get(i).completion();
+  static void whenLanded(List<TransferStatus> writes, Consumer<@Nullable String> then) {
+    if (writes.isEmpty()) {
+      then.accept(null);
+      return;
     }
-    return CompletableFuture.allOf(all).thenApply(ignored -> {
-      for (TransferStatus w : writes) {
-        if (!w.succeeded()) {
-          return "a write of the transfer failed (" + w.failureMessage() + ")";
-        }
+    AtomicInteger left = new AtomicInteger(writes.size());
+    Runnable countDown = () -> {
+      if (left.decrementAndGet() == 0) {
+        then.accept(firstFailure(writes));
       }
-      return null;
-    });
+    };
+    for (TransferStatus w : writes) {
+      w.whenEndedFirst(countDown);
+    }
+  }
+
+  private static @Nullable String firstFailure(List<TransferStatus> writes) {
+    for (TransferStatus w : writes) {
+      if (!w.succeeded()) {
+        return "a write of the transfer failed (" + w.failureMessage() + ")";
+      }
+    }
+    return null;
   }
 }

@@ -124,15 +124,9 @@ final class SharedCopy {
    */
   void work() {
     Pieces ps = pieces;
-    boolean first = true;
     for (int c = next.getAndIncrement(); c < chunks; c = next.getAndIncrement()) {
-      if (first) {
-        if (c == 0) {
-          CopyStamps.started();
-        } else {
-          CopyStamps.joined();
-        }
-        first = false;
+      if (c == 0) {
+        CopyStamps.started();
       }
       for (int p = ps.chunkStart[c]; p < ps.chunkStart[c + 1]; p++) {
         if (toRemote) {
@@ -143,7 +137,7 @@ final class SharedCopy {
       }
       if (left.decrementAndGet() == 0) {
         pool.give(ps);
-        CopyStamps.copied(); // the CPU time is then this thread's alone
+        CopyStamps.copied();
         status.succeed(total);
       }
     }

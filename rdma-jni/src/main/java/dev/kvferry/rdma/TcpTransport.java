@@ -501,7 +501,7 @@ public final class TcpTransport implements Transport {
             "done word " + slot + " is outside " + name + " (" + slots + " words)");
       }
       TransferStatus stored = TransferStatus.pending();
-      PeerDoneWords.landed(writes).thenAccept(failure -> {
+      PeerDoneWords.whenLanded(writes, failure -> {
         if (failure != null) {
           stored.fail("done word not stored: " + failure);
         } else {

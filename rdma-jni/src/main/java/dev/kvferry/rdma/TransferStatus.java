@@ -1,7 +1,10 @@
 package dev.kvferry.rdma;
 
+import java.util.Arrays;
 import java.util.concurrent.CompletableFuture;
 import org.jspecify.annotations.Nullable;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * The asynchronous outcome of one {@link Transport} call: pending, then succeeded or failed with a
@@ -9,6 +12,7 @@ import org.jspecify.annotations.Nullable;
  * it is terminal, so callers can chain on it without try/catch.
  */
 public final class TransferStatus {
+  private static final Logger log = LoggerFactory.getLogger(TransferStatus.class);
 
   public enum State {
     PENDING,
@@ -17,6 +21,8 @@ public final class TransferStatus {
   }
 
   private final CompletableFuture<TransferStatus> completion = new CompletableFuture<>();
+  /** Run by the ending thread before {@link #completion}'s dependents; null once ended. */
+  private Runnable @Nullable [] firstActions = new Runnable[0];
   private volatile State state = State.PENDING;
   private volatile @Nullable String failureMessage;
   private volatile long bytesMoved;
@@ -39,28 +45,69 @@ public final class TransferStatus {
 
   /** Marks success; a second terminal transition is ignored (first outcome wins). */
   public boolean succeed(long bytes) {
+    Runnable[] first;
     synchronized (this) {
       if (state != State.PENDING) {
         return false;
       }
       bytesMoved = bytes;
       state = State.SUCCEEDED;
+      first = takeFirstActions();
     }
-    completion.complete(this);
+    end(first);
     return true;
   }
 
   /** Marks failure with a message for the user; a second terminal transition is ignored. */
   public boolean fail(String message) {
+    Runnable[] first;
     synchronized (this) {
       if (state != State.PENDING) {
         return false;
       }
       failureMessage = message;
       state = State.FAILED;
+      first = takeFirstActions();
+    }
+    end(first);
+    return true;
+  }
+
+  /**
+   * Runs {@code action} in the thread that ends this status, before anything chained on {@link
+   * #completion()} (those run in no promised order, and one may wake a thread, tens of
+   * microseconds on a VM); at once, here, when it has ended already. For what a peer waits on
+   * right behind the bytes: a done word. The action must be short and must not throw.
+   */
+  public void whenEndedFirst(Runnable action) {
+    synchronized (this) {
+      Runnable @Nullable [] first = firstActions;
+      if (first != null) {
+        Runnable[] more = Arrays.copyOf(first, first.length + 1);
+        more[first.length] = action;
+        firstActions = more;
+        return;
+      }
+    }
+    action.run();
+  }
+
+  private Runnable[] takeFirstActions() {
+    Runnable @Nullable [] first = firstActions;
+    firstActions = null;
+    return first == null ? new Runnable[0] : first;
+  }
+
+  private void end(Runnable[] first) {
+    for (Runnable action : first) {
+      try {
+        action.run();
+      } catch (RuntimeException e) {
+        // A bug in the action: the completion and the other actions must still run.
+        log.warn("an action on the end of {} failed", this, e);
+      }
     }
     completion.complete(this);
-    return true;
   }
 
   public State state() {
