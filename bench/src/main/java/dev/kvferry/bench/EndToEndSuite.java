@@ -285,8 +285,7 @@ public final class EndToEndSuite {
       }
       transport = Transports.open("cma", registry, TransportOptions.defaults()
           .withCmaInlineMaxBytes(Long.getLong("kvferry.e2e.cma-inline", 1 << 20))
-          .withCmaCopyThreads(HostTransferBench.CMA_COPY_THREADS)
-          .withCmaCopyCpus(HostTransferBench.CMA_COPY_CPUS));
+          .withCmaCopyThreads(HostTransferBench.CMA_COPY_THREADS));
       TransferObserver observer = role == Role.DECODE
           ? (outcome, bytes, nanos) -> {
               if (outcome == TransferObserver.Outcome.RECEIVED) {

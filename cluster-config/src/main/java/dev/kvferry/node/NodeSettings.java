@@ -78,20 +78,8 @@ public record NodeSettings(
       throw new IllegalArgumentException("kvferry.node.cma.copy-threads must be in [1, "
           + TransportOptions.MAX_CMA_COPY_THREADS + "], got " + copyThreads);
     }
-    int[] copyCpus = n.getIntList("cma.copy-cpus").stream().mapToInt(Integer::intValue).toArray();
-    for (int cpu : copyCpus) {
-      if (cpu < 0 || cpu >= TransportOptions.CPU_IDS) {
-        throw new IllegalArgumentException("kvferry.node.cma.copy-cpus must hold CPU ids in [0, "
-            + TransportOptions.CPU_IDS + "), got " + cpu);
-      }
-    }
-    String pinRefusal = TransportOptions.copyCpusRefusal(copyCpus);
-    if (pinRefusal != null) {
-      throw new IllegalArgumentException("kvferry.node.cma.copy-cpus: " + pinRefusal);
-    }
     options = options.withTcpStreams(streams)
         .withCmaCopyThreads(copyThreads)
-        .withCmaCopyCpus(copyCpus)
         .withIoThreads(Math.max(options.ioThreads(), Math.max(streams, copyThreads)));
     return new NodeSettings(
         role,

@@ -1,6 +1,5 @@
 package dev.kvferry.node;
 
-import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -9,7 +8,6 @@ import static org.junit.jupiter.api.Assumptions.assumeFalse;
 
 import dev.kvferry.rdma.cuda.Cuda;
 import dev.kvferry.rdma.cuda.CudaUnavailableException;
-import java.util.List;
 import java.util.Map;
 import org.junit.jupiter.api.Test;
 
@@ -80,35 +78,6 @@ class GpuNodeSettingsTest {
         () -> settings(Map.of("kvferry.node.cma.copy-threads", 0)));
     assertTrue(e.getMessage().contains("kvferry.node.cma.copy-threads must be in [1, 16], got 0"),
         e.getMessage());
-  }
-
-  @Test
-  void cmaCopyCpusComeFromTheNodeConfigAndBadIdsAreRefusedNamingTheKey() throws Exception {
-    assertEquals(0, settings(Map.of()).transportOptions().cmaCopyCpus().length);
-    int first = firstAllowedCpu();
-    assertArrayEquals(new int[] {first}, settings(Map.of("kvferry.node.cma.copy-cpus",
-        List.of(first))).transportOptions().cmaCopyCpus());
-    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
-        () -> settings(Map.of("kvferry.node.cma.copy-cpus", List.of(0, -1))));
-    assertTrue(e.getMessage().contains("kvferry.node.cma.copy-cpus must hold CPU ids in [0, 1024), got -1"),
-        e.getMessage());
-    int cpus = Runtime.getRuntime().availableProcessors();
-    if (cpus < 1023) { // a CPU id this host does not have is refused at once, not at first copy
-      e = assertThrows(IllegalArgumentException.class,
-          () -> settings(Map.of("kvferry.node.cma.copy-cpus", List.of(1023))));
-      assertTrue(e.getMessage().startsWith("kvferry.node.cma.copy-cpus: CPU 1023 is not one this"
-          + " process may run on"), e.getMessage());
-    }
-  }
-
-  /** The lowest CPU this process may run on, as /proc/self/status lists them ("0-1", "2,5-7"). */
-  private static int firstAllowedCpu() throws java.io.IOException {
-    for (String line : java.nio.file.Files.readAllLines(java.nio.file.Path.of("/proc/self/status"))) {
-      if (line.startsWith("Cpus_allowed_list:")) {
-        return Integer.parseInt(line.substring(line.indexOf(':') + 1).trim().split("[-,]")[0]);
-      }
-    }
-    throw new AssertionError("no Cpus_allowed_list in /proc/self/status");
   }
 
   @Test

@@ -68,13 +68,7 @@ public final class CmaTransport implements Transport {
   public CmaTransport(TransportOptions options) {
     this.inlineMaxBytes = options.cmaInlineMaxBytes();
     this.mapPeerPages = options.cmaMapPeerPages();
-    int[] cpus = options.cmaCopyCpus();
-    String refusal = TransportOptions.copyCpusRefusal(cpus);
-    if (refusal != null) {
-      throw new IllegalArgumentException("cma copy CPUs " + java.util.Arrays.toString(cpus)
-          + ": " + refusal);
-    }
-    this.executor = new TransferExecutor("cma", options.ioThreads(), cpus);
+    this.executor = new TransferExecutor("cma", options.ioThreads());
     this.copyThreads = Math.min(options.ioThreads(), options.cmaCopyThreads());
   }
 
@@ -436,8 +430,12 @@ public final class CmaTransport implements Transport {
           stored.fail("done word not stored: " + words.name() + " was closed (the peer left)");
         } else {
           CopyStamps.wordStored();
-          words.store(slot, value);
-          stored.succeed(Long.BYTES);
+          try {
+            words.store(slot, value);
+            stored.succeed(Long.BYTES);
+          } catch (RuntimeException e) {
+            stored.fail("done word not stored: " + e);
+          }
         }
       });
       return stored;

@@ -78,13 +78,6 @@ final class LibC {
 
   static native String strerror(int errno);
 
-  /** The CPUs thread {@code tid} (0: the caller) may run on, as a bit mask of 64-bit words. */
-  static native int sched_getaffinity(int tid, long maskBytes, long[] mask)
-      throws LastErrorException;
-
-  static native int sched_setaffinity(int tid, long maskBytes, long[] mask)
-      throws LastErrorException;
-
   /** The symbolic name of the errno values the data plane meets, else {@code errno <n>}. */
   static String errnoName(int errno) {
     return switch (errno) {

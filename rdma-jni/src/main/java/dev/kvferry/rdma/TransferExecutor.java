@@ -37,11 +37,6 @@ final class TransferExecutor {
   private final ThreadPoolExecutor pool;
 
   TransferExecutor(String transport, int threads) {
-    this(transport, threads, new int[0]);
-  }
-
-  /** Threads pinned in turn to {@code cpus} (thread k to {@code cpus[k % n]}); empty: not pinned. */
-  TransferExecutor(String transport, int threads, int[] cpus) {
     this.transport = transport;
     AtomicInteger n = new AtomicInteger();
     this.pool =
@@ -52,12 +47,7 @@ final class TransferExecutor {
             TimeUnit.SECONDS,
             new LinkedBlockingQueue<>(),
             r -> {
-              int k = n.incrementAndGet();
-              Runnable body = cpus.length == 0 ? r : () -> {
-                CpuAffinity.pinCaller(cpus[(k - 1) % cpus.length]);
-                r.run();
-              };
-              Thread t = new Thread(body, "kvferry-" + transport + "-io-" + k);
+              Thread t = new Thread(r, "kvferry-" + transport + "-io-" + n.incrementAndGet());
               t.setDaemon(true);
               return t;
             });

@@ -89,7 +89,7 @@ public final class TransferStatus {
         return;
       }
     }
-    action.run();
+    runLogged(action);
   }
 
   private Runnable[] takeFirstActions() {
@@ -99,15 +99,22 @@ public final class TransferStatus {
   }
 
   private void end(Runnable[] first) {
-    for (Runnable action : first) {
-      try {
-        action.run();
-      } catch (RuntimeException e) {
-        // A bug in the action: the completion and the other actions must still run.
-        log.warn("an action on the end of {} failed", this, e);
+    try {
+      for (Runnable action : first) {
+        runLogged(action);
       }
+    } finally {
+      completion.complete(this); // also past an Error: whoever waits on the status must wake
     }
-    completion.complete(this);
+  }
+
+  private void runLogged(Runnable action) {
+    try {
+      action.run();
+    } catch (RuntimeException e) {
+      // A bug in the action: the other actions and the completion must still run.
+      log.warn("an action on the end of {} failed", this, e);
+    }
   }
 
   public State state() {

@@ -2,7 +2,6 @@ package dev.kvferry.rdma;
 
 import java.time.Duration;
 import java.util.Objects;
-import org.jspecify.annotations.Nullable;
 
 /**
  * Settings of the transports {@link Transports#open} builds. Immutable; start from {@link
@@ -26,13 +25,9 @@ public final class TransportOptions {
   private final int tcpStreams;
   private final boolean cmaMapPeerPages;
   private final int cmaCopyThreads;
-  private final int[] cmaCopyCpus;
 
   /** The most connections one tcp batch may be striped over. */
   public static final int MAX_TCP_STREAMS = 16;
-
-  /** CPU ids {@link #withCmaCopyCpus} takes: 0 to this, exclusive. */
-  public static final int CPU_IDS = CpuAffinity.MAX_CPUS;
 
   /** The most threads one cma copy may be shared by (more would only contend for memory). */
   public static final int MAX_CMA_COPY_THREADS = 16;
@@ -57,8 +52,7 @@ public final class TransportOptions {
       String ucxTransports,
       int tcpStreams,
       boolean cmaMapPeerPages,
-      int cmaCopyThreads,
-      int[] cmaCopyCpus) {
+      int cmaCopyThreads) {
     if (tcpPort < 0 || tcpPort > 65535) {
       throw new IllegalArgumentException("tcp port must be in [0, 65535], got " + tcpPort);
     }
@@ -100,13 +94,6 @@ public final class TransportOptions {
           "cma copy threads must be in [1, " + MAX_CMA_COPY_THREADS + "], got " + cmaCopyThreads);
     }
     this.cmaCopyThreads = cmaCopyThreads;
-    for (int cpu : cmaCopyCpus) {
-      if (cpu < 0 || cpu >= CPU_IDS) {
-        throw new IllegalArgumentException(
-            "cma copy CPUs must be in [0, " + CPU_IDS + "), got " + cpu);
-      }
-    }
-    this.cmaCopyCpus = cmaCopyCpus.clone();
   }
 
   /**
@@ -117,7 +104,7 @@ public final class TransportOptions {
    */
   public static TransportOptions defaults() {
     return new TransportOptions(
-        "127.0.0.1", 0, "", true, 0, Duration.ofSeconds(30), 64, 2, 1 << 20, 2, 4 << 20, "", 1, true, 2, new int[0]);
+        "127.0.0.1", 0, "", true, 0, Duration.ofSeconds(30), 64, 2, 1 << 20, 2, 4 << 20, "", 1, true, 2);
   }
 
   /** Where the TCP listener binds; port 0 picks a free port. */
@@ -125,7 +112,7 @@ public final class TransportOptions {
     return new TransportOptions(
         host, port, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout, maxConnections,
         ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams, cmaMapPeerPages, cmaCopyThreads, cmaCopyCpus);
+        tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /** The host peers should connect to, when it differs from the bind host (0.0.0.0, NAT). */
@@ -133,7 +120,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, host, tcpListen, tcpSocketBufferBytes, ioTimeout, maxConnections,
         ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams, cmaMapPeerPages, cmaCopyThreads, cmaCopyCpus);
+        tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /** Whether the TCP transport serves its registry's regions (false: client only). */
@@ -141,7 +128,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, listen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams, cmaMapPeerPages, cmaCopyThreads, cmaCopyCpus);
+        tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /**
@@ -153,7 +140,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, bytes, ioTimeout, maxConnections,
         ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams, cmaMapPeerPages, cmaCopyThreads, cmaCopyCpus);
+        tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /** A transfer (or a handshake) that makes no progress for this long fails. */
@@ -161,7 +148,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, timeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams, cmaMapPeerPages, cmaCopyThreads, cmaCopyCpus);
+        tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /** Most connections the TCP listener serves at once; more are closed on accept. */
@@ -169,7 +156,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         connections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams, cmaMapPeerPages, cmaCopyThreads, cmaCopyCpus);
+        tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /** Threads that run transfers in the background (TCP batches, large CMA batches). */
@@ -177,7 +164,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, threads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams, cmaMapPeerPages, cmaCopyThreads, cmaCopyCpus);
+        tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /** CMA batches up to this many bytes are copied in the caller's thread; larger ones in the background. */
@@ -185,7 +172,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, bytes, tcpStagingBuffers, tcpStagingBufferBytes, ucxTransports,
-        tcpStreams, cmaMapPeerPages, cmaCopyThreads, cmaCopyCpus);
+        tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /**
@@ -197,7 +184,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, buffers, bufferBytes, ucxTransports, tcpStreams,
-        cmaMapPeerPages, cmaCopyThreads, cmaCopyCpus);
+        cmaMapPeerPages, cmaCopyThreads);
   }
 
   /**
@@ -209,7 +196,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes,
-        transports, tcpStreams, cmaMapPeerPages, cmaCopyThreads, cmaCopyCpus);
+        transports, tcpStreams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   /**
@@ -221,7 +208,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes,
-        ucxTransports, streams, cmaMapPeerPages, cmaCopyThreads, cmaCopyCpus);
+        ucxTransports, streams, cmaMapPeerPages, cmaCopyThreads);
   }
 
   public int tcpStreams() {
@@ -236,7 +223,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes,
-        ucxTransports, tcpStreams, map, cmaCopyThreads, cmaCopyCpus);
+        ucxTransports, tcpStreams, map, cmaCopyThreads);
   }
 
   /**
@@ -247,35 +234,7 @@ public final class TransportOptions {
     return new TransportOptions(
         tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
         maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes,
-        ucxTransports, tcpStreams, cmaMapPeerPages, threads, cmaCopyCpus);
-  }
-
-  /**
-   * Same options where the cma transport's I/O threads are pinned, thread k to CPU {@code
-   * cpus[k % cpus.length]}, so the threads sharing a copy run side by side; empty (the default)
-   * leaves them where the kernel puts them. On this project's VMs the kernel woke both copy threads
-   * onto the CPU already busy and left the other idle for much of a layer's copy
-   * (docs/performance.md, "copy threads stacked on one CPU"). Every CPU must be one the process
-   * may run on (the transport checks when it opens).
-   */
-  public TransportOptions withCmaCopyCpus(int... cpus) {
-    return new TransportOptions(
-        tcpBindHost, tcpPort, tcpAdvertisedHost, tcpListen, tcpSocketBufferBytes, ioTimeout,
-        maxConnections, ioThreads, cmaInlineMaxBytes, tcpStagingBuffers, tcpStagingBufferBytes,
-        ucxTransports, tcpStreams, cmaMapPeerPages, cmaCopyThreads, cpus);
-  }
-
-  /**
-   * Why the cma I/O threads cannot be pinned to {@code cpus}, or null when they can: each must be
-   * a CPU this process may run on (where the kernel says which those are).
-   */
-  public static @Nullable String copyCpusRefusal(int[] cpus) {
-    return cpus.length == 0 ? null : CpuAffinity.refusal(cpus);
-  }
-
-  /** The CPUs the cma I/O threads are pinned to, in turn; empty: not pinned. */
-  public int[] cmaCopyCpus() {
-    return cmaCopyCpus.clone();
+        ucxTransports, tcpStreams, cmaMapPeerPages, threads);
   }
 
   /** Threads a large mapped cma copy is shared by, at most (see {@link #withCmaCopyThreads}). */
@@ -349,7 +308,6 @@ public final class TransportOptions {
         + (tcpStreams == 1 ? "" : ", tcpStreams=" + tcpStreams)
         + (cmaMapPeerPages ? "" : ", cma without mapped peer pages")
         + (cmaCopyThreads == 2 ? "" : ", cmaCopyThreads=" + cmaCopyThreads)
-        + (cmaCopyCpus.length == 0 ? "" : ", cmaCopyCpus=" + java.util.Arrays.toString(cmaCopyCpus))
         + (ucxTransports.isEmpty() ? "" : ", ucxTransports=" + ucxTransports) + "]";
   }
 }

@@ -3,6 +3,7 @@ package dev.kvferry.rdma;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.ArrayList;
@@ -41,6 +42,32 @@ class TransferStatusTest {
     assertEquals(1, runs.get());
     assertFalse(s.succeed(1), "the first outcome wins");
     assertEquals(1, runs.get(), "a second end runs nothing again");
+  }
+
+  @Test
+  void actionsAddedWhileAnotherThreadEndsTheStatusEachRunOnce() throws Exception {
+    for (int round = 0; round < 200; round++) {
+      TransferStatus s = TransferStatus.pending();
+      AtomicInteger runs = new AtomicInteger();
+      Thread ender = new Thread(() -> s.succeed(1));
+      ender.start();
+      for (int i = 0; i < 20; i++) {
+        s.whenEndedFirst(runs::incrementAndGet);
+      }
+      ender.join(TimeUnit.SECONDS.toMillis(30));
+      assertEquals(20, runs.get(), "round " + round);
+    }
+  }
+
+  @Test
+  void anErrorInAnActionStillCompletesTheStatus() {
+    TransferStatus s = TransferStatus.pending();
+    s.whenEndedFirst(() -> {
+      throw new AssertionError("an Error, not an exception");
+    });
+    assertThrows(AssertionError.class, () -> s.succeed(1));
+    assertTrue(s.completion().isDone(), "a waiter on the completion must not hang");
+    assertTrue(s.succeeded());
   }
 
   @Test

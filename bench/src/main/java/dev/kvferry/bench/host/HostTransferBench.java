@@ -76,14 +76,6 @@ public final class HostTransferBench {
       "kvferry.bench.cma-copy-threads", TransportOptions.defaults().cmaCopyThreads());
 
   /**
-   * CPUs the cma I/O threads are pinned to ({@link TransportOptions#withCmaCopyCpus}): none, as
-   * the transport's default, or {@code -Dkvferry.bench.cma-copy-cpus=0,1} for an A/B.
-   */
-  public static final int[] CMA_COPY_CPUS = java.util.Arrays.stream(
-          System.getProperty("kvferry.bench.cma-copy-cpus", "").split(","))
-      .map(String::trim).filter(c -> !c.isEmpty()).mapToInt(Integer::parseInt).toArray();
-
-  /**
    * What to measure.
    *
    * @param socketBufferBytes SO_SNDBUF/SO_RCVBUF for tcp, 0 for the kernel's autotuning
@@ -261,7 +253,6 @@ public final class HostTransferBench {
                     .withTcpStreams(config.tcpStreams())
                     .withCmaMapPeerPages(config.cmaMapPeerPages())
                     .withCmaCopyThreads(config.cmaCopyThreads())
-                    .withCmaCopyCpus(CMA_COPY_CPUS)
                     .withIoThreads(
                         Math.max(Math.max(2, config.cmaCopyThreads()), config.tcpStreams())))) {
       RegionDescriptor remote = descriptor(peer.awaitLine("DESCRIPTOR ", REPLY));
