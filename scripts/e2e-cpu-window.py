@@ -28,15 +28,22 @@ def runs(timehist):
     return out
 
 
-def main():
-    trace = runs(sys.argv[1])
+def stage_blocks(path):
+    """The stages file's blocks (a header line starts each): per block, one dict per request,
+    column name to value, in the file's column order."""
     blocks, header = [], None
-    for r in (l.split(',') for l in open(sys.argv[2]).read().splitlines()):
+    for r in (l.split(',') for l in open(path).read().splitlines()):
         if r[0].startswith('last'):
             header = r
             blocks.append([])
         else:
             blocks[-1].append(dict(zip(header, r)))
+    return blocks
+
+
+def main():
+    trace = runs(sys.argv[1])
+    blocks = stage_blocks(sys.argv[2])
     lo, hi = trace[0][1], trace[-1][1]
     total, n, windows = collections.Counter(), 0, 0.0
     for d in blocks[-1]:  # the paced measurement is the file's last block

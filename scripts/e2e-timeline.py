@@ -20,10 +20,12 @@ def load_window_module():
     return module
 
 
+WINDOW = load_window_module()
+
+
 def slices_with_cpu(timehist):
     """(start s, end s, cpu, thread) per slice; the cpu column is the second field."""
     out = []
-    window = load_window_module()
     cpu_of = {}
     for line in open(timehist).read().splitlines()[3:]:
         p = line.split()
@@ -32,7 +34,7 @@ def slices_with_cpu(timehist):
                 cpu_of[float(p[0])] = p[1]
             except ValueError:
                 pass
-    for start, end, name in window.runs(timehist):
+    for start, end, name in WINDOW.runs(timehist):
         out.append((start, end, cpu_of.get(end, '?'), name))
     return out
 
@@ -40,24 +42,19 @@ def slices_with_cpu(timehist):
 def main():
     trace = slices_with_cpu(sys.argv[1])
     limit = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
-    header, blocks = None, []
-    for r in (l.split(',') for l in open(sys.argv[2]).read().splitlines()):
-        if r[0].startswith('last'):
-            header = r
-            blocks.append([])
-        else:
-            blocks[-1].append(dict(zip(header, r)))
+    blocks = WINDOW.stage_blocks(sys.argv[2])
     lo, hi = trace[0][1], trace[-1][1]
     shown = 0
     for req in blocks[-1]:  # the paced block
-        t0 = int(req[header[0]]) / 1e9
+        names = list(req)
+        t0 = int(req[names[0]]) / 1e9
         done = float(req['D done'])
         if not lo < t0 < hi - 0.01 or done != done:
             continue
         shown += 1
         if shown > limit:
             break
-        stages = ', '.join('%s %s' % (k, req[k]) for k in header[1:] if req[k] != 'NaN')
+        stages = ', '.join('%s %s' % (k, req[k]) for k in names[1:] if req[k] != 'NaN')
         print('request %d, stages (us after the event): %s' % (shown, stages))
         for start, end, cpu, name in sorted(trace, key=lambda s: (s[2], s[0])):
             if end > t0 and start < t0 + (done + 50) / 1e6:

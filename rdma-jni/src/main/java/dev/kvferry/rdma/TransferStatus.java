@@ -13,6 +13,7 @@ import org.slf4j.LoggerFactory;
  */
 public final class TransferStatus {
   private static final Logger log = LoggerFactory.getLogger(TransferStatus.class);
+  private static final Runnable[] NONE = new Runnable[0];
 
   public enum State {
     PENDING,
@@ -22,7 +23,7 @@ public final class TransferStatus {
 
   private final CompletableFuture<TransferStatus> completion = new CompletableFuture<>();
   /** Run by the ending thread before {@link #completion}'s dependents; null once ended. */
-  private Runnable @Nullable [] firstActions = new Runnable[0];
+  private Runnable @Nullable [] firstActions = NONE;
   private volatile State state = State.PENDING;
   private volatile @Nullable String failureMessage;
   private volatile long bytesMoved;
@@ -77,7 +78,7 @@ public final class TransferStatus {
    * Runs {@code action} in the thread that ends this status, before anything chained on {@link
    * #completion()} (those run in no promised order, and one may wake a thread, tens of
    * microseconds on a VM); at once, here, when it has ended already. For what a peer waits on
-   * right behind the bytes: a done word. The action must be short and must not throw.
+   * right behind the bytes: a done word. The action must be short; one that throws is logged.
    */
   public void whenEndedFirst(Runnable action) {
     synchronized (this) {
@@ -95,7 +96,7 @@ public final class TransferStatus {
   private Runnable[] takeFirstActions() {
     Runnable @Nullable [] first = firstActions;
     firstActions = null;
-    return first == null ? new Runnable[0] : first;
+    return first == null ? NONE : first;
   }
 
   private void end(Runnable[] first) {
