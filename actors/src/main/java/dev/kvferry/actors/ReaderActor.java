@@ -80,6 +80,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
    * once (the engine frees the blocks), so the late load must read nothing into them.
    */
   private final TerminalIds abortedBeforeBegun;
+  private final ReadEndings endings;
 
   public static Behavior<Command> create(
       WorkerSetup setup,
@@ -110,6 +111,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     this.ended = new TerminalIds(setup.settings().terminalIdCapacity());
     this.abortedBeforeBegun = new TerminalIds(setup.settings().terminalIdCapacity());
     this.handshakeAdapter = ctx.messageAdapter(HandshakeActor.Result.class, PeerReady::new);
+    this.endings = new ReadEndings(self, reads, ended, tracker, outbox, setup.sink());
   }
 
   @Override
@@ -174,7 +176,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
   private void releaseWhenListed(ReqMeta r) {
     outbox.owedWhenListed(r.remoteEngineId(), r.transferId(), prefillTp -> {
       for (int source : PeerPlanning.sourcesFor(self, prefillTp, mla)) {
-        outbox.send(r.remoteEngineId(), source, r.remoteWorkerUid(source), release(r.transferId()));
+        outbox.send(r.remoteEngineId(), source, r.remoteWorkerUid(source), endings.release(r.transferId()));
       }
     });
   }
@@ -191,7 +193,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
         continue; // failed already through another P worker
       }
       if (result instanceof HandshakeActor.Failed f) {
-        endRead(job, f.reason());
+        endings.endRead(job, f.reason());
       } else if (result instanceof HandshakeActor.Ready ready) {
         startReads(job, ready.metadata());
       }
@@ -213,7 +215,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
               planner, setup.geometry(), self.tpRank(), self.tpSize(), peer, r.localBlockIds(),
               r.remoteBlockIds(), true);
     } catch (InvalidBlockIdsException e) {
-      endRead(job, "request " + r.requestId() + ": " + e.getMessage());
+      endings.endRead(job, "request " + r.requestId() + ": " + e.getMessage());
       return;
     }
     List<MemoryRegion> regions = setup.layerRegions();
@@ -241,28 +243,6 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     }
   }
 
-  /**
-   * If the request of {@code transferId} was reported done at once (the engine may have acted on
-   * it), settles it here as a success before anything else is decided for it: its last reads'
-   * messages may still be queued behind the one at hand. An abort the engine sends after that done
-   * is then reported as for any ended receive, so the engine gets the report it waits for.
-   * Returns whether it did.
-   */
-  private boolean settleIfDoneEarly(String transferId) {
-    ReadJob job = reads.get(transferId);
-    if (job == null || job.failure != null || !setup.sink().doneEarly(transferId)) {
-      return false;
-    }
-    succeeded(job);
-    return true;
-  }
-
-  /** Every read of {@code job} landed: the tracker hears of it and P may free its blocks. */
-  private void succeeded(ReadJob job) {
-    String transferId = job.request.transferId();
-    endJob(job, new RequestTrackerActor.ReceiveSucceeded(transferId, job.landedBytes.get()));
-  }
-
   private Behavior<Command> onLayerRead(LayerRead m) {
     ReadJob job = reads.get(m.transferId());
     if (job == null) {
@@ -270,7 +250,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
     }
     job.inFlight--;
     if (job.failure != null) {
-      endRead(job, job.failure);
+      endings.endRead(job, job.failure);
       return this;
     }
     if (!m.status().succeeded()) {
@@ -278,7 +258,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
           m.prefillTpRank() == self.tpRank()
               ? job.request.remoteEngineId()
               : new PeerKey(job.request.remoteEngineId(), m.prefillTpRank()).toString();
-      endRead(job, "reading layer " + m.layer() + " from " + from + " failed: "
+      endings.endRead(job, "reading layer " + m.layer() + " from " + from + " failed: "
           + m.status().failureMessage());
       return this;
     }
@@ -286,90 +266,40 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       setup.sink().layerLoads().layerLanded(m.transferId(), m.layer()); // waitForLayerLoad
     }
     if (--job.remaining == 0) {
-      succeeded(job);
+      endings.succeeded(job);
     }
     return this;
   }
 
-  /**
-   * Ends a read that will not complete. Reads already handed to the transport may still land in
-   * our blocks (and read P's), so the failure is reported and P released only once every one of
-   * them has finished.
-   */
-  private void endRead(ReadJob job, String reason) {
-    String failure = job.failure;
-    if (failure == null) {
-      failure = reason;
-      job.failure = reason;
-      job.cancelled.set(true);
-    }
-    if (job.inFlight > 0) {
-      return;
-    }
-    // P keeps the blocks for us until released: let them go now rather than at its deadline.
-    endJob(job, new RequestTrackerActor.TransferFailed(job.request.transferId(), failure));
-  }
-
-  /** D: ends a receive that will not complete; with no read of ours in flight, at once. */
-  private void endTransfer(String transferId, String reason) {
-    ReadJob job = reads.get(transferId);
-    if (job != null) {
-      endRead(job, reason);
-    } else {
-      if (outbox.holdsWorkFor(transferId)) {
-        ended.add(transferId); // it waited for P's listing: it never begins now
-      }
-      outbox.drop(transferId, peer -> {}); // a held load's drop owes P its release
-      tracker.tell(new RequestTrackerActor.TransferFailed(transferId, reason));
-    }
-  }
-
-  /**
-   * A read ends here, every read of it finished: its id reads nothing again, the tracker hears
-   * {@code outcome}, and P's workers may free the blocks they kept for it.
-   */
-  private void endJob(ReadJob job, RequestTrackerActor.Command outcome) {
-    ReqMeta r = job.request;
-    reads.remove(r.transferId());
-    ended.add(r.transferId());
-    tracker.tell(outcome);
-    for (int source : job.sources) {
-      outbox.send(r.remoteEngineId(), source, r.remoteWorkerUid(source), release(r.transferId()));
-    }
-  }
-
   private Behavior<Command> onPeerFailed(ReceiveEnding.PeerFailed m) {
     PeerProtocol.TransferFailed f = m.failed();
-    if (settleIfDoneEarly(f.transferId())) {
-      return this; // every byte landed: P has its release already
-    }
     String reason = "engine " + f.engineId() + ": " + f.reason();
     if (reads.containsKey(f.transferId()) || outbox.holdsWorkFor(f.transferId())) {
-      endTransfer(f.transferId(), reason); // P wants its blocks back: stop reading, then release
+      endings.endTransfer(f.transferId(), reason); // P wants its blocks back: stop reading, then release
     } else {
       // Not begun here (or over): it never begins, and P, if it waits for a release, gets one.
       ended.add(f.transferId());
       tracker.tell(new RequestTrackerActor.TransferFailed(f.transferId(), reason));
-      outbox.send(f.engineId(), f.senderTpRank(), release(f.transferId()));
+      outbox.send(f.engineId(), f.senderTpRank(), endings.release(f.transferId()));
     }
     return this;
   }
 
   private Behavior<Command> onOverdue(ReceiveEnding.Overdue m) {
-    if (!settleIfDoneEarly(m.transferId())) {
-      endTransfer(m.transferId(), m.reason()); // a request to end it, not a licence to free
-    }
+    endings.endTransfer(m.transferId(), m.reason()); // a request to end it, not a licence to free
     return this;
   }
 
   private Behavior<Command> onAborted(ReceiveEnding.Aborted m) {
-    settleIfDoneEarly(m.transferId());
+    // Before deciding whether it is still reading: an abort after the engine heard done is
+    // reported as for any ended receive, so the engine gets the report it waits for.
+    endings.settleIfDoneEarly(reads.get(m.transferId()));
     boolean reading = reads.containsKey(m.transferId()) || outbox.holdsWorkFor(m.transferId());
     if (!reading) {
       abortedBeforeBegun.add(m.transferId());
     }
     if (!ReceiveEnding.reportedAtOnce(m, reading, tracker)) {
-      endTransfer(m.transferId(), m.reason());
+      endings.endTransfer(m.transferId(), m.reason());
     }
     return this;
   }
@@ -389,10 +319,7 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       }
     }
     for (ReadJob job : ending) {
-      if (settleIfDoneEarly(job.request.transferId())) {
-        continue; // its bytes landed before P left: a success
-      }
-      endTransfer(job.request.transferId(),
+      endings.endTransfer(job.request.transferId(),
           "prefill engine " + job.request.remoteEngineId() + " left the cluster during transfer "
               + job.request.transferId());
     }
@@ -403,9 +330,5 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
   private Behavior<Command> onPostStop(PostStop signal) {
     reads.values().forEach(j -> j.cancelled.set(true)); // queued reads skip their copies
     return this;
-  }
-
-  private PeerProtocol.Release release(String transferId) {
-    return new PeerProtocol.Release(transferId, self.engineId(), self.tpRank(), self.tpSize());
   }
 }
