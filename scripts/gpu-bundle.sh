@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what scripts/gpu-sim-demo.sh needs on a GPU host without Java into .device/ (under 60 MiB):
-# the jlink runtime from ../shared/tools/device-bundle.sh (packed again as jre.txz) and kvferry.jar,
-# trimmed and compressed as app/kvferry.jar.xz (~16 MiB).
+# a jlink runtime (jre.txz, ~18 MiB; linked here, see below) and kvferry.jar, trimmed and
+# compressed as app/kvferry.jar.xz (~19 MiB). ../shared/tools/device-bundle.sh lays out .device/.
 #
 # usage (from the repository root):  scripts/gpu-bundle.sh        (SKIP_BUILD=1: use the built jar)
 #
