@@ -41,6 +41,7 @@ def slices_with_cpu(timehist):
 
 def main():
     trace = slices_with_cpu(sys.argv[1])
+    by_cpu = sorted(trace, key=lambda s: (s[2], s[0]))  # each request's slices, CPU by CPU
     limit = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
     blocks = WINDOW.stage_blocks(sys.argv[2])
     lo, hi = trace[0][1], trace[-1][1]
@@ -56,7 +57,7 @@ def main():
             break
         stages = ', '.join('%s %s' % (k, req[k]) for k in names[1:] if req[k] != 'NaN')
         print('request %d, stages (us after the event): %s' % (shown, stages))
-        for start, end, cpu, name in sorted(trace, key=lambda s: (s[2], s[0])):
+        for start, end, cpu, name in by_cpu:
             if end > t0 and start < t0 + (done + 50) / 1e6:
                 print('  %8.0f -> %8.0f us  %s %s' % (max(start - t0, 0) * 1e6, (end - t0) * 1e6, cpu, name))
 

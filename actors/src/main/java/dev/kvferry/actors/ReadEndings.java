@@ -97,7 +97,12 @@ final class ReadEndings {
     reads.remove(r.transferId());
     ended.add(r.transferId());
     tracker.tell(outcome);
-    for (int source : job.sources) {
+    releaseAt(r, job.sources);
+  }
+
+  /** P's workers of ranks {@code sources} may free the blocks they kept for {@code r}. */
+  void releaseAt(ReqMeta r, int[] sources) {
+    for (int source : sources) {
       outbox.send(r.remoteEngineId(), source, r.remoteWorkerUid(source), release(r.transferId()));
     }
   }

@@ -174,11 +174,8 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
    * to P whatever else ends the transfer here.
    */
   private void releaseWhenListed(ReqMeta r) {
-    outbox.owedWhenListed(r.remoteEngineId(), r.transferId(), prefillTp -> {
-      for (int source : PeerPlanning.sourcesFor(self, prefillTp, mla)) {
-        outbox.send(r.remoteEngineId(), source, r.remoteWorkerUid(source), endings.release(r.transferId()));
-      }
-    });
+    outbox.owedWhenListed(r.remoteEngineId(), r.transferId(),
+        prefillTp -> endings.releaseAt(r, PeerPlanning.sourcesFor(self, prefillTp, mla)));
   }
 
   private Behavior<Command> onPeerReady(PeerReady m) {

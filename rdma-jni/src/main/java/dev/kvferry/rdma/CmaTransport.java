@@ -421,24 +421,16 @@ public final class CmaTransport implements Transport {
         return TransferStatus.failed(
             "done word " + slot + " is outside " + words.name() + " (" + words.slots() + " words)");
       }
-      TransferStatus stored = TransferStatus.pending();
       // Runs in the thread that finished the last write (or here, when all have): no hand-off.
-      PeerDoneWords.whenLanded(writes, failure -> {
-        if (failure != null) {
-          stored.fail("done word not stored: " + failure);
-        } else if (closed) {
+      return PeerDoneWords.storeWhenLanded(writes, stored -> {
+        if (closed) {
           stored.fail("done word not stored: " + words.name() + " was closed (the peer left)");
         } else {
           CopyStamps.wordStored();
-          try {
-            words.store(slot, value);
-            stored.succeed(Long.BYTES);
-          } catch (RuntimeException e) {
-            stored.fail("done word not stored: " + e);
-          }
+          words.store(slot, value);
+          stored.succeed(Long.BYTES);
         }
       });
-      return stored;
     }
 
     @Override

@@ -358,12 +358,9 @@ public final class CudaTransport implements EventOrderedTransport {
             return TransferStatus.succeeded(Long.BYTES);
           }
         }
-        TransferStatus stored = TransferStatus.pending();
-        PeerDoneWords.whenLanded(writes, failure -> {
+        return PeerDoneWords.storeWhenLanded(writes, stored -> {
           synchronized (this) {
-            if (failure != null) {
-              stored.fail("done word not stored: " + failure);
-            } else if (wordsClosed) {
+            if (wordsClosed) {
               stored.fail("done word not stored: " + words.name() + " was closed");
             } else {
               words.set(slot, value); // D polls words a GPU may store: no bell to ring
@@ -371,7 +368,6 @@ public final class CudaTransport implements EventOrderedTransport {
             }
           }
         });
-        return stored;
       }
 
       /**

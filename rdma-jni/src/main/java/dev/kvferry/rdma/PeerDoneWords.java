@@ -42,6 +42,29 @@ public interface PeerDoneWords extends AutoCloseable {
   void close();
 
   /**
+   * The store of {@link #storeAfter} once {@code writes} landed, for every transport: the
+   * returned status fails with the first failed write's reason, or {@code store} ends it (it is
+   * handed the status, in the thread that ended the last write, see {@link #whenLanded}). A store
+   * that throws fails the status, so no transfer waits on a word that was never stored.
+   */
+  static TransferStatus storeWhenLanded(
+      List<TransferStatus> writes, Consumer<TransferStatus> store) {
+    TransferStatus stored = TransferStatus.pending();
+    whenLanded(writes, failure -> {
+      if (failure != null) {
+        stored.fail("done word not stored: " + failure);
+        return;
+      }
+      try {
+        store.accept(stored);
+      } catch (RuntimeException e) {
+        stored.fail("done word not stored: " + e);
+      }
+    });
+    return stored;
+  }
+
+  /**
    * Runs {@code then} once each of {@code writes} is terminal, with null when all succeeded, else
    * with the first failure's reason (for host transports, whose writes are done when their status
    * is). It runs in the thread that ended the last write, before anything else chained on that

@@ -500,18 +500,10 @@ public final class TcpTransport implements Transport {
         return TransferStatus.failed(
             "done word " + slot + " is outside " + name + " (" + slots + " words)");
       }
-      TransferStatus stored = TransferStatus.pending();
-      PeerDoneWords.whenLanded(writes, failure -> {
-        if (failure != null) {
-          stored.fail("done word not stored: " + failure);
-        } else {
-          executor.submit(stored,
-              () -> run(remote, Exchange.DONE_WORD, Long.BYTES, stored,
-                  c -> c.doneWord(nameBytes, slot, value)),
-              () -> {});
-        }
-      });
-      return stored;
+      return PeerDoneWords.storeWhenLanded(writes, stored -> executor.submit(stored,
+          () -> run(remote, Exchange.DONE_WORD, Long.BYTES, stored,
+              c -> c.doneWord(nameBytes, slot, value)),
+          () -> {}));
     }
 
     @Override

@@ -46,31 +46,26 @@ public final class TransferStatus {
 
   /** Marks success; a second terminal transition is ignored (first outcome wins). */
   public boolean succeed(long bytes) {
+    return end(State.SUCCEEDED, bytes, null);
+  }
+
+  /** Marks failure with a message for the user; a second terminal transition is ignored. */
+  public boolean fail(String message) {
+    return end(State.FAILED, 0, message);
+  }
+
+  private boolean end(State outcome, long bytes, @Nullable String message) {
     Runnable[] first;
     synchronized (this) {
       if (state != State.PENDING) {
         return false;
       }
       bytesMoved = bytes;
-      state = State.SUCCEEDED;
-      first = takeFirstActions();
-    }
-    end(first);
-    return true;
-  }
-
-  /** Marks failure with a message for the user; a second terminal transition is ignored. */
-  public boolean fail(String message) {
-    Runnable[] first;
-    synchronized (this) {
-      if (state != State.PENDING) {
-        return false;
-      }
       failureMessage = message;
-      state = State.FAILED;
+      state = outcome;
       first = takeFirstActions();
     }
-    end(first);
+    runFirstThenComplete(first);
     return true;
   }
 
@@ -99,7 +94,7 @@ public final class TransferStatus {
     return first == null ? NONE : first;
   }
 
-  private void end(Runnable[] first) {
+  private void runFirstThenComplete(Runnable[] first) {
     try {
       for (Runnable action : first) {
         runLogged(action);

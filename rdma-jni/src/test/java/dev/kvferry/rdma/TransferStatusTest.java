@@ -114,4 +114,27 @@ class TransferStatusTest {
     assertEquals(1, none.size());
     assertNull(none.get(0));
   }
+
+  @Test
+  void storeWhenLandedEndsByTheStoreOrTheFirstFailureAndAThrowingStoreFailsIt() {
+    TransferStatus write = TransferStatus.pending();
+    TransferStatus stored = PeerDoneWords.storeWhenLanded(List.of(write), s -> s.succeed(8));
+    assertFalse(stored.completion().isDone(), "the write is still in flight");
+    write.succeed(1);
+    assertTrue(stored.succeeded());
+
+    List<String> stores = new ArrayList<>();
+    TransferStatus refused = PeerDoneWords.storeWhenLanded(
+        List.of(TransferStatus.failed("peer went away")), s -> stores.add("stored"));
+    assertEquals("done word not stored: a write of the transfer failed (peer went away)",
+        refused.failureMessage());
+    assertTrue(stores.isEmpty(), "nothing is stored behind a failed write");
+
+    TransferStatus thrown = PeerDoneWords.storeWhenLanded(List.of(), s -> {
+      throw new IllegalStateException("mapping gone");
+    });
+    assertTrue(thrown.completion().isDone(), "no transfer may wait on a word never stored");
+    assertEquals("done word not stored: java.lang.IllegalStateException: mapping gone",
+        thrown.failureMessage());
+  }
 }
