@@ -345,6 +345,29 @@ def test_delayed_free_blocks_come_back_only_when_every_rank_reports_done_sending
     node.close()
 
 
+def test_a_rank_reporting_a_request_twice_does_not_stand_for_another_rank(tmp_path, engines):
+    # A worker reports a request again when it ends after its done (an abort after the done):
+    # the blocks stay lent until every rank has reported, whatever one rank says twice.
+    node = FakeNode(str(tmp_path / "n.sock"))
+    node.finish = lambda a: {"delay_free": True, "kv_transfer_params": {"do_remote_prefill": True,
+                                                                         "remote_block_ids": a["block_ids"]}}
+    g = geometry(tp_size=2)
+    e = engines(g, role="prefill", mode="read", socket_path=node.path)
+    e.connect()
+    run(e, list(range(1, 40)), max_tokens=1, rid="p2",
+        params={"do_remote_decode": True, "transfer_id": "t-p2", "remote_engine_id": "d0"})
+    time.sleep(0.1)
+    assert e.stats()["delayed_free"] == 1
+    node.finished[0].append({"done_sending": ["p2"]})
+    node.finished[0].append({"failed": {"p2": "request p2 aborted"}})
+    time.sleep(0.2)
+    assert e.stats()["free_blocks"] == g.num_blocks - 3 and e.stats()["delayed_free"] == 1
+    node.finished[1].append({"done_sending": ["p2"]})
+    s = wait_idle(e)
+    assert s["free_blocks"] == g.num_blocks and s["delayed_free"] == 0
+    node.close()
+
+
 def test_abort_before_scheduling_tells_the_node_with_no_blocks(tmp_path):
     node = FakeNode(str(tmp_path / "n.sock"))
     e = ReferenceEngine(geometry(), role="decode", socket_path=node.path)

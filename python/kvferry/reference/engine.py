@@ -294,8 +294,8 @@ class ReferenceEngine:
             for w in c.workers:
                 finished_reports.append(w.get_finished(finished_ids, raise_op_errors=False))
         self._sample(scheduled)
-        for f in finished_reports:
-            self._apply_finished(f)
+        for rank, f in enumerate(finished_reports):
+            self._apply_finished(f, rank)
         return bool(scheduled)
 
     def _schedule(self) -> tuple[list[Request], list[dict], list[dict]]:
@@ -545,22 +545,24 @@ class ReferenceEngine:
             self._counters["op_errors"] += 1
             log.error("kvferry node refused one-way op %s: %s: %s", e.get("op"), e.get("code"), e.get("message"))
 
-    def _apply_finished(self, f: dict[str, Any]) -> None:
+    def _apply_finished(self, f: dict[str, Any], rank: int) -> None:
         self._log_op_errors(f["op_errors"])
         self._load_error_blocks.update(f["block_ids_with_load_errors"])
         for rid in f["done_sending"]:
-            self._rank_report(rid, None)
+            self._rank_report(rid, None, rank)
         for rid, why in f["failed"].items():
-            self._rank_report(rid, str(why))
+            self._rank_report(rid, str(why), rank)
         for rid in f["done_receiving"]:
-            self._rank_report(rid, None)
+            self._rank_report(rid, None, rank)
 
-    def _rank_report(self, rid: str, failure: str | None) -> None:
-        entry = self._rank_reports.setdefault(rid, [0, None])
-        entry[0] += 1
+    def _rank_report(self, rid: str, failure: str | None, rank: int) -> None:
+        # Counted per rank: a worker may report a request twice (done, then the abort that came
+        # after it), and that must not stand for another rank whose copies may still land.
+        entry = self._rank_reports.setdefault(rid, [set(), None])
+        entry[0].add(rank)
         if entry[1] is None:
             entry[1] = failure
-        if entry[0] < self.geometry.tp_size:
+        if len(entry[0]) < self.geometry.tp_size:
             return
         del self._rank_reports[rid]
         failure = entry[1]

@@ -130,10 +130,17 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
 
   private Behavior<Command> onStartLoad(StartLoad m) {
     for (ReqMeta r : m.requests()) {
-      if (r.localBlockIds().length == 0 || abortedBeforeBegun.contains(r.transferId())) {
-        // Aborted before it was scheduled (or nothing to load), or before its load came here:
-        // read nothing, and still tell P to free its blocks.
+      if (r.localBlockIds().length == 0) {
+        releaseWhenListed(r); // aborted before it was scheduled: read nothing, still free P's blocks
+        continue;
+      }
+      if (abortedBeforeBegun.contains(r.transferId())) {
+        // Its abort came here before its load. The worker told the tracker to expect this receive,
+        // and may have done so before the abort's report reached the tracker, which then let that
+        // report go as live: end it now, or the engine hears of it only at the transfer timeout.
         releaseWhenListed(r);
+        tracker.tell(new RequestTrackerActor.TransferFailed(r.transferId(),
+            "request " + r.requestId() + " aborted before its load began"));
         continue;
       }
       // The worker told the tracker to expect it.
@@ -149,15 +156,19 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
       // still owes those workers a release, or P keeps its blocks until its read-abort timeout.
       outbox.withTpSizeOf(r.remoteEngineId(), r.transferId(), prefillTp -> {
         int[] sources = PeerPlanning.sourcesFor(self, prefillTp, mla);
-        reads.put(r.transferId(), new ReadJob(r, sources, setup.layerRegions().size()));
+        ReadJob job = new ReadJob(r, sources, setup.layerRegions().size());
+        reads.put(r.transferId(), job);
         setup.sink().expectEarlyDone(r.transferId(), r.requestId()); // before any read can land
         setup.sink().layerLoads().readsPerLayer(r.transferId(), sources.length);
         for (int source : sources) {
+          if (job.failure != null || reads.get(r.transferId()) != job) {
+            break; // an earlier P worker's reads were refused (its plan) and the read ended
+          }
           PeerKey peer = new PeerKey(r.remoteEngineId(), source);
           int incarnation = r.remoteWorkerUid(source); // 0: whichever is listed
           AgentMetadata known = peerMetadata.listed(peer, outbox.directory(), incarnation);
           if (known != null) {
-            startReads(reads.get(r.transferId()), known);
+            startReads(job, known);
             continue;
           }
           readsAwaitingPeer.computeIfAbsent(peer, k -> new ArrayList<>()).add(r);

@@ -547,6 +547,50 @@ class BlockLifetimeTest {
     TrackedTransfers.assertNone(fx, d);
   }
 
+  @Test
+  void aReadFromTwoPrefillWorkersWhosePlanIsRefusedFailsAndTheReaderGoesOn() {
+    fx.twoPrefillWorkersListed(TransferMode.READ);
+    ConnectorWorker d =
+        fx.worker(Role.DECODE, TransferMode.READ, "decode-0", ConnectorSettings.DEFAULTS);
+    // A first read caches both P workers' metadata, so the next one plans without a handshake.
+    loadFromPrefill(d, "r24", "tx24", new int[] {1, 2});
+    fx.awaitFinished(d, x -> x.doneReceiving().contains("r24"));
+    fishPeer(PeerProtocol.Release.class);
+    fishPeer(PeerProtocol.Release.class);
+
+    // Three blocks to fill from P's two: refused at the first P worker's plan, which ends the
+    // read before the second worker's turn.
+    d.startLoadKv(new ConnectorMetadata(List.of(),
+        List.of(new ReqMeta("r25", "tx25", new int[] {5, 6, 7}, new int[] {3, 4}, "prefill-0", 0)),
+        List.of()));
+    Finished f = fx.awaitFinished(d, x -> x.failed().containsKey("r25"));
+    assertTrue(f.failed().get("r25").contains("prefill sent only 2"), f.toString());
+    assertEquals("tx25", fishPeer(PeerProtocol.Release.class).transferId());
+    assertEquals("tx25", fishPeer(PeerProtocol.Release.class).transferId());
+
+    // The reader is still there: the next read lands and is reported.
+    loadFromPrefill(d, "r26", "tx26", new int[] {1, 2});
+    fx.awaitFinished(d, x -> x.doneReceiving().contains("r26"));
+  }
+
+  @Test
+  void readsAbortedJustBeforeTheirLoadsAreEachReportedWithoutWaitingForTheTimeout() {
+    ConnectorWorker d = readingDecode(new GatedTransport(fx.transport),
+        ConnectorSettings.DEFAULTS.withTransferTimeout(Duration.ofSeconds(60)));
+    // The abort reaches the worker's actors just ahead of the step's load (two connections of
+    // the engine port): the worker tells the tracker to expect the receive while the reader
+    // reports the abort, in either order. Whichever comes first, each is reported now.
+    int requests = 20;
+    for (int i = 0; i < requests; i++) {
+      d.engineRef().tell(new EngineActor.AbortReceive("ra" + i, "txa" + i, "request ra" + i
+          + " aborted"));
+      loadFromPrefill(d, "ra" + i, "txa" + i, new int[] {1, 2});
+    }
+    Finished f = fx.awaitFinished(d, x -> x.failed().size() == requests);
+    assertTrue(f.doneReceiving().isEmpty(), f.toString());
+    TrackedTransfers.assertNone(fx, d);
+  }
+
   private static java.util.concurrent.CompletableFuture<Boolean> waitInBackground(
       ConnectorWorker d, int layer) {
     return java.util.concurrent.CompletableFuture.supplyAsync(() -> {

@@ -127,12 +127,26 @@ final class PeerFixture implements AutoCloseable {
 
   /** The peer's real handshake answer: its registered layers described by the transport. */
   byte[] peerMetadata(EngineIdentity peer) {
+    return peerMetadata(peer, GEOMETRY);
+  }
+
+  /**
+   * The handshake answer of a peer worker holding {@code 1 / tpSize} of {@link #GEOMETRY}'s KV
+   * heads (one rank's cache of a wider TP), over the peer's layers.
+   */
+  byte[] peerMetadataOfRank(EngineIdentity peer) {
+    KvCacheGeometry g = GEOMETRY;
+    return peerMetadata(peer, KvCacheGeometry.standard(
+        g.numBlocks(), g.blockSize(), g.kvHeads() / peer.tpSize(), g.headDim(), g.elementBytes()));
+  }
+
+  private byte[] peerMetadata(EngineIdentity peer, KvCacheGeometry geometry) {
     List<RegionDescriptor> descriptors = new ArrayList<>();
     for (MemoryRegion r : peerLayers) {
       descriptors.add(transport.describe(r));
     }
     return new AgentMetadata(peer.engineId(), peer.dpRank(), peer.tpRank(), peer.tpSize(),
-        transport.name(), GEOMETRY, descriptors).pack();
+        transport.name(), geometry, descriptors).pack();
   }
 
   /**
@@ -190,9 +204,14 @@ final class PeerFixture implements AutoCloseable {
 
   /** Hand-played P workers of "prefill-0" at TP 2 (WRITE), both listed. */
   void twoPrefillWorkersListed() {
+    twoPrefillWorkersListed(TransferMode.WRITE);
+  }
+
+  /** Hand-played P workers of "prefill-0" at TP 2 in {@code mode}, both listed. */
+  void twoPrefillWorkersListed(TransferMode mode) {
     for (int rank = 0; rank < 2; rank++) {
-      startPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, rank, 2, TransferMode.WRITE),
-          this::peerMetadata);
+      startPeer(new EngineIdentity(Role.PREFILL, "prefill-0", 0, 1, rank, 2, mode),
+          this::peerMetadataOfRank);
     }
     awaitListed(Role.PREFILL, "prefill-0", 2);
   }
