@@ -4,12 +4,13 @@ import dev.kvferry.actors.engine.AgentMetadata;
 import dev.kvferry.rdma.EventOrderedTransport;
 import dev.kvferry.rdma.MemoryRegion;
 import dev.kvferry.rdma.PeerDoneWords;
-import dev.kvferry.rdma.cuda.SharedDoneWords;
 import dev.kvferry.rdma.RegionDescriptor;
 import dev.kvferry.rdma.TransferBatch;
 import dev.kvferry.rdma.TransferStatus;
 import dev.kvferry.rdma.Transport;
 import dev.kvferry.rdma.cuda.CudaEvent;
+import dev.kvferry.rdma.cuda.SharedDoneWords;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.HashSet;
@@ -17,7 +18,11 @@ import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Executor;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.function.Function;
 import java.util.function.ObjIntConsumer;
@@ -55,6 +60,8 @@ final class LayerWriter {
   /** Which decode engine each mapped done-word file belongs to, to unmap it when it leaves. */
   private final Map<String, String> doneWordsOwner = new HashMap<>();
   private final Set<String> unusableDoneWords = new HashSet<>();
+  /** Writes submitted and not ended yet: a stopping writer waits for them ({@link #close}). */
+  private final Set<CompletableFuture<TransferStatus>> unended = ConcurrentHashMap.newKeySet();
 
   /**
    * D's watcher spins once a hint says this many layers or fewer are still to land: the
@@ -144,7 +151,10 @@ final class LayerWriter {
         hintAfterQueued(j, t.doneWord, peer, submission);
       }
     }
-    return submission.thenCompose(TransferStatus::completion);
+    CompletableFuture<TransferStatus> ended = submission.thenCompose(TransferStatus::completion);
+    unended.add(ended);
+    ended.whenComplete((status, e) -> unended.remove(ended));
+    return ended;
   }
 
   /**
@@ -376,7 +386,24 @@ final class LayerWriter {
   }
 
   /** The writer stopped: every done-word file is unmapped. */
-  void close() {
+  /**
+   * Waits up to {@code bound} for the writes already under way (the writer stops: cancelled ones
+   * skip their copies and end at once), then closes D's done words. Called before the worker's
+   * actor terminates, which is how D learns it stopped: a copy still running would otherwise
+   * land in blocks D may free once it sees this worker gone.
+   */
+  void close(Duration bound) {
+    CompletableFuture<?>[] pending = unended.toArray(CompletableFuture[]::new);
+    try {
+      CompletableFuture.allOf(pending).get(bound.toNanos(), TimeUnit.NANOSECONDS);
+    } catch (TimeoutException e) {
+      log.warn("{} of our writes still under way {} after the writer stopped; D may see it gone"
+          + " before they land", unended.size(), bound);
+    } catch (ExecutionException e) {
+      // a write that failed is over: nothing of it can land any more
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    }
     doneWords.values().forEach(PeerDoneWords::close);
   }
 }

@@ -384,7 +384,8 @@ public final class WriterActor extends AbstractBehavior<WriterActor.Command> {
   private Behavior<Command> onPostStop(PostStop signal) {
     jobs.cancelAll(); // the transport may close
     fences.failAll("the worker stopped");
-    layers.close();
+    // Blocks this thread, once, as the worker stops: D must not see us gone before our copies land.
+    layers.close(settings.transferTimeout());
     return this;
   }
 }

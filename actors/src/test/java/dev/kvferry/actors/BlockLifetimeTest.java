@@ -548,6 +548,19 @@ class BlockLifetimeTest {
   }
 
   @Test
+  void aPrefillWorkerStoppingWithWritesUnderWayIsGoneOnlyOnceTheyEnded() throws Exception {
+    GatedTransport gated = new GatedTransport(fx.transport);
+    ConnectorWorker p = prefillWritingThroughGate(gated, "r27", "tx27");
+    // The engine detaches with both layers' copies under way. D learns of the stop from the
+    // worker's termination, and may then free its blocks: the copies must have ended by then.
+    CompletableFuture<Void> stopped = p.stop();
+    fx.kit.createTestProbe().expectNoMessage(QUIET);
+    assertFalse(stopped.isDone(), "the worker was gone while its copies could still land");
+    gated.open();
+    stopped.get(WITHIN.toSeconds(), TimeUnit.SECONDS);
+  }
+
+  @Test
   void aReadFromTwoPrefillWorkersWhosePlanIsRefusedFailsAndTheReaderGoesOn() {
     fx.twoPrefillWorkersListed(TransferMode.READ);
     ConnectorWorker d =

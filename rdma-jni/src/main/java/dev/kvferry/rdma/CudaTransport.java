@@ -378,8 +378,15 @@ public final class CudaTransport implements EventOrderedTransport {
       public void hintAfterQueued(
           MemoryRegion local, RegionDescriptor remote, int slot, long value) {
         Lane lane = lanes.get(laneKey(local.device(), remote));
-        if (lane != null) {
-          lane.writeValue(words.deviceAddress(slot), value);
+        if (lane == null) {
+          return;
+        }
+        // Under the words' lock, as storeAfter: queued before close drains the lanes, or not at
+        // all (a writer stopping runs close on its own thread, beside the submissions' queue).
+        synchronized (this) {
+          if (!wordsClosed) {
+            lane.writeValue(words.deviceAddress(slot), value);
+          }
         }
       }
 
