@@ -11,6 +11,8 @@ import http.client
 import json
 import os
 import shutil
+import socket
+import struct
 import time
 import urllib.parse
 import urllib.request
@@ -195,6 +197,48 @@ def test_a_client_that_goes_mid_stream_leaves_no_block_in_use(deployment: Deploy
     # The router still serves.
     status, _, _ = post(deployment.router.url, "/v1/completions", {"prompt": prompt(10), "max_tokens": 2})
     assert status == 200
+
+
+def legs_in_flight(router: Router, role: str) -> float:
+    """The router's own count of legs in flight on the engines of one role (its /metrics)."""
+    u = f"http://127.0.0.1:{router.management_port}/metrics"
+    with urllib.request.urlopen(u, timeout=30) as r:
+        return sum(float(line.split()[-1]) for line in r.read().decode().splitlines()
+                   if line.startswith("kvferry_router_in_flight{") and f'role="{role}"' in line)
+
+
+def test_a_client_that_goes_before_the_answer_starts_leaves_nothing_counted(deployment: Deployment) -> None:
+    # The client sends its request and goes at once: the router's answer, built later, is dropped
+    # by its HTTP server unread. D's leg still ends, and is no longer counted in flight (it was
+    # for good: after 64 such clients the router refused every request to that D).
+    u = urllib.parse.urlparse(deployment.router.url)
+    for i in range(3):
+        body = json.dumps({"prompt": prompt(150, 20 + i), "max_tokens": 50, "stream": True}).encode()
+        with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+            # Reset, not closed: a closed socket still takes the answer's bytes for a moment.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
+                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    deadline = time.monotonic() + 60
+    while legs_in_flight(deployment.router, "decode") != 0:
+        assert time.monotonic() < deadline, (
+            f"{legs_in_flight(deployment.router, 'decode')} decode legs still counted in flight 60 s after "
+            f"their clients went\n{deployment.router.tail()}")
+        time.sleep(0.5)
+    for e in (deployment.p, deployment.d):
+        s = settle(e)
+        assert s["free_blocks"] == s["num_blocks"], (e.name, s)
+
+
+def test_an_engines_refusal_reaches_the_client_as_its_own_status(deployment: Deployment) -> None:
+    # A request no engine can serve as it is: the engine's 4xx and its reason, not a 502 (which a
+    # client would retry).
+    for stream in (False, True):
+        status, _, body = post(deployment.router.url, "/v1/completions",
+                               {"prompt": [], "max_tokens": 2, "stream": stream})
+        assert status == 400, body
+        assert "prompt is empty" in body["error"]["message"], body
+        assert body["error"]["type"] == "invalid_request_error", body
 
 
 @pytest.mark.skipif(shutil.which("jcmd") is None, reason="needs the JDK's jcmd")

@@ -27,6 +27,7 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.Consumer;
 import org.apache.pekko.actor.typed.ActorSystem;
 import org.apache.pekko.http.javadsl.Http;
 import org.apache.pekko.http.javadsl.ServerBinding;
@@ -59,6 +60,11 @@ public final class ProxyServer implements AutoCloseable {
 
   private static final Logger log = LoggerFactory.getLogger(ProxyServer.class);
   private static final ObjectMapper JSON = new ObjectMapper();
+  /**
+   * A streamed answer the server has not started to send after this long: its client left
+   * before the headers (the server drops such a response unread), so D's leg is ended here.
+   */
+  private static final Duration UNCLAIMED_STREAM = Duration.ofSeconds(10);
   static final String REQUEST_ID = "X-Request-Id";
 
   /** The proxy's settings ({@code kvferry.router.http}). */
@@ -237,6 +243,10 @@ public final class ProxyServer implements AutoCloseable {
     String transferId = id + "-" + UUID.randomUUID();
     ObjectNode pBody = request.deepCopy();
     pBody.put("max_tokens", 1);
+    if (pBody.has("max_completion_tokens")) {
+      pBody.put("max_completion_tokens", 1); // vLLM's chat API takes it over max_tokens
+    }
+    pBody.remove("min_tokens"); // above 1, P would refuse a one-token answer
     pBody.put("stream", false);
     pBody.remove("stream_options");
     pBody.set("kv_transfer_params", JSON.createObjectNode().put("do_remote_decode", true)
@@ -264,10 +274,19 @@ public final class ProxyServer implements AutoCloseable {
       });
     }
     SharedKillSwitch cut = KillSwitches.shared("request-" + id);
+    // D's leg ends once, whichever way: its answer, the client's stream ending, or neither.
+    AtomicBoolean dEnded = new AtomicBoolean();
+    Consumer<String> endD = outcome -> {
+      if (dEnded.compareAndSet(false, true)) {
+        ended(d, outcome);
+      }
+    };
+    CompletableFuture<Throwable> pFailed = new CompletableFuture<>();
     if (p.mode() == TransferMode.WRITE) {
       // P's leg runs beside D's: if it fails, D would wait for KV that never comes.
       pLeg.thenCompose(r -> strictJson(r, p)).whenComplete((ok, e) -> {
         if (e != null) {
+          pFailed.complete(unwrap(e));
           cut.abort(e);
         }
       });
@@ -276,20 +295,27 @@ public final class ProxyServer implements AutoCloseable {
         .thenCompose(r -> {
           if (!r.status().isSuccess()) {
             return plain(r.entity().toStrict(10_000, materializer)).thenApply(e -> {
-              throw new LegFailed(d, "HTTP " + r.status().intValue() + ": "
+              throw new LegFailed(d, r.status().intValue(), "HTTP " + r.status().intValue() + ": "
                   + e.getData().utf8String());
             });
+          }
+          Throwable pCause = pFailed.getNow(null);
+          if (pCause != null) {
+            // P failed before D answered: its cause is the client's answer, not a cut stream.
+            r.discardEntityBytes(materializer);
+            return CompletableFuture.failedFuture(pCause);
           }
           if (!streamed) {
             // One JSON answer, whole at D's end: passed on whole, without a stream of chunks.
             return plain(r.entity().toStrict(settings.legTimeout().toMillis(), materializer))
                 .thenApply(e -> {
                   ttft.observe((System.nanoTime() - arrived) / 1e9);
-                  ended(d, "ok");
+                  endD.accept("ok");
                   return HttpResponse.create().withStatus(r.status()).withEntity(e);
                 });
           }
           AtomicBoolean first = new AtomicBoolean(true);
+          AtomicBoolean claimed = new AtomicBoolean();
           Source<ByteString, ?> bytes = r.entity().getDataBytes()
               .via(cut.flow())
               .map(chunk -> {
@@ -299,31 +325,74 @@ public final class ProxyServer implements AutoCloseable {
                 return chunk;
               })
               .watchTermination((mat, done) -> {
-                plain(done).whenComplete((ok, e) -> {
-                  ended(d, e == null ? "ok" : "client_gone");
-                });
+                claimed.set(true);
+                plain(done).whenComplete((ok, e) -> endD.accept(e == null ? "ok" : "client_gone"));
                 return mat;
               });
+          // A client gone before the headers: the server drops the response unread, so the
+          // stream above never runs. Without this D stayed counted in flight for good.
+          system.scheduler().scheduleOnce(UNCLAIMED_STREAM, () -> {
+            if (claimed.compareAndSet(false, true)) {
+              r.discardEntityBytes(materializer);
+              endD.accept("client_gone");
+            }
+          }, system.executionContext());
           return CompletableFuture.completedFuture(HttpResponse.create().withStatus(r.status())
               .withEntity(HttpEntities.createChunked(r.entity().getContentType(), bytes)));
         });
-    return answer.exceptionally(e -> {
-      Throwable cause = e instanceof java.util.concurrent.CompletionException
-          && e.getCause() != null ? e.getCause() : e;
-      ended(d, "engine_error");
-      String why = cause instanceof LegFailed f ? String.valueOf(f.getMessage()) : String.valueOf(cause);
-      log.warn("request {}: {}", id, why);
-      return error(StatusCodes.BAD_GATEWAY, "server_error", why);
+    CompletionStage<HttpResponse> result = answer.exceptionally(e -> {
+      endD.accept("engine_error");
+      return failure(id, unwrap(e));
     });
+    if (p.mode() == TransferMode.WRITE && !streamed) {
+      // Nothing of D's answer has reached the client yet: P's failure answers it at once, not
+      // after D gave up waiting for the KV (D's leg is still counted until it ends).
+      CompletableFuture<HttpResponse> first = new CompletableFuture<>();
+      result.whenComplete((r, e) -> {
+        if (e == null) {
+          first.complete(r);
+        } else {
+          first.completeExceptionally(e);
+        }
+      });
+      pFailed.thenAccept(cause -> first.complete(failure(id, cause)));
+      return first;
+    }
+    return result;
+  }
+
+  private static Throwable unwrap(Throwable e) {
+    return e instanceof java.util.concurrent.CompletionException && e.getCause() != null
+        ? e.getCause() : e;
+  }
+
+  /**
+   * The client's answer to a failed request: an engine's own 4xx passes through (the request
+   * cannot succeed as it is; a retry on 5xx would repeat it), everything else is 502.
+   */
+  private static HttpResponse failure(String id, Throwable cause) {
+    String why = cause instanceof LegFailed f ? String.valueOf(f.getMessage()) : String.valueOf(cause);
+    log.warn("request {}: {}", id, why);
+    if (cause instanceof LegFailed f && f.status >= 400 && f.status < 500) {
+      return error(StatusCodes.get(f.status), "invalid_request_error", why);
+    }
+    return error(StatusCodes.BAD_GATEWAY, "server_error", why);
   }
 
   /** A failed leg: the engine and why, for the client's error. */
   private static final class LegFailed extends RuntimeException {
     private static final long serialVersionUID = 1L;
+    /** The engine's HTTP status; 0 where it gave none (unreachable, an answer not understood). */
+    final int status;
 
     LegFailed(HttpEndpoint e, String why) {
+      this(e, 0, why);
+    }
+
+    LegFailed(HttpEndpoint e, int status, String why) {
       super((e.role() == Role.PREFILL ? "prefill" : "decode") + " engine " + e.engineId()
           + " (dp " + e.dpRank() + "): " + why);
+      this.status = status;
     }
   }
 
@@ -346,7 +415,8 @@ public final class ProxyServer implements AutoCloseable {
   private CompletionStage<ObjectNode> strictJson(HttpResponse r, HttpEndpoint e) {
     return plain(r.entity().toStrict(settings.legTimeout().toMillis(), materializer)).thenApply(s -> {
       if (!r.status().isSuccess()) {
-        throw new LegFailed(e, "HTTP " + r.status().intValue() + ": " + s.getData().utf8String());
+        throw new LegFailed(e, r.status().intValue(),
+            "HTTP " + r.status().intValue() + ": " + s.getData().utf8String());
       }
       try {
         JsonNode n = JSON.readTree(s.getData().toArray());

@@ -15,6 +15,7 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
+import java.util.UUID;
 import org.apache.pekko.actor.typed.ActorRef;
 import org.apache.pekko.actor.typed.Behavior;
 import org.apache.pekko.actor.typed.javadsl.AbstractBehavior;
@@ -140,7 +141,9 @@ public final class RouterActor extends AbstractBehavior<RouterActor.Command> {
     }
     Candidate prefill = p.get();
     Candidate decode = d.get();
-    String transferId = "tx" + (++routed) + "-" + requestId;
+    // Unique across routers and restarts (a count alone starts again with each router): a P node
+    // refuses a transfer id it has kept blocks under before, and a refused one on P is freed.
+    String transferId = "tx" + (++routed) + "-" + requestId + "-" + UUID.randomUUID();
     InFlight f = new InFlight(m, prefill, decode, transferId);
     inFlight.put(requestId, f);
     load.merge(prefill.identity().engineId(), 1, Integer::sum);
