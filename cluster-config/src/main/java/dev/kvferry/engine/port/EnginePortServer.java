@@ -218,6 +218,17 @@ public final class EnginePortServer implements AutoCloseable {
         "hello names " + key + " " + hello + "; this node has " + node);
   }
 
+  /**
+   * A hello that failed after {@link #engineFor} made its engine: an engine no connection joined
+   * is forgotten, or the node would hold its identity (the mode the first hello named) for good.
+   */
+  synchronized void forgetIfUnjoined(PortEngine e) {
+    if (engine == e && !e.detaching() && e.unjoined()) {
+      engine = null;
+      notifyAll();
+    }
+  }
+
   synchronized void engineGone(PortEngine gone) {
     if (engine == gone) {
       engine = null;

@@ -127,6 +127,19 @@ final class PortEngine {
     return detaching;
   }
 
+  /** No connection has joined it yet (a first hello that failed leaves it so). */
+  synchronized boolean unjoined() {
+    if (schedulerSession != null) {
+      return false;
+    }
+    for (Slot s : slots) {
+      if (s != null) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   synchronized void joinScheduler(PortSession session, @Nullable URI url) throws PortException {
     checkOpen();
     if (schedulerSession != null) {

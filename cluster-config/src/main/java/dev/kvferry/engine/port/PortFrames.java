@@ -145,7 +145,8 @@ final class PortFrames {
             "a frame must hold one msgpack map, got " + type.name().toLowerCase(Locale.ROOT));
       }
       @SuppressWarnings("unchecked")
-      Map<String, Object> map = (Map<String, Object>) java.util.Objects.requireNonNull(next(u, 0));
+      Map<String, Object> map =
+          (Map<String, Object>) java.util.Objects.requireNonNull(next(u, 0, bytes.length));
       if (u.hasNext()) {
         throw new PortException(PortError.BAD_FRAME, "a frame holds more than one msgpack value");
       }
@@ -170,7 +171,7 @@ final class PortFrames {
    * the node decodes hundreds of a step's frames). Nesting deeper than {@link #MAX_DEPTH} is
    * refused rather than recursed into.
    */
-  private static @Nullable Object next(MessageUnpacker u, int depth)
+  private static @Nullable Object next(MessageUnpacker u, int depth, long frameBytes)
       throws IOException, PortException {
     if (depth > MAX_DEPTH) {
       throw new PortException(PortError.BAD_FRAME,
@@ -188,14 +189,14 @@ final class PortFrames {
       case FLOAT:
         return u.unpackDouble();
       case STRING:
-        return string(u.readPayload(u.unpackRawStringHeader()));
+        return string(payload(u, u.unpackRawStringHeader(), frameBytes));
       case BINARY:
-        return u.readPayload(u.unpackBinaryHeader());
+        return payload(u, u.unpackBinaryHeader(), frameBytes);
       case ARRAY: {
         int n = u.unpackArrayHeader();
         List<Object> list = new ArrayList<>(Math.min(n, 1024)); // the header is not trusted
         for (int k = 0; k < n; k++) {
-          list.add(next(u, depth + 1));
+          list.add(next(u, depth + 1, frameBytes));
         }
         return list;
       }
@@ -206,14 +207,28 @@ final class PortFrames {
           if (u.getNextFormat().getValueType() != ValueType.STRING) {
             throw new PortException(PortError.BAD_FRAME, "map keys must be strings");
           }
-          String key = string(u.readPayload(u.unpackRawStringHeader()));
-          map.put(key, next(u, depth + 1));
+          String key = string(payload(u, u.unpackRawStringHeader(), frameBytes));
+          map.put(key, next(u, depth + 1, frameBytes));
         }
         return map;
       }
       default:
         throw new PortException(PortError.BAD_FRAME, "unsupported msgpack type " + type);
     }
+  }
+
+  /**
+   * A string's or binary's bytes. Its header is not trusted: msgpack allocates the length it
+   * claims before reading, so a header claiming more than is left of the frame is refused (a
+   * 9-byte frame could otherwise ask for 2 GiB).
+   */
+  private static byte[] payload(MessageUnpacker u, int length, long frameBytes)
+      throws IOException, PortException {
+    if (length < 0 || length > frameBytes - u.getTotalReadBytes()) {
+      throw new PortException(PortError.BAD_FRAME, "a value claims "
+          + Integer.toUnsignedString(length) + " bytes, more than is left of the frame");
+    }
+    return u.readPayload(length);
   }
 
   /** UTF-8, strictly: bytes that are not UTF-8 are a bad frame, not replacement characters. */

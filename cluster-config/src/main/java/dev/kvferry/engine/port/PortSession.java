@@ -250,33 +250,38 @@ final class PortSession implements Runnable {
     };
     PortArgs identity = a.nested("engine");
     PortEngine e = server.engineFor(identity);
-    if (s == Side.SCHEDULER) {
-      URI url = null;
-      String named = a.optionalString("http_url");
-      if (named != null) {
-        try {
-          url = new URI(named);
-          new HttpEndpoint(e.role(), e.engineId(), 0, 1, e.mode(), url); // checks the URL
-        } catch (URISyntaxException | IllegalArgumentException ex) {
-          throw PortException.badArgs("args.http_url: " + ex.getMessage());
+    try {
+      if (s == Side.SCHEDULER) {
+        URI url = null;
+        String named = a.optionalString("http_url");
+        if (named != null) {
+          try {
+            url = new URI(named);
+            new HttpEndpoint(e.role(), e.engineId(), 0, 1, e.mode(), url); // checks the URL
+          } catch (URISyntaxException | IllegalArgumentException ex) {
+            throw PortException.badArgs("args.http_url: " + ex.getMessage());
+          }
+        }
+        e.joinScheduler(this, url);
+      } else {
+        int tpRank = a.integer("tp_rank", 0);
+        if (tpRank >= e.tpSize()) {
+          throw PortException.badArgs("args.tp_rank = " + tpRank + " is outside TP size "
+              + e.tpSize());
+        }
+        KvCacheGeometry geometry = geometry(a.nested("geometry"));
+        boolean wantsLoadEvents = a.bool("load_events", false);
+        e.joinWorker(this, tpRank, geometry, memory(a.nested("memory"), a, geometry),
+            wantsLoadEvents);
+        rank = tpRank;
+        loadEventHandles = wantsLoadEvents ? e.loadEventHandles(tpRank) : null;
+        if (loadEventHandles != null && !loadEventHandles.isEmpty()) {
+          loadRing = new LoadEventRing(loadEventHandles.size());
         }
       }
-      e.joinScheduler(this, url);
-    } else {
-      int tpRank = a.integer("tp_rank", 0);
-      if (tpRank >= e.tpSize()) {
-        throw PortException.badArgs("args.tp_rank = " + tpRank + " is outside TP size "
-            + e.tpSize());
-      }
-      KvCacheGeometry geometry = geometry(a.nested("geometry"));
-      boolean wantsLoadEvents = a.bool("load_events", false);
-      e.joinWorker(this, tpRank, geometry, memory(a.nested("memory"), a, geometry),
-          wantsLoadEvents);
-      rank = tpRank;
-      loadEventHandles = wantsLoadEvents ? e.loadEventHandles(tpRank) : null;
-      if (loadEventHandles != null && !loadEventHandles.isEmpty()) {
-        loadRing = new LoadEventRing(loadEventHandles.size());
-      }
+    } catch (PortException | RuntimeException failed) {
+      server.forgetIfUnjoined(e); // a first hello's: the node keeps no engine nobody joined
+      throw failed;
     }
     side = s;
     engine = e;

@@ -261,6 +261,20 @@ class EnginePortTest {
    * comes back under its op's name with the next build_connector_meta; a bad element is skipped.
    */
   @Test
+  void aFirstHelloThatFailsLeavesNoEngineBehind() throws Exception {
+    int port = FreePorts.next();
+    Path socket = dir.resolve("both.sock");
+    node("prefill", "p0", "write,read", socket, port, port);
+    // A node serving both modes: the first hello names read and fails on its URL. The engine it
+    // began is not kept, so it does not fix the node's engine as a READ one.
+    PortTestClient c = client(socket);
+    assertEquals("bad_args", PortTestClient.errorCode(c.call("hello", Map.of("version", 1,
+        "side", "scheduler", "engine", Map.of("mode", "read"), "http_url", "http://[bad"))));
+    c.ok("hello", Map.of("version", 1, "side", "scheduler", "engine", Map.of("mode", "write")));
+    worker(socket, kvFile(), "write");
+  }
+
+  @Test
   void aBatchRunsEachOpInOrderAsOneWayFramesWould() throws Exception {
     int port = FreePorts.next();
     Path socket = dir.resolve("b.sock");

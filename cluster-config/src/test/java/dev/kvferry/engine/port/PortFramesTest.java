@@ -120,6 +120,14 @@ class PortFramesTest {
     // Declares more entries than it holds: the header is not trusted.
     assertTrue(badFrame(packed(p -> p.packMapHeader(1 << 30))).startsWith("not msgpack"));
     assertTrue(badFrame(new byte[] {(byte) 0xc1}).startsWith("not msgpack")); // never used
+    // Strings and binaries claiming more bytes than the frame holds (2 GiB - 16 from 9 bytes
+    // sent): refused before anything that size is allocated.
+    assertTrue(badFrame(new byte[] {(byte) 0x81, (byte) 0xa1, 0x61, (byte) 0xdb, 0x7f,
+        (byte) 0xff, (byte) 0xff, (byte) 0xf0}).contains("more than is left of the frame"));
+    assertTrue(badFrame(new byte[] {(byte) 0x81, (byte) 0xa1, 0x61, (byte) 0xc6, 0x7f,
+        (byte) 0xff, (byte) 0xff, (byte) 0xf0}).contains("more than is left of the frame"));
+    assertTrue(badFrame(new byte[] {(byte) 0x81, (byte) 0xdb, 0x7f, (byte) 0xff, (byte) 0xff,
+        (byte) 0xf0}).contains("more than is left of the frame")); // as a key
   }
 
   @Test
