@@ -303,7 +303,7 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
 
   private Behavior<Command> onDeadline(DeadlinePassed m) {
     TrackedTransfer t = active.get(m.transferId());
-    if (t == null || t.overdue) {
+    if (t == null) {
       return this;
     }
     if (t.state == TrackedTransfer.State.AWAITING_RELEASE) {
@@ -311,22 +311,25 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
         // The seed's abort timeout, kept where no reader can exist: the decode engine is unknown
         // or not a member (it needs P's metadata, served to members only, to read).
         take(m.transferId(), "deadline");
-        getContext()
-            .getLog()
-            .info("request {} was not read by D in time; freeing its blocks", t.requestId);
+        getContext().getLog().info("request {} was not read by D in time; freeing its blocks",
+            t.requestId);
         sink.doneSending(t.requestId);
         observe(TransferObserver.Outcome.EXPIRED, 0, t);
         return this;
       }
       // D may be reading right now: ask it to stop; the blocks go back on its Release (or when
-      // it leaves the cluster), never on the clock alone.
+      // it leaves the cluster), never on the clock alone. Asked again while D stays listed: an
+      // ask can be lost, or miss D workers (D's TP size unknown, as while D attaches again).
+      getContext().getLog().info("request {} was not read by {} in time; asking it to let go{}",
+          t.requestId, t.peerEngineId, t.overdue ? " (again)" : "");
       t.overdue = true;
-      getContext()
-          .getLog()
-          .info("request {} was not read by {} in time; asking it to let go", t.requestId,
-              t.peerEngineId);
       owner.tell(new EngineActor.ReleaseOverdue(t.transferId, t.peerEngineId));
+      timers.startSingleTimer(
+          t.transferId, new DeadlinePassed(t.transferId), settings.readAbortTimeout());
       return this;
+    }
+    if (t.overdue) {
+      return this; // a receive is asked to end once; it ends when no copy can land any more
     }
     // A timeout is a request to end the transfer, not a licence to free: the owner asks P to
     // abandon and reports the failure once no copy can land in our blocks.
@@ -388,11 +391,8 @@ public final class RequestTrackerActor extends AbstractBehavior<RequestTrackerAc
   }
 
   private Behavior<Command> onSnapshot(GetSnapshot m) {
-    List<TransferView> views = new ArrayList<>();
     long now = System.currentTimeMillis();
-    for (TrackedTransfer t : active.values()) {
-      views.add(t.view(now));
-    }
+    List<TransferView> views = new ArrayList<>(active.values().stream().map(t -> t.view(now)).toList());
     views.addAll(m.writes());
     m.replyTo().tell(TransferSnapshot.of(views));
     return this;

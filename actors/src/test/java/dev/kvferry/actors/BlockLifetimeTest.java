@@ -342,6 +342,27 @@ class BlockLifetimeTest {
   }
 
   @Test
+  void prefillAsksAStillListedDecodeAgainWhenItsFirstAskGoesUnanswered() {
+    fx.startPeer(new EngineIdentity(Role.DECODE, "decode-0", 0, 1, 0, 1, TransferMode.READ),
+        fx::peerMetadata);
+    fx.awaitListed(Role.DECODE, "decode-0");
+    ConnectorWorker p = fx.worker(Role.PREFILL, TransferMode.READ, "prefill-0",
+        ConnectorSettings.DEFAULTS.withReadAbortTimeout(Duration.ofMillis(700)));
+    p.startLoadKv(new ConnectorMetadata(List.of(), List.of(), List.of(
+        new ConnectorMetadata.PendingSend("r28", "tx28", System.currentTimeMillis() + 200,
+            "decode-0"))));
+    // The first ask is lost (or reached no worker that read): P asks again, and keeps the
+    // blocks meanwhile.
+    assertEquals("tx28", fishPeer(PeerProtocol.TransferFailed.class).transferId());
+    assertNothingFinishedFor(p, Duration.ZERO);
+    assertEquals("tx28", fishPeer(PeerProtocol.TransferFailed.class).transferId());
+    assertNothingFinishedFor(p, Duration.ZERO);
+    p.engineRef().tell(new PeerProtocol.Release("tx28", "decode-0", 0, 1));
+    assertEquals(Set.of("r28"), fx.awaitFinished(p, x -> !x.doneSending().isEmpty()).doneSending());
+    fx.peerInbox.expectNoMessage(Duration.ofMillis(1000)); // released: no more asks
+  }
+
+  @Test
   void prefillFreesBlocksKeptForADecodeEngineThatWentBeforeItWasEverListedWhenItsWorkerStops() {
     // Seen in the router test on a loaded host: D's engine attached, read three requests and died
     // before the Receptionist's news of it reached P, so no listing change ever said it went.
