@@ -3,6 +3,7 @@ package dev.kvferry.actors.connector;
 import dev.kvferry.actors.EngineActor;
 import dev.kvferry.actors.ReadStamps;
 import dev.kvferry.actors.engine.ConnectorSettings;
+import dev.kvferry.actors.engine.BoundedMap;
 import java.time.Clock;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -39,6 +40,11 @@ public final class ConnectorScheduler {
    * report it, since a copy may still touch its blocks (DESIGN.md section 3, block lifetime).
    */
   private final java.util.Set<String> lentToTransfer = new java.util.HashSet<>();
+  /**
+   * P, READ: the request each transfer id kept blocks for a reader under (bounded, oldest out).
+   * The workers refuse an id used again and free its blocks at once: no D may be handed those.
+   */
+  private final BoundedMap<String, String> keptForReaders;
 
   /** A request with blocks; {@code externalTokens}: the tokens D loads into them (READ). */
   private record Pending(ConnectorRequest request, int[] blockIds, int externalTokens) {
@@ -71,6 +77,7 @@ public final class ConnectorScheduler {
     this.localWorkers = List.copyOf(localWorkers);
     this.settings = settings;
     this.clock = clock;
+    this.keptForReaders = new BoundedMap<>(settings.terminalIdCapacity());
   }
 
   /** How many prompt tokens the remote side provides, and whether they arrive asynchronously. */
@@ -343,7 +350,13 @@ public final class ConnectorScheduler {
           : FinishDecision.FREE_NOW;
     }
     boolean delay = blockIds.length > 0; // a prompt shorter than a block moves nothing
+    String keptFor = keptForReaders.get(p.transferId());
+    if (delay && mode == TransferMode.READ && keptFor != null
+        && !keptFor.equals(request.requestId())) {
+      return FinishDecision.FREE_NOW; // no params: the request fails at D's side, read nothing
+    }
     if (delay && mode == TransferMode.READ) {
+      keptForReaders.put(p.transferId(), request.requestId());
       long deadline = clock.millis() + settings.readAbortTimeout().toMillis();
       reqsNeedSend.add(
           new ConnectorMetadata.PendingSend(

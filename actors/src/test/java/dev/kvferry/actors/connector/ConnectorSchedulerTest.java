@@ -135,6 +135,21 @@ class ConnectorSchedulerTest {
         m.reqsToSend().get(0).deadlineEpochMs());
   }
 
+  @Test
+  void readModePrefillHandsNoReaderTheBlocksOfATransferIdUsedAgain() {
+    ConnectorScheduler s = prefill(TransferMode.READ);
+    ConnectorRequest first = new ConnectorRequest("r1", 20, KvTransferParams.forPrefill("tx", "decode-0", 0));
+    first.setStatus(ConnectorRequest.Status.FINISHED_LENGTH_CAPPED);
+    assertTrue(s.requestFinished(first, new int[] {4, 5}).delayFreeBlocks());
+    // Another request under the same transfer id: its worker refuses the id and frees the blocks
+    // at once, so a D handed them would read blocks the engine reuses. It gets no params.
+    ConnectorRequest again = new ConnectorRequest("r2", 20, KvTransferParams.forPrefill("tx", "decode-1", 0));
+    again.setStatus(ConnectorRequest.Status.FINISHED_LENGTH_CAPPED);
+    FinishDecision d = s.requestFinished(again, new int[] {6, 7});
+    assertEquals(FinishDecision.FREE_NOW, d);
+    assertEquals(1, s.buildConnectorMeta(new SchedulerOutput(List.of(), List.of())).reqsToSend().size());
+  }
+
   /** The workers hear at once, not with a next step the engine may never run. */
   private static void assertWorkerToldToReadNothing(TestProbe<EngineActor.Command> worker) {
     EngineActor.StartLoad told = worker.expectMessageClass(EngineActor.StartLoad.class);
