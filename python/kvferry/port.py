@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections import deque
+from collections import OrderedDict, deque
 import socket
 import struct
 import time
@@ -38,6 +38,7 @@ BATCH_VERSION = 2
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 # Held one-way ops (PortClient._one_way) are sent once this many are held.
 HELD_OPS_LIMIT = 512
+_KEPT_FOR_READERS = 65536  # as the node's kvferry.connector.terminal-id-capacity
 IPC_HANDLE_BYTES = 64  # cudaIpcEventHandle_t
 _LENGTH = struct.Struct(">I")
 
@@ -480,6 +481,10 @@ class PortClient:
         # first answer on this connection: fixed while the connection lasts (any worker's
         # connection ending ends the engine, and this one with it).
         self._finish_template: dict[str, Any] | None = None
+        # Prefill scheduler: the request each transfer id had its blocks kept for a reader under
+        # (bounded, oldest out). The node hands no reader the blocks of an id used again for
+        # another request (its worker refuses the id and frees them): such a finish is asked.
+        self._kept_for_readers: OrderedDict[str, str] = OrderedDict()
         self.send_plain = send_plain
         self.local_answers = _env_switch("KVFERRY_PORT_LOCAL_ANSWERS") if local_answers is None else local_answers
         self.build_ahead = _env_switch("KVFERRY_PORT_BUILD_AHEAD") if build_ahead is None else build_ahead
@@ -632,6 +637,7 @@ class PortClient:
         self._receiving.clear()
         self._sending.clear()
         self._finish_template = None
+        self._kept_for_readers.clear()
         self._last_step = None
         self._build_later.clear()
         self._kv_kinds.clear()
@@ -1176,16 +1182,22 @@ class PortClient:
             if self.send_plain:
                 self._one_way("request_finished", args, hold=True)
             return False, None
-        answer = self._finished_locally(transfer_id, args["block_ids"], status)
+        kept_for = self._kept_for_readers.get(transfer_id) if transfer_id is not None else None
+        answer = None if kept_for not in (None, request_id) else self._finished_locally(
+            transfer_id, args["block_ids"], status)
         if answer is not None:
             delay, params = answer
             self._count_local("request_finished")
             self._one_way("request_finished", {**args, "answered": {"delay_free": delay, "kv_transfer_params": params}})
-            return answer
-        ok = self._call("request_finished", args)
-        delay, params = bool(ok["delay_free"]), ok.get("kv_transfer_params")
-        if transfer_id is not None and status == "length_capped" and self._finish_template is None:
-            self._learn_finish_template(transfer_id, args["block_ids"], params)
+        else:
+            ok = self._call("request_finished", args)
+            delay, params = bool(ok["delay_free"]), ok.get("kv_transfer_params")
+            if transfer_id is not None and status == "length_capped" and self._finish_template is None:
+                self._learn_finish_template(transfer_id, args["block_ids"], params)
+        if transfer_id is not None and delay and params is not None:
+            self._kept_for_readers[transfer_id] = request_id
+            while len(self._kept_for_readers) > _KEPT_FOR_READERS:
+                self._kept_for_readers.popitem(last=False)
         return delay, params
 
     def _count_local(self, op: str) -> None:

@@ -341,6 +341,35 @@ def test_a_prefill_engines_scheduler_answers_request_finished_once_the_node_show
     node.close()
 
 
+def test_a_transfer_id_kept_for_another_request_is_not_answered_locally(tmp_path):
+    """A prefill scheduler answers a finish locally only where the node would: a transfer id whose
+    blocks it kept for another request's reader is the node's to refuse (its worker refuses the id
+    and frees those blocks), so that finish is asked, and the node's answer is the client's."""
+    node = FakeNode(str(tmp_path / "n.sock"))
+
+    def finish(a):
+        if a["request_id"] == "twin":
+            return {"delay_free": False, "kv_transfer_params": None}  # the node's refusal
+        return {"delay_free": True, "kv_transfer_params": {
+            "do_remote_prefill": True, "do_remote_decode": False, "transfer_id": "tx-shared",
+            "remote_engine_id": "prefill-0", "remote_dp_rank": 0, "remote_block_ids": a["block_ids"],
+            "remote_host": "", "remote_port": 0, "tp_size": 1}}
+
+    node.finish = finish
+    c = PortClient(node.path, "scheduler", engine={"role": "prefill", "mode": "read"})
+    c.hello()
+    routed = {"do_remote_decode": True, "do_remote_prefill": False, "transfer_id": "tx-shared",
+              "remote_engine_id": "decode-0"}
+    for rid in ("first", "twin"):
+        c.get_num_new_matched_tokens(rid, 40, routed, 0)
+    assert c.request_finished("first", [1, 2], "length_capped")[0] is True
+    n = len(node.calls("request_finished"))
+    assert c.request_finished("twin", [3, 4], "length_capped") == (False, None)
+    asked = node.calls("request_finished")[n:]
+    assert [a["request_id"] for a in asked] == ["twin"] and "answered" not in asked[0]
+    node.close()
+
+
 def test_local_answers_follow_the_environment(monkeypatch):
     assert port.PortClient("/nowhere", "scheduler").local_answers
     monkeypatch.setenv("KVFERRY_PORT_LOCAL_ANSWERS", "0")
