@@ -147,10 +147,13 @@ public final class ProxyServer implements AutoCloseable {
       return CompletableFuture.completedFuture(json(StatusCodes.OK,
           JSON.createObjectNode().put("object", "list").set("data", JSON.createArrayNode())));
     }
-    return plain(http.singleRequest(HttpRequest.GET(ds.get(0).url() + "/v1/models")))
+    HttpEndpoint d = ds.get(0);
+    return plain(http.singleRequest(HttpRequest.GET(d.url() + "/v1/models")))
         .thenCompose(r -> plain(r.entity().toStrict(10_000, materializer))
             .thenApply(e -> HttpResponse.create().withStatus(r.status())
-                .withEntity(HttpEntities.create(ContentTypes.APPLICATION_JSON, e.getData()))));
+                .withEntity(HttpEntities.create(ContentTypes.APPLICATION_JSON, e.getData()))))
+        .exceptionally(e -> error(StatusCodes.BAD_GATEWAY, "server_error",
+            new LegFailed(d, "unreachable: " + unwrap(e).getMessage()).getMessage()));
   }
 
   /** One P and one D of a mode, both under their limit, or empty. */
