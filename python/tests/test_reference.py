@@ -322,7 +322,9 @@ def test_prefill_steps_call_the_port_in_vllms_order(tmp_path, engines):
     node.close()
 
 
-def test_delayed_free_blocks_come_back_only_when_every_rank_reports_done_sending(tmp_path, engines):
+def prefill_keeping_blocks_for_d(tmp_path, engines, rid: str):
+    """A READ P engine at TP 2 over a fake node, whose request ``rid`` finished with its blocks
+    kept for D: (node, geometry, engine, the request's done event)."""
     node = FakeNode(str(tmp_path / "n.sock"))
     node.finish = lambda a: {"delay_free": True, "kv_transfer_params": {"do_remote_prefill": True,
                                                                          "remote_block_ids": a["block_ids"]}}
@@ -330,10 +332,15 @@ def test_delayed_free_blocks_come_back_only_when_every_rank_reports_done_sending
     e = engines(g, role="prefill", mode="read", socket_path=node.path)
     e.connect()
     # A P request for D: only such a request can get delay_free back (a plain one is freed at once).
-    _, done = run(e, list(range(1, 40)), max_tokens=1, rid="p1",
-                  params={"do_remote_decode": True, "transfer_id": "t-p1", "remote_engine_id": "d0"})
-    assert done.kv_transfer_params["do_remote_prefill"] is True
+    _, done = run(e, list(range(1, 40)), max_tokens=1, rid=rid,
+                  params={"do_remote_decode": True, "transfer_id": f"t-{rid}", "remote_engine_id": "d0"})
     time.sleep(0.1)
+    return node, g, e, done
+
+
+def test_delayed_free_blocks_come_back_only_when_every_rank_reports_done_sending(tmp_path, engines):
+    node, g, e, done = prefill_keeping_blocks_for_d(tmp_path, engines, "p1")
+    assert done.kv_transfer_params["do_remote_prefill"] is True
     assert e.stats()["free_blocks"] == g.num_blocks - 3 and e.stats()["delayed_free"] == 1
     node.finished[0].append({"done_sending": ["p1"]})
     time.sleep(0.1)
@@ -348,15 +355,7 @@ def test_delayed_free_blocks_come_back_only_when_every_rank_reports_done_sending
 def test_a_rank_reporting_a_request_twice_does_not_stand_for_another_rank(tmp_path, engines):
     # A worker reports a request again when it ends after its done (an abort after the done):
     # the blocks stay lent until every rank has reported, whatever one rank says twice.
-    node = FakeNode(str(tmp_path / "n.sock"))
-    node.finish = lambda a: {"delay_free": True, "kv_transfer_params": {"do_remote_prefill": True,
-                                                                         "remote_block_ids": a["block_ids"]}}
-    g = geometry(tp_size=2)
-    e = engines(g, role="prefill", mode="read", socket_path=node.path)
-    e.connect()
-    run(e, list(range(1, 40)), max_tokens=1, rid="p2",
-        params={"do_remote_decode": True, "transfer_id": "t-p2", "remote_engine_id": "d0"})
-    time.sleep(0.1)
+    node, g, e, _ = prefill_keeping_blocks_for_d(tmp_path, engines, "p2")
     assert e.stats()["delayed_free"] == 1
     node.finished[0].append({"done_sending": ["p2"]})
     node.finished[0].append({"failed": {"p2": "request p2 aborted"}})

@@ -153,7 +153,7 @@ public final class ProxyServer implements AutoCloseable {
             .thenApply(e -> HttpResponse.create().withStatus(r.status())
                 .withEntity(HttpEntities.create(ContentTypes.APPLICATION_JSON, e.getData()))))
         .exceptionally(e -> error(StatusCodes.BAD_GATEWAY, "server_error",
-            new LegFailed(d, "unreachable: " + unwrap(e).getMessage()).getMessage()));
+            String.valueOf(new LegFailed(d, "unreachable: " + unwrap(e).getMessage()).getMessage())));
   }
 
   /** One P and one D of a mode, both under their limit, or empty. */

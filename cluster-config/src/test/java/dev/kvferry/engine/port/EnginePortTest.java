@@ -89,6 +89,14 @@ class EnginePortTest {
     return n;
   }
 
+  /** A prefill node of engine p0 in {@code modes}, alone in its cluster: its port's socket. */
+  private Path prefillNode(String modes) throws IOException {
+    int port = FreePorts.next();
+    Path socket = dir.resolve("p.sock");
+    node("prefill", "p0", modes, socket, port, port);
+    return socket;
+  }
+
   /** A KV cache file of {@link #LAYERS} layers, 0600, as an engine makes it. */
   private Path kvFile() throws IOException {
     Path p = Path.of("/dev/shm", "kvferry-port-test-" + UUID.randomUUID());
@@ -150,9 +158,7 @@ class EnginePortTest {
 
   @Test
   void badInputGetsItsErrorCodeAndTheNodeKeepsServing() throws Exception {
-    int port = FreePorts.next();
-    Path socket = dir.resolve("p.sock");
-    node("prefill", "p0", "write", socket, port, port);
+    Path socket = prefillNode("write");
     assertEquals("rw-------",
         PosixFilePermissions.toString(Files.getPosixFilePermissions(socket)));
 
@@ -252,19 +258,9 @@ class EnginePortTest {
     assertEquals(Map.of("node", c.ok("ping", Map.of()).get("node")), w.ok("ping", Map.of()));
   }
 
-  /**
-   * A process of another uid is refused by its credentials even where the socket's mode would
-   * let it connect (here opened to everyone on purpose): one unauthorized frame, then the end.
-   */
-  /**
-   * Version 2's batch: each element runs as its own one-way frame would, in order, and its error
-   * comes back under its op's name with the next build_connector_meta; a bad element is skipped.
-   */
   @Test
   void aFirstHelloThatFailsLeavesNoEngineBehind() throws Exception {
-    int port = FreePorts.next();
-    Path socket = dir.resolve("both.sock");
-    node("prefill", "p0", "write,read", socket, port, port);
+    Path socket = prefillNode("write,read");
     // A node serving both modes: the first hello names read and fails on its URL. The engine it
     // began is not kept, so it does not fix the node's engine as a READ one.
     PortTestClient c = client(socket);
@@ -274,11 +270,13 @@ class EnginePortTest {
     worker(socket, kvFile(), "write");
   }
 
+  /**
+   * Version 2's batch: each element runs as its own one-way frame would, in order, and its error
+   * comes back under its op's name with the next build_connector_meta; a bad element is skipped.
+   */
   @Test
   void aBatchRunsEachOpInOrderAsOneWayFramesWould() throws Exception {
-    int port = FreePorts.next();
-    Path socket = dir.resolve("b.sock");
-    node("prefill", "p0", "write", socket, port, port);
+    Path socket = prefillNode("write");
     PortTestClient s = client(socket);
     assertEquals(2L, s.ok("hello", Map.of("version", 2, "side", "scheduler",
         "engine", Map.of("mode", "write"))).get("version"));
@@ -314,15 +312,17 @@ class EnginePortTest {
     assertEquals("bad_args", PortTestClient.errorCode(s.call("batch", Map.of("ops", 7))));
   }
 
+  /**
+   * A process of another uid is refused by its credentials even where the socket's mode would
+   * let it connect (here opened to everyone on purpose): one unauthorized frame, then the end.
+   */
   @Test
   void anotherUidIsRefused() throws Exception {
     org.junit.jupiter.api.Assumptions.assumeTrue(
         "root".equals(System.getProperty("user.name")), "needs root to run a client as nobody");
     org.junit.jupiter.api.Assumptions.assumeTrue(
         Files.isExecutable(Path.of("/usr/bin/setpriv")), "needs setpriv (util-linux)");
-    int port = FreePorts.next();
-    Path socket = dir.resolve("p.sock");
-    node("prefill", "p0", "write", socket, port, port);
+    Path socket = prefillNode("write");
     Files.setPosixFilePermissions(dir, PosixFilePermissions.fromString("rwxr-xr-x"));
     Files.setPosixFilePermissions(socket, PosixFilePermissions.fromString("rw-rw-rw-"));
     String client = "import socket,sys\n"
@@ -486,9 +486,7 @@ class EnginePortTest {
   @Test
   void prefillsRequestFinishedAnsweredByTheClientIsCheckedAfterTheRequestFinished()
       throws Exception {
-    int port = FreePorts.next();
-    Path socket = dir.resolve("p.sock");
-    node("prefill", "p0", "read", socket, port, port);
+    Path socket = prefillNode("read");
     Path file = kvFile();
     PortTestClient pw = worker(socket, file, "read");
     PortTestClient ps = scheduler(socket, "read");
