@@ -385,12 +385,11 @@ final class LayerWriter {
     });
   }
 
-  /** The writer stopped: every done-word file is unmapped. */
   /**
-   * Waits up to {@code bound} for the writes already under way (the writer stops: cancelled ones
-   * skip their copies and end at once), then closes D's done words. Called before the worker's
-   * actor terminates, which is how D learns it stopped: a copy still running would otherwise
-   * land in blocks D may free once it sees this worker gone.
+   * The writer stopped: waits up to {@code bound} for the writes already under way (cancelled
+   * ones skip their copies and end at once), then unmaps every done-word file. Called before the
+   * worker's actor terminates, which is how D learns it stopped: a copy still running would
+   * otherwise land in blocks D may free once it sees this worker gone.
    */
   void close(Duration bound) {
     CompletableFuture<?>[] pending = unended.toArray(CompletableFuture[]::new);

@@ -358,7 +358,11 @@ public final class ProxyServer implements AutoCloseable {
           first.completeExceptionally(e);
         }
       });
-      pFailed.thenAccept(cause -> first.complete(failure(id, cause)));
+      pFailed.thenAccept(cause -> {
+        if (!first.isDone()) {
+          first.complete(failure(id, cause));
+        }
+      });
       return first;
     }
     return result;

@@ -2,8 +2,8 @@ package dev.kvferry.actors.connector;
 
 import dev.kvferry.actors.EngineActor;
 import dev.kvferry.actors.ReadStamps;
-import dev.kvferry.actors.engine.ConnectorSettings;
 import dev.kvferry.actors.engine.BoundedMap;
+import dev.kvferry.actors.engine.ConnectorSettings;
 import java.time.Clock;
 import java.util.ArrayList;
 import java.util.Arrays;

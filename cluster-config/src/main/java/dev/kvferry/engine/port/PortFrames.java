@@ -220,7 +220,7 @@ final class PortFrames {
   /**
    * A string's or binary's bytes. Its header is not trusted: msgpack allocates the length it
    * claims before reading, so a header claiming more than is left of the frame is refused (a
-   * 9-byte frame could otherwise ask for 2 GiB).
+   * frame of 8 bytes could otherwise have it allocate 2 GiB).
    */
   private static byte[] payload(MessageUnpacker u, int length, long frameBytes)
       throws IOException, PortException {
