@@ -62,7 +62,9 @@ public final class ProxyServer implements AutoCloseable {
   private static final ObjectMapper JSON = new ObjectMapper();
   /**
    * A streamed answer the server has not started to send after this long: its client left
-   * before the headers (the server drops such a response unread), so D's leg is ended here.
+   * before the headers (the server drops such a response unread), so D's leg is ended here. (A
+   * client pipelining requests on one connection, whose answer waits behind an earlier stream
+   * for longer, loses it: OpenAI clients do not pipeline.)
    */
   private static final Duration UNCLAIMED_STREAM = Duration.ofSeconds(10);
   static final String REQUEST_ID = "X-Request-Id";
