@@ -211,6 +211,20 @@ def test_scheduler_side_on_decode_names_only_the_blocks_it_must_receive(node):
     assert not c.has_pending_push_work()
 
 
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_scheduler_side_on_decode_lends_no_block_when_its_prefix_cache_holds_every_token_before_the_last(node, mode):
+    # 33 tokens, blocks of 16: D's own cache holds the first 32, so nothing is loaded. vLLM still
+    # hands every block of the request (two shared, cached ones and the new one): none may be
+    # read or written into.
+    node.matched = lambda a: {"count": a["num_prompt_tokens"] - 1 - a["num_computed_tokens"], "async": True}
+    c = kv.KvferryConnector(config(node.path, "kv_consumer", mode=mode), kv.KVConnectorRole.SCHEDULER)
+    req = Request("r3", list(range(33)), {"do_remote_prefill": True, "remote_block_ids": [1, 2, 3]})
+    assert c.get_num_new_matched_tokens(req, 32) == (0, False)
+    c.update_state_after_alloc(req, KVCacheBlocks([3, 4, 9], hashed=2), 0)
+    c.connector_scheduler.client.ping()
+    assert node.calls("update_state_after_alloc") == [{"request_id": "r3", "block_ids": [], "num_external_tokens": 0}]
+
+
 def test_a_request_preempted_and_scheduled_again_is_named_resumed(node):
     c = kv.KvferryConnector(config(node.path), kv.KVConnectorRole.SCHEDULER)
     for rid in "abc":  # P's chunked prefills: the node reads their cached entries
