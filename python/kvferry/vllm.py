@@ -45,7 +45,7 @@ import shlex
 import subprocess
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,7 @@ log = logging.getLogger("kvferry.vllm")
 
 # Request ids a worker remembers having reported (far more than run at once).
 _REPORTED_KEPT = 1 << 16
+_OP_ERRORS_KEPT = 1024  # ops the node refused, each also logged: the latest kept for a look
 
 try:  # vLLM present: subclass the real base class.
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
@@ -509,7 +510,7 @@ class KvferryScheduler:
         # Requests whose kv_transfer_params the node refused: served without kvferry (the engine
         # computes them itself), so the node hears nothing more of them.
         self.refused: set[str] = set()
-        self.op_errors: list[dict[str, Any]] = []
+        self.op_errors: deque[dict[str, Any]] = deque(maxlen=_OP_ERRORS_KEPT)  # the latest, for a look
 
     def _ensure_connected(self) -> None:
         if not self.client.connected:
@@ -673,7 +674,7 @@ class KvferryWorker:
         # second one (the node's report of an abort after the receive was reported done) would
         # complete its count while another rank's copies still land. Bounded: the oldest go.
         self.reported: OrderedDict[str, None] = OrderedDict()
-        self.op_errors: list[dict[str, Any]] = []
+        self.op_errors: deque[dict[str, Any]] = deque(maxlen=_OP_ERRORS_KEPT)  # the latest, for a look
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         layers = []

@@ -264,8 +264,8 @@ def vllm_pair(tmp_path, mode: str, p_layout: str = "standard", d_layout: str = "
         yield p_node, d_node, p, d
         assert sorted(p.free) == list(range(BLOCKS)) and sorted(d.free) == list(range(BLOCKS))
         for engine in (p, d):
-            assert engine.sched.connector_scheduler.op_errors == []
-            assert engine.worker.connector_worker.op_errors == []
+            assert list(engine.sched.connector_scheduler.op_errors) == []
+            assert list(engine.worker.connector_worker.op_errors) == []
     finally:
         for engine in (d, p):
             if engine is not None:

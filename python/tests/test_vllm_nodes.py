@@ -162,7 +162,7 @@ def test_vllm_connectors_move_a_prefill_to_decode_byte_for_byte(tmp_path, kind, 
         assert sent and received, (sent, received, p_node.tail(), d_node.tail())
         for sched in (p_sched, d_sched):  # steps built ahead: the client's mirror of the node's rules held
             client = sched.connector_scheduler.client
-            assert sched.connector_scheduler.op_errors == [] and client.build_ahead_off is None
+            assert list(sched.connector_scheduler.op_errors) == [] and client.build_ahead_off is None
             assert client.local_answer_counts.get("build_connector_meta", 0) > 0
         assert d_work.get_block_ids_with_load_errors() == set()
         if kind == "cuda":
