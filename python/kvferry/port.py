@@ -992,6 +992,12 @@ class PortClient:
             self._alloc_since_build[request_id] = None
             # Allocated again (preempted, scheduled again): the node drops its pending save.
             self._pending_save.pop(request_id, None)
+        if num_external_tokens == 0 and self.side == "scheduler" and self.engine.get("role") == "decode":
+            # Nothing to load (D's prefix cache holds every token before the last, or the load is
+            # in): no block may be lent to a transfer. Engines hand all the request's blocks here
+            # (vLLM does, cached ones other requests share among them), and the node lends what
+            # it is given.
+            block_ids = []
         self._one_way(
             "update_state_after_alloc",
             {"request_id": request_id, "block_ids": list(block_ids), "num_external_tokens": num_external_tokens},

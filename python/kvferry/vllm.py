@@ -542,14 +542,9 @@ class KvferryScheduler:
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if request.request_id in self.refused:
             return
-        block_ids = _block_id_list(blocks, num_external_tokens)
-        if self.identity.get("role") == "decode" and num_external_tokens == 0:
-            # Nothing to load: D's prefix cache holds every token before the last. vLLM hands all
-            # the request's blocks here, cached ones other requests share among them; none is
-            # lent to a transfer (the node then tells P to free its blocks). P's list stays
-            # whole: its saves read from it.
-            block_ids = []
-        self.client.update_state_after_alloc(request.request_id, block_ids, num_external_tokens)
+        # With no external tokens on D the client lends no block (PortClient.update_state_after_alloc).
+        self.client.update_state_after_alloc(request.request_id, _block_id_list(blocks, num_external_tokens),
+                                             num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> KvferryConnectorMetadata:
         self._ensure_connected()  # the start of a step: say hello again after a node restart

@@ -205,6 +205,24 @@ def test_reconnect_waits_for_a_node_that_comes_back(tmp_path):
     holder["node"].close()
 
 
+def test_a_decode_scheduler_lends_no_block_where_nothing_is_loaded(tmp_path):
+    """A decode engine's blocks go to the node only with tokens to load: with none (a full prefix
+    hit, or the call after the load) the engine's list may hold cached blocks other requests
+    share, and the node would lend them to a transfer."""
+    node = FakeNode(str(tmp_path / "n.sock"))
+    c = PortClient(node.path, "scheduler", engine={"role": "decode", "mode": "read"})
+    c.hello()
+    params = {"do_remote_prefill": True, "transfer_id": "t", "remote_engine_id": "p0", "remote_block_ids": [1, 2, 3]}
+    c.get_num_new_matched_tokens("full", 33, params, 32)
+    c.update_state_after_alloc("full", [3, 4, 9], 0)
+    c.get_num_new_matched_tokens("some", 33, {**params, "transfer_id": "t2"}, 16)
+    c.update_state_after_alloc("some", [8, 9], 16)
+    c.ping()  # a round trip: the one-way ops before it have been read
+    assert [(a["request_id"], a["block_ids"]) for a in node.calls("update_state_after_alloc")] == [
+        ("full", []), ("some", [8, 9])]
+    node.close()
+
+
 def test_scheduler_ops_send_the_spec_args(tmp_path):
     node = FakeNode(str(tmp_path / "n.sock"))
     node.matched = lambda a: {"count": a["num_prompt_tokens"] - 1, "async": True}

@@ -161,8 +161,8 @@ public final class ReaderActor extends AbstractBehavior<ReaderActor.Command> {
         setup.sink().expectEarlyDone(r.transferId(), r.requestId()); // before any read can land
         setup.sink().layerLoads().readsPerLayer(r.transferId(), sources.length);
         for (int source : sources) {
-          if (job.failure != null || reads.get(r.transferId()) != job) {
-            break; // an earlier P worker's reads were refused (its plan) and the read ended
+          if (job.failure != null) {
+            break; // an earlier P worker's reads were refused (its plan): the read is ending
           }
           PeerKey peer = new PeerKey(r.remoteEngineId(), source);
           int incarnation = r.remoteWorkerUid(source); // 0: whichever is listed
